@@ -1,0 +1,161 @@
+//! NATS subject names. Every subject lives under a prefix (default `ctxsync`)
+//! so several environments or tests can share one NATS server.
+
+use std::fmt;
+
+/// The default subject prefix.
+pub const DEFAULT_PREFIX: &str = "ctxsync";
+
+/// Queue group shared by the replicas of snapshot-store.
+pub const STORE_QUEUE_GROUP: &str = "snapshot-store";
+/// Queue group shared by the replicas of chat-gate.
+pub const GATE_QUEUE_GROUP: &str = "chat-gate";
+/// Queue group shared by the replicas of catalog.
+pub const CATALOG_QUEUE_GROUP: &str = "catalog";
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SubjectError {
+    #[error("subject prefix is empty")]
+    Empty,
+    #[error("subject prefix {prefix:?} has an empty token, a wildcard or whitespace")]
+    Invalid { prefix: String },
+}
+
+/// The subject names under one prefix.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Subjects {
+    prefix: String,
+}
+
+impl fmt::Debug for Subjects {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Subjects({})", self.prefix)
+    }
+}
+
+impl Default for Subjects {
+    fn default() -> Self {
+        Self {
+            prefix: DEFAULT_PREFIX.to_owned(),
+        }
+    }
+}
+
+impl Subjects {
+    /// Validates the prefix: dot-separated non-empty tokens without wildcards or whitespace.
+    pub fn new(prefix: &str) -> Result<Self, SubjectError> {
+        if prefix.is_empty() {
+            return Err(SubjectError::Empty);
+        }
+        let valid = prefix.split('.').all(|token| {
+            !token.is_empty()
+                && !token
+                    .chars()
+                    .any(|c| c == '*' || c == '>' || c.is_whitespace())
+        });
+        if !valid {
+            return Err(SubjectError::Invalid {
+                prefix: prefix.to_owned(),
+            });
+        }
+        Ok(Self {
+            prefix: prefix.to_owned(),
+        })
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    fn join(&self, rest: &str) -> String {
+        format!("{}.{rest}", self.prefix)
+    }
+
+    /// snapshot-store: register an agent (request/reply).
+    pub fn store_register_agent(&self) -> String {
+        self.join("store.agent.register")
+    }
+    /// snapshot-store: look an agent up by token hash (request/reply).
+    pub fn store_authenticate_agent(&self) -> String {
+        self.join("store.agent.authenticate")
+    }
+    /// snapshot-store: UpdateStartup (request/reply).
+    pub fn store_update_startup(&self) -> String {
+        self.join("store.agent.startup")
+    }
+    /// snapshot-store: PushContextState (request/reply).
+    pub fn store_push(&self) -> String {
+        self.join("store.agent.push")
+    }
+    /// snapshot-store: read an agent's row, snapshot and resources (request/reply).
+    pub fn store_get_agent_state(&self) -> String {
+        self.join("store.agent.get")
+    }
+    /// Every snapshot-store request subject, for subscribing.
+    pub fn store_all(&self) -> String {
+        self.join("store.>")
+    }
+
+    /// The phase-or-run-id-changed event for one agent.
+    pub fn discovery_changed(&self, agent_id: &str) -> String {
+        self.join(&format!("events.discovery.{agent_id}"))
+    }
+    /// The phase-or-run-id-changed events of every agent.
+    pub fn discovery_changed_all(&self) -> String {
+        self.join("events.discovery.*")
+    }
+    /// The every-commit event for one agent.
+    pub fn snapshot_committed(&self, agent_id: &str) -> String {
+        self.join(&format!("events.snapshot.{agent_id}"))
+    }
+    /// The every-commit events of every agent.
+    pub fn snapshot_committed_all(&self) -> String {
+        self.join("events.snapshot.*")
+    }
+
+    /// chat-gate: may this turn run, and with which context (request/reply).
+    pub fn gate_turn(&self) -> String {
+        self.join("gate.turn")
+    }
+
+    /// catalog: prepare a session's catalog (request/reply).
+    pub fn catalog_prepare(&self) -> String {
+        self.join("catalog.prepare")
+    }
+    /// catalog: call a tool of a pinned server (request/reply).
+    pub fn catalog_call(&self) -> String {
+        self.join("catalog.call")
+    }
+    /// catalog: events of one kind (e.g. `mcp.catalog.changed`).
+    pub fn catalog_event(&self, kind: &str) -> String {
+        self.join(&format!("events.catalog.{kind}"))
+    }
+    /// catalog: every catalog event.
+    pub fn catalog_events_all(&self) -> String {
+        self.join("events.catalog.>")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_is_validated() {
+        assert_eq!(Subjects::new(""), Err(SubjectError::Empty));
+        assert!(Subjects::new("a..b").is_err());
+        assert!(Subjects::new("a.*").is_err());
+        assert!(Subjects::new("a b").is_err());
+        assert_eq!(
+            Subjects::new("test.x1").unwrap().store_push(),
+            "test.x1.store.agent.push"
+        );
+    }
+
+    #[test]
+    fn agent_subjects_nest_under_wildcards() {
+        let s = Subjects::default();
+        assert_eq!(s.discovery_changed("a1"), "ctxsync.events.discovery.a1");
+        assert_eq!(s.discovery_changed_all(), "ctxsync.events.discovery.*");
+    }
+}

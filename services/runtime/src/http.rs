@@ -1,0 +1,183 @@
+//! The operator HTTP listener: `/healthz` (the process is alive), `/readyz`
+//! (every dependency check passes), `/metrics` (Prometheus text), plus any
+//! routes the service adds.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+use crate::Shutdown;
+
+type CheckFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+type Check = Arc<dyn Fn() -> CheckFuture + Send + Sync>;
+
+/// Named readiness checks; `/readyz` is 200 only when all pass.
+#[derive(Clone, Default)]
+pub struct Readiness {
+    checks: Vec<(&'static str, Check)>,
+}
+
+impl Readiness {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn with_check<F, Fut>(mut self, name: &'static str, check: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), String>> + Send + 'static,
+    {
+        self.checks
+            .push((name, Arc::new(move || Box::pin(check()) as CheckFuture)));
+        self
+    }
+
+    /// Ready while the NATS client is connected.
+    pub fn with_nats(self, connection: &crate::nats::NatsConnection) -> Self {
+        let connection = connection.clone();
+        self.with_check("nats", move || {
+            let connected = connection.is_connected();
+            async move {
+                if connected {
+                    Ok(())
+                } else {
+                    Err("not connected".to_owned())
+                }
+            }
+        })
+    }
+
+    /// Ready while Postgres answers a trivial query.
+    pub fn with_postgres(self, pool: &sqlx::PgPool) -> Self {
+        let pool = pool.clone();
+        self.with_check("postgres", move || {
+            let pool = pool.clone();
+            async move {
+                sqlx::query("SELECT 1")
+                    .execute(&pool)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            }
+        })
+    }
+
+    pub async fn evaluate(&self) -> Vec<(&'static str, Result<(), String>)> {
+        let mut results = Vec::with_capacity(self.checks.len());
+        for (name, check) in &self.checks {
+            let outcome = tokio::time::timeout(std::time::Duration::from_secs(2), check())
+                .await
+                .unwrap_or_else(|_| Err("check timed out".to_owned()));
+            results.push((*name, outcome));
+        }
+        results
+    }
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(readiness): State<Readiness>) -> impl IntoResponse {
+    let results = readiness.evaluate().await;
+    let ready = results.iter().all(|(_, r)| r.is_ok());
+    let body: serde_json::Map<String, serde_json::Value> = results
+        .into_iter()
+        .map(|(name, result)| {
+            let value = match result {
+                Ok(()) => "ok".to_owned(),
+                Err(reason) => reason,
+            };
+            (name.to_owned(), serde_json::Value::String(value))
+        })
+        .collect();
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        axum::Json(serde_json::json!({ "ready": ready, "checks": body })),
+    )
+}
+
+async fn metrics_text() -> impl IntoResponse {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        crate::metrics::handle().render(),
+    )
+}
+
+/// The operator routes, to merge with a service's own.
+pub fn operator_routes(readiness: Readiness) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(readiness)
+        .route("/metrics", get(metrics_text))
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("cannot listen on {addr} (CTXSYNC_HTTP_ADDR): {source}")]
+pub struct BindError {
+    pub addr: SocketAddr,
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// A bound, serving HTTP listener.
+pub struct HttpServer {
+    local_addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl HttpServer {
+    /// Binds `addr` and serves `routes` plus the operator routes until `shutdown`.
+    pub async fn start(
+        addr: SocketAddr,
+        routes: Router,
+        readiness: Readiness,
+        shutdown: Shutdown,
+    ) -> Result<Self, BindError> {
+        let _ = crate::metrics::handle();
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| BindError { addr, source })?;
+        let local_addr = listener
+            .local_addr()
+            .map_err(|source| BindError { addr, source })?;
+        let app = routes.merge(operator_routes(readiness));
+        let task = tokio::spawn(async move {
+            let served = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { shutdown.cancelled().await })
+                .await;
+            if let Err(error) = served {
+                tracing::error!(%error, "http server failed");
+            }
+        });
+        tracing::info!(addr = %local_addr, "http listening");
+        Ok(Self { local_addr, task })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Waits until in-flight requests have finished (after shutdown was signalled).
+    pub async fn join(self) {
+        let _ = self.task.await;
+    }
+}

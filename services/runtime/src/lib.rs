@@ -1,0 +1,16 @@
+//! What every ctxsync service shares: command-line/env config, `tracing`
+//! setup, graceful shutdown, the NATS connection, protobuf request/reply over
+//! NATS, and the operator HTTP endpoints (`/healthz`, `/readyz`, `/metrics`).
+
+pub mod config;
+pub mod db;
+pub mod http;
+pub mod metrics;
+pub mod nats;
+pub mod rpc;
+pub mod shutdown;
+pub mod telemetry;
+
+pub use config::{CommonArgs, DatabaseArgs, LogFormat};
+pub use http::{HttpServer, Readiness};
+pub use shutdown::Shutdown;

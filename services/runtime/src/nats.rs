@@ -1,0 +1,121 @@
+//! The NATS connection every service opens: named, quick to reconnect, and
+//! observable (reconnects are counted and announced to whoever needs to
+//! re-check state they may have missed while disconnected).
+
+use std::time::Duration;
+
+use async_nats::{Client, ConnectOptions, Event};
+use tokio::sync::watch;
+
+/// The reconnect backoff never grows past this: a waiting chat must not sit
+/// out a 4 s default backoff after NATS comes back.
+const MAX_RECONNECT_DELAY: Duration = Duration::from_millis(500);
+
+/// A connected client plus a counter of completed reconnects.
+#[derive(Clone, Debug)]
+pub struct NatsConnection {
+    pub client: Client,
+    reconnects: watch::Receiver<u64>,
+}
+
+impl NatsConnection {
+    /// Changes each time the client has reconnected (after the initial connect).
+    pub fn reconnects(&self) -> watch::Receiver<u64> {
+        self.reconnects.clone()
+    }
+
+    pub fn is_connected(&self) -> bool {
+        self.client.connection_state() == async_nats::connection::State::Connected
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("cannot connect to NATS at {url} (NATS_URL): {reason}")]
+pub struct NatsConnectError {
+    pub url: String,
+    pub reason: String,
+}
+
+/// Connects once (no retry: a bad NATS_URL is a startup error), then
+/// reconnects forever with a short backoff.
+pub async fn connect(url: &str, client_name: &str) -> Result<NatsConnection, NatsConnectError> {
+    let (reconnect_tx, reconnects) = watch::channel(0u64);
+    let name = client_name.to_owned();
+    let options = ConnectOptions::new()
+        .name(client_name)
+        .connection_timeout(Duration::from_secs(5))
+        .request_timeout(Some(Duration::from_secs(10)))
+        .reconnect_delay_callback(|attempts| {
+            let step = Duration::from_millis(50).saturating_mul(attempts.min(10) as u32);
+            step.min(MAX_RECONNECT_DELAY)
+        })
+        .event_callback(move |event| {
+            let tx = reconnect_tx.clone();
+            let name = name.clone();
+            async move {
+                match event {
+                    Event::Connected => {
+                        metrics::counter!("ctxsync_nats_reconnects_total", "client" => name.clone())
+                            .increment(1);
+                        tracing::info!(client = %name, "nats reconnected");
+                        tx.send_modify(|n| *n += 1);
+                    }
+                    Event::Disconnected => tracing::warn!(client = %name, "nats disconnected"),
+                    Event::ClientError(error) => {
+                        tracing::debug!(client = %name, %error, "nats client error")
+                    }
+                    other => tracing::info!(client = %name, event = %other, "nats event"),
+                }
+            }
+        });
+    let client = options.connect(url).await.map_err(|e| NatsConnectError {
+        url: redact_url(url),
+        reason: e.to_string(),
+    })?;
+    Ok(NatsConnection { client, reconnects })
+}
+
+/// Flushes pending publishes and drains the connection, waiting (bounded) for
+/// the drain to finish: `drain()` itself returns before it has.
+pub async fn drain(connection: &NatsConnection, deadline: Duration) {
+    let client = &connection.client;
+    let _ = tokio::time::timeout(deadline, client.flush()).await;
+    if let Err(error) = client.drain().await {
+        tracing::warn!(%error, "nats drain failed");
+        return;
+    }
+    let closed = async {
+        while client.connection_state() != async_nats::connection::State::Disconnected {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    if tokio::time::timeout(deadline, closed).await.is_err() {
+        tracing::warn!("nats drain did not finish before the deadline");
+    }
+}
+
+/// Strips user info from a URL for error messages.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            format!("{}[redacted]@{}", &url[..scheme_end + 3], &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn redacts_credentials() {
+        assert_eq!(
+            super::redact_url("nats://user:pw@host:4222"),
+            "nats://[redacted]@host:4222"
+        );
+        assert_eq!(super::redact_url("nats://host:4222"), "nats://host:4222");
+        assert_eq!(
+            super::redact_url("postgres://u:p@h/db"),
+            "postgres://[redacted]@h/db"
+        );
+    }
+}

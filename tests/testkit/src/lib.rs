@@ -1,0 +1,37 @@
+//! Test infrastructure shared by every crate's integration tests.
+//!
+//! Each test gets its own `nats-server` process on a free port (JetStream on,
+//! its own store directory) and its own Postgres database, both removed when
+//! the handle drops. A missing `nats-server` or an unreachable Postgres fails
+//! the test with a message that says what to install or start: tests never
+//! skip silently.
+
+mod nats;
+mod postgres;
+
+pub use nats::NatsServer;
+pub use postgres::TestDatabase;
+
+/// A subject prefix unique to one test, for tests that share a NATS server.
+pub fn unique_prefix() -> String {
+    format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..12])
+}
+
+/// Routes `tracing` output through the test harness (shown for failing tests).
+pub fn init_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("CTXSYNC_TEST_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+/// Reserves a free TCP port on loopback (released before returning).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("cannot reserve a loopback port")
+}

@@ -1,0 +1,123 @@
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A `nats-server` process owned by one test.
+pub struct NatsServer {
+    port: u16,
+    store_dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+fn binary() -> PathBuf {
+    std::env::var_os("CTXSYNC_TEST_NATS_SERVER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("nats-server"))
+}
+
+impl NatsServer {
+    /// Starts a server with JetStream on a free port and waits until it accepts connections.
+    pub fn start() -> Self {
+        let mut store_dir = tempfile::tempdir().expect("cannot create a temp dir for nats-server");
+        let mut last_error = String::new();
+        // A reserved port can be taken by another test between reservation and bind: retry.
+        for _ in 0..5 {
+            let port = crate::free_port();
+            let mut server = Self {
+                port,
+                store_dir,
+                child: None,
+            };
+            match server.spawn() {
+                Ok(()) => return server,
+                Err(error) => {
+                    last_error = error;
+                    store_dir = server.take_dir();
+                }
+            }
+        }
+        panic!("nats-server did not start: {last_error}");
+    }
+
+    fn take_dir(mut self) -> tempfile::TempDir {
+        self.kill();
+        std::mem::replace(&mut self.store_dir, tempfile::tempdir().expect("temp dir"))
+    }
+
+    fn spawn(&mut self) -> Result<(), String> {
+        let child = Command::new(binary())
+            .args(["-a", "127.0.0.1", "-p", &self.port.to_string(), "-js", "-sd"])
+            .arg(self.store_dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|error| {
+                panic!(
+                    "cannot run nats-server ({error}): install it (Debian: apt-get install nats-server) \
+                     or point CTXSYNC_TEST_NATS_SERVER at the binary"
+                )
+            });
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                return Err(format!(
+                    "nats-server exited with {status} on port {}",
+                    self.port
+                ));
+            }
+            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Err(format!(
+            "nats-server did not listen on port {} within 10 s",
+            self.port
+        ))
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Kills the process (clients see a disconnect).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills the process and starts a new one on the same port and store.
+    pub fn restart(&mut self) {
+        self.kill();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.spawn() {
+                Ok(()) => return,
+                Err(error) if Instant::now() > deadline => {
+                    panic!("nats-server did not restart: {error}")
+                }
+                Err(_) => {
+                    self.kill();
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        }
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
