@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs the reference MCP servers the tests run against, pinned:
+#   npm  @modelcontextprotocol/server-{everything,filesystem,memory}  (package.json + package-lock.json)
+#   PyPI mcp-server-time                                              (requirements.txt, fully pinned)
+# into ${CTXSYNC_MCP_SERVERS_DIR:-$HOME/.cache/ctxsync/mcp-servers}.
+# Idempotent: a stamp holding the hash of the pin files makes a second run a no-op.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+dest="${CTXSYNC_MCP_SERVERS_DIR:-$HOME/.cache/ctxsync/mcp-servers}"
+mkdir -p "$dest"
+
+pins_hash() {
+    cat "$here/package.json" "$here/package-lock.json" "$here/requirements.txt" | sha256sum | cut -d' ' -f1
+}
+want="$(pins_hash)"
+
+node_stamp="$dest/.node-installed"
+if [[ "$(cat "$node_stamp" 2>/dev/null)" != "$want" ]]; then
+    echo "installing npm reference servers into $dest" >&2
+    cp "$here/package.json" "$here/package-lock.json" "$dest/"
+    (cd "$dest" && npm ci --no-audit --no-fund --loglevel=error)
+    echo "$want" >"$node_stamp"
+fi
+
+py_stamp="$dest/.python-installed"
+if [[ "$(cat "$py_stamp" 2>/dev/null)" != "$want" ]]; then
+    echo "installing PyPI reference servers into $dest/venv" >&2
+    rm -rf "$dest/venv"
+    python3 -m venv "$dest/venv"
+    "$dest/venv/bin/pip" install --quiet --disable-pip-version-check --no-deps -r "$here/requirements.txt"
+    "$dest/venv/bin/pip" check >/dev/null
+    echo "$want" >"$py_stamp"
+fi
+
+# Fail loudly if anything the tests look for is missing.
+for bin in mcp-server-everything mcp-server-filesystem mcp-server-memory; do
+    [[ -x "$dest/node_modules/.bin/$bin" ]] || { echo "missing $dest/node_modules/.bin/$bin" >&2; exit 1; }
+done
+[[ -x "$dest/venv/bin/mcp-server-time" ]] || { echo "missing $dest/venv/bin/mcp-server-time" >&2; exit 1; }
+echo "reference MCP servers ready in $dest" >&2
