@@ -1,0 +1,505 @@
+use std::collections::HashMap;
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use rmcp::model::{
+    CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, Tool,
+};
+use rmcp::service::{ClientInitializeError, NotificationContext, RunningService, ServiceError};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use tokio::io::AsyncReadExt;
+use tokio::process::{Child, ChildStderr};
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::task::JoinHandle;
+
+use crate::error::chain;
+use crate::{McpError, ServerInfo, ServerSpec, ToolDecl, TransportSpec};
+
+/// How much of a stdio server's stderr is kept for error messages (the tail).
+pub const STDERR_TAIL_BYTES: usize = 4096;
+/// After stdin is closed, how long a server gets to exit before SIGTERM, and
+/// after SIGTERM before SIGKILL.
+const EXIT_GRACE: Duration = Duration::from_secs(2);
+/// How long `close()` may take at most.
+const CLOSE_BUDGET: Duration = Duration::from_secs(5);
+/// After a handshake ends in a closed connection, how long to wait for the
+/// exit status and the rest of stderr.
+const EXIT_REPORT_WAIT: Duration = Duration::from_secs(1);
+
+#[derive(Clone, Debug)]
+pub struct ConnectOptions {
+    /// Bound on spawn + `initialize` (rmcp has no timeout of its own).
+    pub handshake_timeout: Duration,
+    /// Receives the server's name on every `notifications/tools/list_changed`.
+    pub tools_changed: Option<UnboundedSender<String>>,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            handshake_timeout: Duration::from_secs(30),
+            tools_changed: None,
+        }
+    }
+}
+
+/// The result of a tool call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CallOutcome {
+    /// The server flagged the result as a tool error (`isError`).
+    pub is_error: bool,
+    /// The `content` array as JSON text.
+    pub content_json: String,
+    /// `structuredContent` as JSON text, when the server sent it.
+    pub structured_content_json: Option<String>,
+}
+
+/// Our side of the MCP session: reports `tools/list_changed` and advertises no
+/// optional client capabilities (so servers offer the same tools every time).
+struct ClientSide {
+    server_name: String,
+    tools_changed: Option<UnboundedSender<String>>,
+}
+
+impl ClientHandler for ClientSide {
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        tracing::debug!(server = %self.server_name, "tools/list_changed received");
+        if let Some(sender) = &self.tools_changed {
+            // A closed receiver only means nobody listens any more.
+            let _ = sender.send(self.server_name.clone());
+        }
+    }
+
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(
+            ClientCapabilities::default(),
+            Implementation::new("ctxsync", env!("CARGO_PKG_VERSION")),
+        )
+    }
+}
+
+/// An initialized MCP session with one server.
+pub struct Connection {
+    server_name: String,
+    service: RunningService<RoleClient, ClientSide>,
+    process: Option<ServerProcess>,
+    server_info: ServerInfo,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("server_name", &self.server_name)
+            .field("pid", &self.pid())
+            .field("server_info", &self.server_info)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Connection {
+    /// Starts (stdio) or opens (HTTP) the server and completes the MCP handshake
+    /// within `options.handshake_timeout`. On any failure nothing is left
+    /// running.
+    pub async fn connect(spec: &ServerSpec, options: ConnectOptions) -> Result<Connection, McpError> {
+        let handler = ClientSide {
+            server_name: spec.name.clone(),
+            tools_changed: options.tools_changed,
+        };
+        let timeout = options.handshake_timeout;
+        let (service, process) = match &spec.transport {
+            TransportSpec::Stdio {
+                command,
+                args,
+                env,
+                cwd,
+            } => {
+                let mut command_line = tokio::process::Command::new(command);
+                command_line
+                    .args(args)
+                    .envs(env)
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    // Own process group: signals reach npx/shell grandchildren too.
+                    .process_group(0)
+                    .kill_on_drop(true);
+                if let Some(cwd) = cwd {
+                    if !cwd.is_dir() {
+                        return Err(McpError::Spawn {
+                            command: command.clone(),
+                            reason: format!("working directory {} does not exist", cwd.display()),
+                        });
+                    }
+                    command_line.current_dir(cwd);
+                }
+                let mut child = command_line.spawn().map_err(|error| McpError::Spawn {
+                    command: command.clone(),
+                    reason: spawn_reason(command, &error),
+                })?;
+                let (stdin, stdout, stderr) = (
+                    child.stdin.take().expect("stdin is piped"),
+                    child.stdout.take().expect("stdout is piped"),
+                    child.stderr.take().expect("stderr is piped"),
+                );
+                let mut process = ServerProcess::new(child, stderr);
+                match tokio::time::timeout(timeout, handler.serve((stdout, stdin))).await {
+                    Ok(Ok(service)) => (service, Some(process)),
+                    Ok(Err(error)) => return Err(process.handshake_failure(error).await),
+                    Err(_) => {
+                        process.kill().await;
+                        return Err(McpError::Timeout { after: timeout });
+                    }
+                }
+            }
+            TransportSpec::StreamableHttp { url, headers } => {
+                url::Url::parse(url).map_err(|error| McpError::InvalidSpec {
+                    message: format!("url {url} is not valid: {error}"),
+                })?;
+                let mut custom_headers = HashMap::new();
+                for (name, value) in headers {
+                    let header_name = http::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+                        McpError::InvalidSpec {
+                            message: format!("header name {name:?} is not valid"),
+                        }
+                    })?;
+                    // The value is a secret: say which header, never what it holds.
+                    let header_value = http::HeaderValue::from_str(value).map_err(|_| {
+                        McpError::InvalidSpec {
+                            message: format!("the value of header {name} is not a valid header value"),
+                        }
+                    })?;
+                    custom_headers.insert(header_name, header_value);
+                }
+                let transport = StreamableHttpClientTransport::from_config(
+                    StreamableHttpClientTransportConfig::with_uri(url.as_str())
+                        .custom_headers(custom_headers),
+                );
+                match tokio::time::timeout(timeout, handler.serve(transport)).await {
+                    Ok(Ok(service)) => (service, None),
+                    Ok(Err(error)) => return Err(http_handshake_error(error)),
+                    Err(_) => return Err(McpError::Timeout { after: timeout }),
+                }
+            }
+        };
+        let server_info = service
+            .peer_info()
+            .map(|info| ServerInfo {
+                name: info.server_info.as_ref().map(|i| i.name.clone()).unwrap_or_default(),
+                version: info
+                    .server_info
+                    .as_ref()
+                    .map(|i| i.version.clone())
+                    .unwrap_or_default(),
+                protocol_version: info.protocol_version.to_string(),
+            })
+            .unwrap_or_default();
+        Ok(Connection {
+            server_name: spec.name.clone(),
+            service,
+            process,
+            server_info,
+        })
+    }
+
+    /// Every tool the server offers, following `nextCursor` pagination.
+    pub async fn list_tools(&self) -> Result<Vec<ToolDecl>, McpError> {
+        let tools = self
+            .service
+            .peer()
+            .list_all_tools()
+            .await
+            .map_err(|error| self.service_error(error))?;
+        Ok(tools.into_iter().map(tool_decl).collect())
+    }
+
+    /// Calls `name` with `arguments`; gives up (and cancels the request) after `timeout`.
+    pub async fn call_tool(
+        &self,
+        name: &str,
+        arguments: serde_json::Map<String, serde_json::Value>,
+        timeout: Duration,
+    ) -> Result<CallOutcome, McpError> {
+        let request = CallToolRequestParams::new(name.to_string()).with_arguments(arguments);
+        let result = tokio::time::timeout(timeout, self.service.peer().call_tool(request))
+            .await
+            .map_err(|_| McpError::Timeout { after: timeout })?
+            .map_err(|error| self.service_error(error))?;
+        Ok(CallOutcome {
+            is_error: result.is_error.unwrap_or(false),
+            content_json: serde_json::to_string(&result.content)
+                .expect("tool content serializes to JSON"),
+            structured_content_json: result
+                .structured_content
+                .as_ref()
+                .map(|value| value.to_string()),
+        })
+    }
+
+    pub fn server_info(&self) -> ServerInfo {
+        self.server_info.clone()
+    }
+
+    pub fn server_name(&self) -> &str {
+        &self.server_name
+    }
+
+    /// The stdio server's pid, which is also its process-group id.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.as_ref().map(|p| p.pgid.as_raw() as u32)
+    }
+
+    /// Whether the session has ended (server gone or connection closed).
+    pub fn is_closed(&self) -> bool {
+        self.service.is_transport_closed()
+    }
+
+    /// Graceful close: ends the session (stdin closed / HTTP session deleted),
+    /// waits for the server to exit, then SIGTERM, then SIGKILL to the whole
+    /// process group. Takes at most a few seconds.
+    pub async fn close(self) {
+        self.close_within(CLOSE_BUDGET).await;
+    }
+
+    /// [`Connection::close`] bounded by `budget`; whatever is still running
+    /// when it runs out is killed.
+    pub async fn close_within(mut self, budget: Duration) {
+        let deadline = Instant::now() + budget;
+        let _ = self.service.close_with_timeout(budget).await;
+        if let Some(process) = &mut self.process {
+            process.stop_by(deadline).await;
+        }
+    }
+
+    /// Immediate SIGKILL to the whole process group (stdio) or a dropped
+    /// session (HTTP).
+    pub async fn kill(mut self) {
+        if let Some(process) = &mut self.process {
+            process.kill().await;
+        }
+        let _ = self.service.close_with_timeout(Duration::from_millis(200)).await;
+    }
+
+    fn service_error(&self, error: ServiceError) -> McpError {
+        match error {
+            ServiceError::McpError(data) => McpError::Protocol {
+                message: format!("{} (code {})", data.message, data.code.0),
+            },
+            ServiceError::Timeout { timeout } => McpError::Timeout { after: timeout },
+            ServiceError::UnexpectedResponse => McpError::Protocol {
+                message: "unexpected response type".to_string(),
+            },
+            other => {
+                let mut message = chain(&other);
+                if let Some(process) = &self.process {
+                    let tail = process.stderr.tail();
+                    if !tail.trim().is_empty() {
+                        message.push_str("; stderr: ");
+                        message.push_str(tail.trim());
+                    }
+                }
+                McpError::Transport { message }
+            }
+        }
+    }
+}
+
+fn tool_decl(tool: Tool) -> ToolDecl {
+    ToolDecl {
+        name: tool.name.into_owned(),
+        description: tool.description.map(|d| d.into_owned()).unwrap_or_default(),
+        input_schema_json: serde_json::to_string(&*tool.input_schema)
+            .expect("a JSON object serializes"),
+    }
+}
+
+fn spawn_reason(command: &str, error: &std::io::Error) -> String {
+    match error.kind() {
+        std::io::ErrorKind::NotFound if command.contains('/') => {
+            format!("no such file: {command}")
+        }
+        std::io::ErrorKind::NotFound => format!("command not found on PATH: {command}"),
+        std::io::ErrorKind::PermissionDenied => format!("permission denied: {command}"),
+        _ => error.to_string(),
+    }
+}
+
+fn http_handshake_error(error: ClientInitializeError) -> McpError {
+    match error {
+        ClientInitializeError::TransportError { .. } => McpError::Transport {
+            message: chain(&error),
+        },
+        ClientInitializeError::JsonRpcError(data) => McpError::Handshake {
+            message: format!("server rejected initialize: {}", data.message),
+            stderr_tail: String::new(),
+        },
+        other => McpError::Handshake {
+            message: chain(&other),
+            stderr_tail: String::new(),
+        },
+    }
+}
+
+/// A stdio server: the group-leader child and the tail of its stderr.
+struct ServerProcess {
+    child: Child,
+    pgid: Pid,
+    stderr: StderrTail,
+    /// Set once the group has been SIGKILLed after the leader was reaped, so
+    /// `Drop` never signals a group id that may have been reused.
+    finished: bool,
+}
+
+impl ServerProcess {
+    fn new(child: Child, stderr: ChildStderr) -> Self {
+        let pid = child.id().expect("a just-spawned child has a pid");
+        ServerProcess {
+            child,
+            pgid: Pid::from_raw(pid as i32),
+            stderr: StderrTail::capture(stderr),
+            finished: false,
+        }
+    }
+
+    fn signal_group(&self, signal: Signal) {
+        if self.finished {
+            return;
+        }
+        // ESRCH: the group is already gone, which is what we want.
+        let _ = killpg(self.pgid, signal);
+    }
+
+    async fn wait_until(&mut self, deadline: Instant) -> Option<ExitStatus> {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(remaining, self.child.wait()).await {
+            Ok(Ok(status)) => Some(status),
+            _ => None,
+        }
+    }
+
+    /// The leader has been waited for: kill whatever it left in the group.
+    fn finish(&mut self) {
+        self.signal_group(Signal::SIGKILL);
+        self.finished = true;
+    }
+
+    async fn kill(&mut self) {
+        self.signal_group(Signal::SIGKILL);
+        let _ = self.child.wait().await;
+        self.finish();
+    }
+
+    /// stdin is already closed: give the server until `deadline` to exit
+    /// (SIGTERM halfway), then SIGKILL the group.
+    async fn stop_by(&mut self, deadline: Instant) {
+        let now = Instant::now();
+        let term_at = (now + EXIT_GRACE).min(now + deadline.saturating_duration_since(now) / 2);
+        if self.wait_until(term_at).await.is_none() {
+            self.signal_group(Signal::SIGTERM);
+            let kill_at = (Instant::now() + EXIT_GRACE).min(deadline);
+            if self.wait_until(kill_at).await.is_none() {
+                self.kill().await;
+                return;
+            }
+        }
+        self.finish();
+    }
+
+    /// Turns a failed handshake into an error that says how the process ended.
+    async fn handshake_failure(&mut self, error: ClientInitializeError) -> McpError {
+        let closed = matches!(error, ClientInitializeError::ConnectionClosed(_));
+        let status = if closed {
+            self.wait_until(Instant::now() + EXIT_REPORT_WAIT).await
+        } else {
+            None
+        };
+        match status {
+            Some(status) => {
+                self.stderr.wait_for_eof(EXIT_REPORT_WAIT).await;
+                self.finish();
+                McpError::Exited {
+                    status: status.to_string(),
+                    stderr_tail: self.stderr.tail(),
+                }
+            }
+            None => {
+                self.kill().await;
+                let message = match error {
+                    ClientInitializeError::JsonRpcError(data) => {
+                        format!("server rejected initialize: {}", data.message)
+                    }
+                    other => chain(&other),
+                };
+                McpError::Handshake {
+                    message,
+                    stderr_tail: self.stderr.tail(),
+                }
+            }
+        }
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        // Dropped without close (a cancelled future, a panic): leave nothing behind.
+        // tokio reaps the killed leader in the background.
+        self.signal_group(Signal::SIGKILL);
+    }
+}
+
+/// The last [`STDERR_TAIL_BYTES`] of a child's stderr, read by a background task.
+struct StderrTail {
+    buffer: Arc<Mutex<Vec<u8>>>,
+    reader: Option<JoinHandle<()>>,
+}
+
+impl StderrTail {
+    fn capture(mut stderr: ChildStderr) -> Self {
+        let buffer = Arc::new(Mutex::new(Vec::new()));
+        let sink = buffer.clone();
+        let reader = tokio::spawn(async move {
+            let mut chunk = [0u8; 1024];
+            while let Ok(n) = stderr.read(&mut chunk).await {
+                if n == 0 {
+                    break;
+                }
+                let mut buffer = sink.lock().expect("stderr buffer lock");
+                buffer.extend_from_slice(&chunk[..n]);
+                if buffer.len() > STDERR_TAIL_BYTES {
+                    let excess = buffer.len() - STDERR_TAIL_BYTES;
+                    buffer.drain(..excess);
+                }
+            }
+        });
+        StderrTail {
+            buffer,
+            reader: Some(reader),
+        }
+    }
+
+    async fn wait_for_eof(&mut self, bound: Duration) {
+        if let Some(reader) = self.reader.as_mut()
+            && tokio::time::timeout(bound, reader).await.is_ok()
+        {
+            self.reader = None;
+        }
+    }
+
+    fn tail(&self) -> String {
+        let buffer = self.buffer.lock().expect("stderr buffer lock");
+        // The cut may split a UTF-8 sequence: lossy decoding drops the fragment.
+        String::from_utf8_lossy(&buffer).trim().to_string()
+    }
+}
+
+impl Drop for StderrTail {
+    fn drop(&mut self) {
+        if let Some(reader) = self.reader.take() {
+            reader.abort();
+        }
+    }
+}

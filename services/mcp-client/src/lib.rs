@@ -1,0 +1,121 @@
+//! ctxsync's MCP client, built on the official Rust SDK (`rmcp`).
+//!
+//! * [`Connection::connect`] starts a stdio server as a process-group leader (so
+//!   `npx`/shell grandchildren die with it) or opens a streamable-HTTP session,
+//!   bounded by a handshake timeout (rmcp has none of its own).
+//! * [`discover`] is connect + list tools + close within one deadline.
+//! * [`catalog_hash`] fingerprints a tool list.
+//! * [`Sanitizer`] must be applied to every error text before it leaves the
+//!   process: [`McpError`]'s `Display` can contain URLs with credentials,
+//!   argument values and server stderr.
+
+mod connection;
+mod error;
+mod sanitize;
+mod spec;
+
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+pub use connection::{CallOutcome, ConnectOptions, Connection, STDERR_TAIL_BYTES};
+pub use error::McpError;
+pub use sanitize::{MAX_SANITIZED_LEN, MIN_SECRET_LEN, REDACTED, Sanitizer, is_secret_env_name};
+pub use spec::{ServerInfo, ServerSpec, ToolDecl, TransportKind, TransportSpec};
+
+/// The outcome of a one-shot discovery.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Discovery {
+    pub tools: Vec<ToolDecl>,
+    pub server_info: ServerInfo,
+    /// Connect plus list, not counting the close.
+    pub duration: Duration,
+}
+
+/// Connects, lists every tool (following pagination) and closes, all within
+/// `timeout`. A server that does not answer in time is killed (its whole
+/// process group) and `McpError::Timeout` is returned.
+pub async fn discover(spec: &ServerSpec, timeout: Duration) -> Result<Discovery, McpError> {
+    let started = Instant::now();
+    let deadline = started + timeout;
+    let connection = Connection::connect(
+        spec,
+        ConnectOptions {
+            handshake_timeout: timeout,
+            tools_changed: None,
+        },
+    )
+    .await?;
+    let remaining = deadline.saturating_duration_since(Instant::now());
+    let tools = match tokio::time::timeout(remaining, connection.list_tools()).await {
+        Ok(Ok(tools)) => tools,
+        Ok(Err(error)) => {
+            connection.kill().await;
+            return Err(error);
+        }
+        Err(_) => {
+            connection.kill().await;
+            return Err(McpError::Timeout { after: timeout });
+        }
+    };
+    let duration = started.elapsed();
+    let server_info = connection.server_info();
+    let remaining = deadline.saturating_duration_since(Instant::now());
+    connection.close_within(remaining).await;
+    Ok(Discovery {
+        tools,
+        server_info,
+        duration,
+    })
+}
+
+/// SHA-256 (hex) over the tool list sorted by name: the same tools give the same
+/// hash whatever order the server listed them in.
+pub fn catalog_hash(tools: &[ToolDecl]) -> String {
+    let mut sorted: Vec<&ToolDecl> = tools.iter().collect();
+    sorted.sort_by(|a, b| {
+        (&a.name, &a.description, &a.input_schema_json).cmp(&(
+            &b.name,
+            &b.description,
+            &b.input_schema_json,
+        ))
+    });
+    let mut hasher = Sha256::new();
+    for tool in sorted {
+        // Length-prefixed fields: no two different lists serialize the same.
+        for field in [&tool.name, &tool.description, &tool.input_schema_json] {
+            hasher.update((field.len() as u64).to_be_bytes());
+            hasher.update(field.as_bytes());
+        }
+    }
+    hex::encode(hasher.finalize())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tool(name: &str, description: &str) -> ToolDecl {
+        ToolDecl {
+            name: name.into(),
+            description: description.into(),
+            input_schema_json: r#"{"type":"object"}"#.into(),
+        }
+    }
+
+    #[test]
+    fn catalog_hash_ignores_order_and_sees_every_field() {
+        let a = [tool("a", "first"), tool("b", "second")];
+        let b = [tool("b", "second"), tool("a", "first")];
+        assert_eq!(catalog_hash(&a), catalog_hash(&b));
+        assert_eq!(catalog_hash(&a).len(), 64);
+        let changed_description = [tool("a", "first!"), tool("b", "second")];
+        assert_ne!(catalog_hash(&a), catalog_hash(&changed_description));
+        let mut changed_schema = a.clone();
+        changed_schema[0].input_schema_json = r#"{"type":"object","properties":{}}"#.into();
+        assert_ne!(catalog_hash(&a), catalog_hash(&changed_schema));
+        // Field boundaries matter: ("ab", "c") is not ("a", "bc").
+        assert_ne!(catalog_hash(&[tool("ab", "c")]), catalog_hash(&[tool("a", "bc")]));
+        assert_ne!(catalog_hash(&[]), catalog_hash(&a));
+    }
+}

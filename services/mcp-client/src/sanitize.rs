@@ -1,0 +1,534 @@
+//! Error sanitizer (DESIGN §3): removes everything a server process could have
+//! seen of its configuration from an error text before it leaves the process.
+//!
+//! What is replaced with `[redacted]`:
+//! * the values of the server's configured env;
+//! * inherited env values whose names look secret (see [`is_secret_env_name`]);
+//! * header values, and for `Scheme credential` values (`Bearer x`, `Basic x`)
+//!   the credential alone; a `Basic` credential's decoded `user:password` too;
+//! * stdio arguments that are not flags, and the value of `--flag=value`
+//!   (the command itself is kept: it names what failed);
+//! * of the configured URL: userinfo, path and query (scheme, host and port stay);
+//! * of any URL found in the text: userinfo, path, query and fragment.
+//!
+//! Values shorter than [`MIN_SECRET_LEN`] bytes are not replaced: replacing `1`
+//! or `on` everywhere would shred the text and hide nothing worth hiding.
+//! Matching is leftmost-longest over all values at once, so a longer secret
+//! wins over a secret it contains and replacements are never re-matched.
+//! The result is capped at [`MAX_SANITIZED_LEN`] bytes on a char boundary.
+
+use std::collections::BTreeSet;
+
+use aho_corasick::{AhoCorasick, MatchKind};
+use base64::Engine as _;
+
+use crate::{ServerSpec, TransportSpec};
+
+/// Replacement for every secret.
+pub const REDACTED: &str = "[redacted]";
+/// Values shorter than this (in bytes) are left alone.
+pub const MIN_SECRET_LEN: usize = 4;
+/// Maximum length of a sanitized text, in bytes.
+pub const MAX_SANITIZED_LEN: usize = 4096;
+const TRUNCATED_MARK: &str = " [truncated]";
+
+/// Sanitizes error texts of one server. Cheap to reuse; build once per server.
+#[derive(Clone, Debug)]
+pub struct Sanitizer {
+    matcher: Option<AhoCorasick>,
+    secret_count: usize,
+}
+
+impl Sanitizer {
+    /// A sanitizer for `spec` that also treats this process's secret-looking
+    /// environment values as secrets.
+    pub fn for_server(spec: &ServerSpec) -> Sanitizer {
+        Self::with_inherited_env(spec, std::env::vars())
+    }
+
+    /// A sanitizer for `spec` with an explicit inherited environment (tests,
+    /// or a process that passes its children a curated environment).
+    pub fn with_inherited_env(
+        spec: &ServerSpec,
+        inherited: impl IntoIterator<Item = (String, String)>,
+    ) -> Sanitizer {
+        let mut secrets = BTreeSet::new();
+        for (name, value) in inherited {
+            if is_secret_env_name(&name) {
+                add_value(&mut secrets, &value);
+            }
+        }
+        match &spec.transport {
+            TransportSpec::Stdio { args, env, .. } => {
+                for value in env.values() {
+                    add_value(&mut secrets, value);
+                }
+                for arg in args {
+                    add_arg(&mut secrets, arg);
+                }
+            }
+            TransportSpec::StreamableHttp { url, headers } => {
+                add_url_parts(&mut secrets, url);
+                for value in headers.values() {
+                    add_header_value(&mut secrets, value);
+                }
+            }
+        }
+        Self::from_secrets(secrets)
+    }
+
+    fn from_secrets(secrets: BTreeSet<String>) -> Sanitizer {
+        let patterns: Vec<String> = secrets
+            .into_iter()
+            .filter(|s| s.len() >= MIN_SECRET_LEN)
+            .collect();
+        let secret_count = patterns.len();
+        let matcher = if patterns.is_empty() {
+            None
+        } else {
+            Some(
+                AhoCorasick::builder()
+                    .match_kind(MatchKind::LeftmostLongest)
+                    .build(&patterns)
+                    .expect("secret patterns are plain strings"),
+            )
+        };
+        Sanitizer {
+            matcher,
+            secret_count,
+        }
+    }
+
+    /// How many distinct values this sanitizer replaces (for logs and tests).
+    pub fn secret_count(&self) -> usize {
+        self.secret_count
+    }
+
+    /// `text` with every secret replaced, URLs scrubbed and the length capped.
+    pub fn sanitize(&self, text: &str) -> String {
+        let scrubbed = scrub_urls(text);
+        let replaced = match &self.matcher {
+            Some(matcher) => matcher.replace_all(&scrubbed, &vec![REDACTED; self.secret_count]),
+            None => scrubbed,
+        };
+        cap(replaced)
+    }
+}
+
+/// Whether an inherited env var's name says its value is a secret.
+pub fn is_secret_env_name(name: &str) -> bool {
+    let name = name.to_ascii_uppercase();
+    const CONTAINS: &[&str] = &[
+        "SECRET",
+        "TOKEN",
+        "PASSWORD",
+        "PASSWD",
+        "CREDENTIAL",
+        "API_KEY",
+        "APIKEY",
+        "PRIVATE_KEY",
+        "ACCESS_KEY",
+        "AUTH",
+        "COOKIE",
+        "SESSION",
+        "DATABASE_URL",
+        "_DSN",
+    ];
+    CONTAINS.iter().any(|needle| name.contains(needle)) || name.ends_with("KEY") || name == "DSN"
+}
+
+fn add_value(secrets: &mut BTreeSet<String>, value: &str) {
+    let value = value.trim();
+    if value.is_empty() {
+        return;
+    }
+    secrets.insert(value.to_string());
+    // The same value as it appears in Debug output or JSON strings.
+    secrets.insert(value.escape_debug().to_string());
+    if let Ok(json) = serde_json::to_string(value) {
+        secrets.insert(json[1..json.len() - 1].to_string());
+    }
+    // A secret that is a URL (DATABASE_URL) also leaks through its parts.
+    if value.contains("://") {
+        add_url_parts(secrets, value);
+    }
+}
+
+fn add_arg(secrets: &mut BTreeSet<String>, arg: &str) {
+    if let Some(flag) = arg.strip_prefix('-') {
+        // `--flag=value` / `-f=value`: the value is secret, the flag name is not.
+        if let Some((_, value)) = flag.split_once('=') {
+            add_value(secrets, value);
+        }
+        return;
+    }
+    add_value(secrets, arg);
+}
+
+fn add_header_value(secrets: &mut BTreeSet<String>, value: &str) {
+    add_value(secrets, value);
+    // `Bearer xyz`, `Basic xyz`, `Token xyz`: the credential without its scheme.
+    if let Some((scheme, credential)) = value.trim().split_once(' ') {
+        let credential = credential.trim();
+        add_value(secrets, credential);
+        if scheme.eq_ignore_ascii_case("basic")
+            && let Ok(decoded) = base64::engine::general_purpose::STANDARD.decode(credential)
+            && let Ok(decoded) = String::from_utf8(decoded)
+        {
+            add_value(secrets, &decoded);
+            if let Some((_, password)) = decoded.split_once(':') {
+                add_value(secrets, password);
+            }
+        }
+    }
+}
+
+/// Userinfo, path and query of a configured URL, raw and percent-decoded.
+fn add_url_parts(secrets: &mut BTreeSet<String>, raw: &str) {
+    let Ok(url) = url::Url::parse(raw.trim()) else {
+        // Not a URL we can take apart: the whole text is the secret.
+        secrets.insert(raw.trim().to_string());
+        return;
+    };
+    let mut parts = Vec::new();
+    if !url.username().is_empty() {
+        parts.push(url.username().to_string());
+    }
+    if let Some(password) = url.password() {
+        parts.push(password.to_string());
+        parts.push(format!("{}:{}", url.username(), password));
+    }
+    let path = url.path();
+    if path.len() > 1 {
+        parts.push(path.to_string());
+        parts.push(path.trim_matches('/').to_string());
+        parts.extend(path.split('/').map(str::to_string));
+    }
+    if let Some(query) = url.query() {
+        parts.push(query.to_string());
+        for pair in query.split('&') {
+            parts.push(pair.to_string());
+            if let Some((_, value)) = pair.split_once('=') {
+                parts.push(value.to_string());
+            }
+        }
+    }
+    if let Some(fragment) = url.fragment() {
+        parts.push(fragment.to_string());
+    }
+    for part in parts {
+        if part.is_empty() {
+            continue;
+        }
+        if let Ok(decoded) = percent_decode(&part) {
+            secrets.insert(decoded);
+        }
+        secrets.insert(part);
+    }
+}
+
+fn percent_decode(text: &str) -> Result<String, std::string::FromUtf8Error> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let (Some(high), Some(low)) = (hex_value(bytes[i + 1]), hex_value(bytes[i + 2]))
+        {
+            out.push(high << 4 | low);
+            i += 3;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8(out)
+}
+
+fn hex_value(byte: u8) -> Option<u8> {
+    (byte as char).to_digit(16).map(|d| d as u8)
+}
+
+/// Scrubs every `scheme://…` URL in `text` down to scheme, host and port.
+fn scrub_urls(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(sep) = rest.find("://") {
+        let scheme_start = rest[..sep]
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '+' || c == '-' || c == '.'))
+            .map_or(0, |i| i + 1);
+        let end = rest[sep..]
+            .find(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | '`' | '<' | '>' | ')' | ']' | '}' | ','))
+            .map_or(rest.len(), |i| sep + i);
+        let candidate = &rest[scheme_start..end];
+        out.push_str(&rest[..scheme_start]);
+        if scheme_start < sep {
+            out.push_str(&scrub_url(candidate));
+        } else {
+            out.push_str(candidate);
+        }
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+fn scrub_url(candidate: &str) -> String {
+    let Ok(url) = url::Url::parse(candidate) else {
+        // Unparseable after `://`: keep the scheme only.
+        let scheme_end = candidate.find("://").unwrap_or(0);
+        return format!("{}://{REDACTED}", &candidate[..scheme_end]);
+    };
+    let mut out = format!("{}://", url.scheme());
+    if !url.username().is_empty() || url.password().is_some() {
+        out.push_str(REDACTED);
+        out.push('@');
+    }
+    if let Some(host) = url.host_str() {
+        out.push_str(host);
+    }
+    if let Some(port) = url.port() {
+        out.push_str(&format!(":{port}"));
+    }
+    if url.path().len() > 1 {
+        out.push('/');
+        out.push_str(REDACTED);
+    } else if candidate.ends_with('/') {
+        out.push('/');
+    }
+    if url.query().is_some() {
+        out.push('?');
+        out.push_str(REDACTED);
+    }
+    if url.fragment().is_some() {
+        out.push('#');
+        out.push_str(REDACTED);
+    }
+    out
+}
+
+fn cap(mut text: String) -> String {
+    if text.len() <= MAX_SANITIZED_LEN {
+        return text;
+    }
+    let mut cut = MAX_SANITIZED_LEN - TRUNCATED_MARK.len();
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    text.truncate(cut);
+    text.push_str(TRUNCATED_MARK);
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn stdio(args: &[&str], env: &[(&str, &str)]) -> ServerSpec {
+        ServerSpec {
+            name: "s".into(),
+            transport: TransportSpec::Stdio {
+                command: "my-server".into(),
+                args: args.iter().map(|a| a.to_string()).collect(),
+                env: env
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                cwd: None,
+            },
+        }
+    }
+
+    fn http(url: &str, headers: &[(&str, &str)]) -> ServerSpec {
+        ServerSpec {
+            name: "h".into(),
+            transport: TransportSpec::StreamableHttp {
+                url: url.into(),
+                headers: headers
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect::<BTreeMap<_, _>>(),
+            },
+        }
+    }
+
+    fn no_env() -> Vec<(String, String)> {
+        Vec::new()
+    }
+
+    #[test]
+    fn configured_env_values_are_redacted() {
+        let s = Sanitizer::with_inherited_env(
+            &stdio(&[], &[("API_BASE", "value-one"), ("PLAIN", "harmless-looking")]),
+            no_env(),
+        );
+        let out = s.sanitize("failed with value-one and harmless-looking in it");
+        assert_eq!(out, "failed with [redacted] and [redacted] in it");
+    }
+
+    #[test]
+    fn inherited_secret_looking_env_values_are_redacted_and_others_kept() {
+        let inherited = [
+            ("GITHUB_TOKEN", "ghp_abcdef"),
+            ("MY_CLIENT_SECRET", "shh-secret"),
+            ("DB_PASSWORD", "hunter22"),
+            ("STRIPE_KEY", "sk_live_1"),
+            ("OPENAI_API_KEY", "sk-openai"),
+            ("AWS_CREDENTIALS", "aws-creds"),
+            ("DATABASE_URL", "postgres://app:pg-pass@db:5432/prod"),
+            ("HOME", "/home/someone"),
+            ("SHORT_TOKEN", "abc"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()));
+        let s = Sanitizer::with_inherited_env(&stdio(&[], &[]), inherited);
+        let out = s.sanitize(
+            "ghp_abcdef shh-secret hunter22 sk_live_1 sk-openai aws-creds pg-pass /home/someone abc",
+        );
+        assert_eq!(
+            out,
+            "[redacted] [redacted] [redacted] [redacted] [redacted] [redacted] [redacted] /home/someone abc"
+        );
+    }
+
+    #[test]
+    fn secret_env_name_patterns() {
+        for name in [
+            "GITHUB_TOKEN",
+            "client_secret",
+            "PGPASSWORD",
+            "SIGNING_KEY",
+            "APIKEY",
+            "X_API_KEY_V2",
+            "GOOGLE_APPLICATION_CREDENTIALS",
+            "DATABASE_URL",
+            "SENTRY_DSN",
+        ] {
+            assert!(is_secret_env_name(name), "{name} should look secret");
+        }
+        for name in ["HOME", "PATH", "PWD", "LANG", "KEYBOARD_LAYOUT", "RUST_LOG"] {
+            assert!(!is_secret_env_name(name), "{name} should not look secret");
+        }
+    }
+
+    #[test]
+    fn header_values_are_redacted_with_and_without_scheme() {
+        let basic = base64::engine::general_purpose::STANDARD.encode("alice:open-sesame");
+        let s = Sanitizer::with_inherited_env(
+            &http(
+                "http://example.test/",
+                &[
+                    ("Authorization", "Bearer tok-12345"),
+                    ("X-Api-Key", "raw-header-secret"),
+                    ("Proxy-Authorization", &format!("Basic {basic}")),
+                ],
+            ),
+            no_env(),
+        );
+        assert_eq!(
+            s.sanitize("sent Authorization: Bearer tok-12345"),
+            "sent Authorization: [redacted]"
+        );
+        assert_eq!(s.sanitize("token tok-12345 rejected"), "token [redacted] rejected");
+        assert_eq!(s.sanitize("key raw-header-secret"), "key [redacted]");
+        assert_eq!(s.sanitize(&format!("basic {basic}")), "basic [redacted]");
+        assert_eq!(
+            s.sanitize("user alice:open-sesame, pw open-sesame"),
+            "user [redacted], pw [redacted]"
+        );
+    }
+
+    #[test]
+    fn stdio_non_flag_args_and_flag_values_are_redacted_but_not_the_command() {
+        let s = Sanitizer::with_inherited_env(
+            &stdio(
+                &["--verbose", "/srv/private-root", "--token=arg-secret", "-k", "positional-secret", "ab"],
+                &[],
+            ),
+            no_env(),
+        );
+        let out = s.sanitize(
+            "my-server --verbose /srv/private-root --token=arg-secret -k positional-secret ab: failed",
+        );
+        assert_eq!(
+            out,
+            "my-server --verbose [redacted] --token=[redacted] -k [redacted] ab: failed"
+        );
+    }
+
+    #[test]
+    fn configured_url_userinfo_path_and_query_are_redacted() {
+        let s = Sanitizer::with_inherited_env(
+            &http("https://bob:pa55word@mcp.example.test:8443/tenant-7/mcp?key=q-secret&x=1", &[]),
+            no_env(),
+        );
+        // Pieces that appear outside a URL are found by value.
+        let out = s.sanitize("user bob pass pa55word tenant tenant-7 query key=q-secret");
+        assert_eq!(
+            out,
+            "user [redacted] pass [redacted] tenant [redacted] query [redacted]"
+        );
+        let out = s.sanitize(
+            "error sending request for url (https://bob:pa55word@mcp.example.test:8443/tenant-7/mcp?key=q-secret&x=1)",
+        );
+        assert_eq!(
+            out,
+            "error sending request for url (https://[redacted]@mcp.example.test:8443/[redacted]?[redacted])"
+        );
+    }
+
+    #[test]
+    fn any_url_in_the_text_keeps_only_scheme_host_and_port() {
+        let s = Sanitizer::with_inherited_env(&stdio(&[], &[]), no_env());
+        assert_eq!(
+            s.sanitize("see postgres://u:p@db.internal:5432/prod?sslmode=disable now"),
+            "see postgres://[redacted]@db.internal:5432/[redacted]?[redacted] now"
+        );
+        assert_eq!(
+            s.sanitize("GET http://127.0.0.1:9/ failed"),
+            "GET http://127.0.0.1:9/ failed"
+        );
+    }
+
+    #[test]
+    fn longest_match_wins() {
+        let s = Sanitizer::with_inherited_env(
+            &stdio(&[], &[("A", "secret"), ("B", "secret-and-more")]),
+            no_env(),
+        );
+        assert_eq!(s.sanitize("x secret-and-more y secret"), "x [redacted] y [redacted]");
+    }
+
+    #[test]
+    fn replacement_text_is_never_rematched() {
+        // A secret that occurs inside "[redacted]" must not shred the marker.
+        let s = Sanitizer::with_inherited_env(&stdio(&[], &[("A", "longsecret"), ("B", "dact")]), no_env());
+        assert_eq!(s.sanitize("longsecret"), "[redacted]");
+    }
+
+    #[test]
+    fn short_values_are_not_redacted() {
+        let s = Sanitizer::with_inherited_env(&stdio(&["on"], &[("A", "1"), ("B", "abc")]), no_env());
+        assert_eq!(s.sanitize("on 1 abc"), "on 1 abc");
+    }
+
+    #[test]
+    fn debug_escaped_secrets_are_redacted() {
+        let s = Sanitizer::with_inherited_env(&stdio(&[], &[("A", "quote\"secret")]), no_env());
+        assert_eq!(s.sanitize(r#"Err("quote\"secret")"#), r#"Err("[redacted]")"#);
+    }
+
+    #[test]
+    fn output_is_capped_on_a_char_boundary() {
+        let s = Sanitizer::with_inherited_env(&stdio(&[], &[]), no_env());
+        let long = "é".repeat(5000);
+        let out = s.sanitize(&long);
+        assert!(out.len() <= MAX_SANITIZED_LEN, "{}", out.len());
+        assert!(out.ends_with(" [truncated]"));
+        assert!(out.starts_with("ééé"));
+        let short = "fine".to_string();
+        assert_eq!(s.sanitize(&short), "fine");
+    }
+}

@@ -1,0 +1,361 @@
+//! `mcp-fixture`: a small MCP server with the failure modes ctxsync's tests need.
+//! See the crate docs in `lib.rs` for the modes and the record-dir format.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context as _;
+use clap::{Parser, ValueEnum};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData, Implementation,
+    InitializeRequestParams, InitializeResult, ListToolsResult, PaginatedRequestParams,
+    ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::{NotificationContext, RequestContext};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{Peer, RoleServer, ServerHandler, ServiceExt};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Mode {
+    /// Tools `echo` and `add`.
+    Normal,
+    /// Like normal, after sleeping `--delay-ms` before reading stdin.
+    SlowStart,
+    /// Never answers; also starts a grandchild (`sleep`) in its process group.
+    Hang,
+    /// Writes a line to stderr and exits with status 3 before the handshake.
+    Crash,
+    /// A valid server with no tools.
+    ZeroTools,
+    /// Tools read from `--tools-file` on every list; `--watch` notifies changes.
+    ChangingTools,
+    /// Rejects `initialize` with an error (also written to stderr) that echoes
+    /// its env values, its args and `--url`.
+    SecretError,
+}
+
+#[derive(Debug, Parser)]
+#[command(name = "mcp-fixture", about = "ctxsync's MCP test server")]
+struct Args {
+    #[arg(long, env = "MCP_FIXTURE_MODE", value_enum, default_value = "normal")]
+    mode: Mode,
+    /// Slow-start delay.
+    #[arg(long, env = "MCP_FIXTURE_DELAY_MS", default_value_t = 0)]
+    delay_ms: u64,
+    /// JSON `[{"name": "...", "description": "..."}]` (changing-tools).
+    #[arg(long, env = "MCP_FIXTURE_TOOLS_FILE")]
+    tools_file: Option<PathBuf>,
+    /// Send `notifications/tools/list_changed` when the tools file changes.
+    #[arg(long, env = "MCP_FIXTURE_WATCH")]
+    watch: bool,
+    /// Tools per `tools/list` page; 0 = everything in one page.
+    #[arg(long, env = "MCP_FIXTURE_PAGE_SIZE", default_value_t = 0)]
+    page_size: usize,
+    /// Record starts and live copies here (see lib docs).
+    #[arg(long, env = "MCP_FIXTURE_RECORD_DIR")]
+    record_dir: Option<PathBuf>,
+    /// Serve streamable HTTP on this address (path `/mcp`) instead of stdio.
+    #[arg(long, env = "MCP_FIXTURE_HTTP")]
+    http: Option<String>,
+    /// A URL (with credentials) the secret-error mode pretends it called.
+    #[arg(long, env = "MCP_FIXTURE_URL")]
+    url: Option<String>,
+    /// Ignored positional arguments (echoed by secret-error).
+    #[arg(trailing_var_arg = true)]
+    rest: Vec<String>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+struct ToolSpec {
+    name: String,
+    #[serde(default)]
+    description: String,
+}
+
+#[derive(Clone)]
+struct Fixture {
+    args: Arc<Args>,
+    /// Peers to notify when the tools file changes (one per session).
+    peers: Arc<Mutex<Vec<Peer<RoleServer>>>>,
+}
+
+impl Fixture {
+    fn tools(&self) -> Result<Vec<Tool>, ErrorData> {
+        match self.args.mode {
+            Mode::ZeroTools => Ok(Vec::new()),
+            Mode::ChangingTools => {
+                let path = self.args.tools_file.as_ref().ok_or_else(|| {
+                    ErrorData::internal_error("changing-tools needs --tools-file", None)
+                })?;
+                let specs = read_tools_file(path)
+                    .map_err(|e| ErrorData::internal_error(format!("{e:#}"), None))?;
+                Ok(specs
+                    .into_iter()
+                    .map(|spec| {
+                        Tool::new(spec.name, spec.description, object(json!({"type": "object"})))
+                    })
+                    .collect())
+            }
+            _ => Ok(vec![
+                Tool::new(
+                    "echo",
+                    "Returns its text argument",
+                    object(json!({
+                        "type": "object",
+                        "properties": {"text": {"type": "string"}},
+                        "required": ["text"]
+                    })),
+                ),
+                Tool::new(
+                    "add",
+                    "Adds two numbers",
+                    object(json!({
+                        "type": "object",
+                        "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+                        "required": ["a", "b"]
+                    })),
+                ),
+            ]),
+        }
+    }
+
+    fn secret_message(&self) -> String {
+        let env: Vec<String> = std::env::vars()
+            .filter(|(name, _)| name.starts_with("FIXTURE_") || name.starts_with("MCP_FIXTURE_"))
+            .map(|(name, value)| format!("{name}={value}"))
+            .collect();
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        format!(
+            "upstream {} refused the credentials; env: {}; args: {}",
+            self.args.url.as_deref().unwrap_or("(no --url)"),
+            env.join(" "),
+            args.join(" ")
+        )
+    }
+}
+
+fn object(value: Value) -> Arc<serde_json::Map<String, Value>> {
+    match value {
+        Value::Object(map) => Arc::new(map),
+        _ => unreachable!("schemas are objects"),
+    }
+}
+
+fn read_tools_file(path: &Path) -> anyhow::Result<Vec<ToolSpec>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+impl ServerHandler for Fixture {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tool_list_changed()
+                .build(),
+        )
+        .with_server_info(Implementation::new("mcp-fixture", env!("CARGO_PKG_VERSION")))
+    }
+
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, ErrorData> {
+        if self.args.mode == Mode::SecretError {
+            let message = self.secret_message();
+            eprintln!("mcp-fixture: {message}");
+            return Err(ErrorData::internal_error(message, None));
+        }
+        context.peer.set_peer_info(request.clone());
+        self.negotiate_initialize(&request)
+    }
+
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        self.peers.lock().expect("peers lock").push(context.peer);
+    }
+
+    async fn list_tools(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        let tools = self.tools()?;
+        let page_size = self.args.page_size;
+        if page_size == 0 {
+            return Ok(ListToolsResult::with_all_items(tools));
+        }
+        let start: usize = match request.and_then(|r| r.cursor) {
+            Some(cursor) => cursor
+                .parse()
+                .map_err(|_| ErrorData::invalid_params("bad cursor", None))?,
+            None => 0,
+        };
+        let end = (start + page_size).min(tools.len());
+        let mut page = ListToolsResult::with_all_items(tools[start.min(end)..end].to_vec());
+        if end < tools.len() {
+            page.next_cursor = Some(end.to_string());
+        }
+        Ok(page)
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let arguments = request.arguments.unwrap_or_default();
+        let result = match request.name.as_ref() {
+            "echo" => {
+                let text = arguments.get("text").and_then(Value::as_str).unwrap_or_default();
+                CallToolResult::success(vec![ContentBlock::text(text)])
+            }
+            "add" => {
+                let a = arguments.get("a").and_then(Value::as_f64);
+                let b = arguments.get("b").and_then(Value::as_f64);
+                match (a, b) {
+                    (Some(a), Some(b)) => CallToolResult::success(vec![ContentBlock::text((a + b).to_string())]),
+                    _ => CallToolResult::error(vec![ContentBlock::text("a and b must be numbers")]),
+                }
+            }
+            other => {
+                return Err(ErrorData::invalid_params(format!("unknown tool {other}"), None));
+            }
+        };
+        Ok(result.into())
+    }
+}
+
+/// Notifies every session when the tools file's content changes (polling:
+/// simple and the same on every filesystem).
+async fn watch_tools_file(path: PathBuf, peers: Arc<Mutex<Vec<Peer<RoleServer>>>>) {
+    let mut last = std::fs::read(&path).ok();
+    loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = std::fs::read(&path).ok();
+        if now != last {
+            last = now;
+            let current: Vec<Peer<RoleServer>> = peers.lock().expect("peers lock").clone();
+            for peer in current {
+                let _ = peer.notify_tool_list_changed().await;
+            }
+        }
+    }
+}
+
+/// Start records: `starts.log` gets `pid unix_ms concurrent=N` per start, where N
+/// counts the live copies (files in `live/` whose pid still runs) including
+/// this one; `live/<pid>` exists while the copy runs.
+struct Recording {
+    live_file: PathBuf,
+}
+
+impl Recording {
+    fn start(dir: &Path) -> anyhow::Result<Recording> {
+        use std::io::Write as _;
+        let live = dir.join("live");
+        std::fs::create_dir_all(&live).with_context(|| format!("creating {}", live.display()))?;
+        let pid = std::process::id();
+        let live_file = live.join(pid.to_string());
+        std::fs::write(&live_file, b"").context("writing live file")?;
+        let concurrent = mcp_fixture::live_pids(dir).len();
+        let unix_ms = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis();
+        let mut log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("starts.log"))
+            .context("opening starts.log")?;
+        // One write per line: appends of one small line do not interleave.
+        log.write_all(format!("{pid} {unix_ms} concurrent={concurrent}\n").as_bytes())?;
+        Ok(Recording { live_file })
+    }
+}
+
+impl Drop for Recording {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.live_file);
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Arc::new(Args::parse());
+    let _recording = match &args.record_dir {
+        Some(dir) => Some(Recording::start(dir)?),
+        None => None,
+    };
+    match args.mode {
+        Mode::Crash => {
+            eprintln!("mcp-fixture: crashing at start as asked");
+            drop(_recording);
+            std::process::exit(3);
+        }
+        Mode::Hang => {
+            // A grandchild in our process group: proves the whole group is stopped.
+            let _grandchild = tokio::process::Command::new("sleep").arg("600").spawn()?;
+            std::future::pending::<()>().await;
+        }
+        Mode::SlowStart => tokio::time::sleep(Duration::from_millis(args.delay_ms)).await,
+        _ => {}
+    }
+
+    let fixture = Fixture {
+        args: args.clone(),
+        peers: Arc::new(Mutex::new(Vec::new())),
+    };
+    if args.watch
+        && let Some(path) = &args.tools_file
+    {
+        tokio::spawn(watch_tools_file(path.clone(), fixture.peers.clone()));
+    }
+
+    let mut terminate =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    match &args.http {
+        Some(address) => {
+            let cancel = tokio_util::sync::CancellationToken::new();
+            let service: StreamableHttpService<Fixture, LocalSessionManager> =
+                StreamableHttpService::new(
+                    move || Ok(fixture.clone()),
+                    Default::default(),
+                    StreamableHttpServerConfig::default()
+                        .with_sse_keep_alive(None)
+                        .with_cancellation_token(cancel.child_token()),
+                );
+            let router = axum::Router::new().nest_service("/mcp", service);
+            let listener = tokio::net::TcpListener::bind(address)
+                .await
+                .with_context(|| format!("binding {address}"))?;
+            println!("http://{}/mcp", listener.local_addr()?);
+            let server = axum::serve(listener, router).with_graceful_shutdown({
+                let cancel = cancel.clone();
+                async move { cancel.cancelled_owned().await }
+            });
+            tokio::select! {
+                result = server => result?,
+                _ = terminate.recv() => cancel.cancel(),
+            }
+        }
+        None => {
+            let running = match fixture.serve(rmcp::transport::stdio()).await {
+                Ok(running) => running,
+                // secret-error ends here: the error has been sent to the client.
+                Err(error) => {
+                    eprintln!("mcp-fixture: handshake ended: {error}");
+                    drop(_recording);
+                    std::process::exit(1);
+                }
+            };
+            tokio::select! {
+                _ = running.waiting() => {}
+                _ = terminate.recv() => {}
+            }
+        }
+    }
+    Ok(())
+}
