@@ -1,0 +1,156 @@
+//! `workspace-agent`: publish this workspace's context to agent-ingest, or
+//! `workspace-agent inspect` to print it once without publishing.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use ctxsync_runtime::LogFormat;
+use workspace_agent::{AgentConfig, AgentToken, DiscoverySettings, PublisherConfig};
+
+#[derive(Debug, Parser)]
+#[command(name = "workspace-agent", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+
+    /// agent-ingest's base URL.
+    #[arg(long, env = "CTXSYNC_INGEST_URL")]
+    ingest_url: Option<String>,
+
+    /// File holding this agent's token.
+    #[arg(long, env = "CTXSYNC_AGENT_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
+
+    #[command(flatten)]
+    common: Common,
+
+    /// Address for /healthz, /readyz and /metrics (none when unset).
+    #[arg(long, env = "CTXSYNC_HTTP_ADDR")]
+    http_addr: Option<SocketAddr>,
+
+    /// Wait this long after a context file changes before reloading.
+    #[arg(long, env = "CTXSYNC_WATCH_DEBOUNCE", default_value = "300ms", value_parser = humantime::parse_duration)]
+    watch_debounce: Duration,
+
+    /// Do not watch the context files.
+    #[arg(long, env = "CTXSYNC_NO_WATCH")]
+    no_watch: bool,
+}
+
+#[derive(Debug, clap::Args)]
+struct Common {
+    /// The workspace's working directory (relative paths resolve against it).
+    #[arg(long, env = "CTXSYNC_WORKDIR", global = true)]
+    workdir: Option<PathBuf>,
+
+    /// Per-server bound on the MCP handshake (and on listing tools).
+    #[arg(long, env = "CTXSYNC_MCP_HANDSHAKE_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration, global = true)]
+    handshake_timeout: Duration,
+
+    /// MCP servers connecting at the same time, at most.
+    #[arg(
+        long,
+        env = "CTXSYNC_MCP_CONCURRENCY",
+        default_value_t = 8,
+        global = true
+    )]
+    mcp_concurrency: usize,
+
+    /// Log format.
+    #[arg(long, env = "CTXSYNC_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    log_format: LogFormat,
+
+    /// Log filter (tracing EnvFilter syntax); `inspect` defaults to warnings only.
+    #[arg(long = "log", env = "CTXSYNC_LOG", global = true)]
+    log_filter: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run discovery once and print the resolved config and the full report
+    /// (nothing is published).
+    Inspect {
+        /// Print the report as JSON (the push the agent would send).
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let inspect = matches!(cli.command, Some(Command::Inspect { .. }));
+    let filter = cli
+        .common
+        .log_filter
+        .clone()
+        .unwrap_or_else(|| if inspect { "warn" } else { "info" }.to_owned());
+    ctxsync_runtime::telemetry::init(cli.common.log_format, &filter)?;
+    let settings = discovery_settings(&cli.common)?;
+
+    match cli.command {
+        Some(Command::Inspect { json }) => {
+            let report = workspace_agent::inspect::discover_once(settings).await;
+            if json {
+                let run_id = uuid::Uuid::new_v4().to_string();
+                println!("{}", workspace_agent::inspect::to_json(&report, &run_id));
+            } else {
+                print!("{}", workspace_agent::inspect::to_table(&report));
+            }
+            Ok(())
+        }
+        None => {
+            let ingest_url = cli
+                .ingest_url
+                .context("--ingest-url (CTXSYNC_INGEST_URL) is required")?;
+            let token_file = cli
+                .token_file
+                .context("--token-file (CTXSYNC_AGENT_TOKEN_FILE) is required")?;
+            let token = AgentToken::from_file(&token_file)?;
+            let config = AgentConfig {
+                discovery: settings,
+                publisher: PublisherConfig::new(ingest_url, token),
+                watch: !cli.no_watch,
+                watch_debounce: cli.watch_debounce,
+                http_addr: cli.http_addr,
+            };
+            let shutdown = ctxsync_runtime::shutdown::on_signals();
+            workspace_agent::run(config, shutdown).await?;
+            Ok(())
+        }
+    }
+}
+
+fn discovery_settings(common: &Common) -> anyhow::Result<DiscoverySettings> {
+    let cwd = std::env::current_dir().context("cannot read the current directory")?;
+    let working_dir = match &common.workdir {
+        Some(dir) if dir.is_absolute() => dir.clone(),
+        Some(dir) => cwd.join(dir),
+        None => cwd,
+    };
+    if !working_dir.is_dir() {
+        anyhow::bail!(
+            "the working directory {} (CTXSYNC_WORKDIR) is not a directory",
+            working_dir.display()
+        );
+    }
+    if common.mcp_concurrency == 0 {
+        anyhow::bail!("CTXSYNC_MCP_CONCURRENCY must be at least 1");
+    }
+    let env: BTreeMap<String, String> = std::env::vars().collect();
+    let home = env
+        .get("HOME")
+        .map(PathBuf::from)
+        .filter(|h| Path::new(h).is_absolute());
+    Ok(DiscoverySettings {
+        env,
+        home,
+        working_dir: Some(working_dir),
+        handshake_timeout: common.handshake_timeout,
+        max_concurrent_connects: common.mcp_concurrency,
+    })
+}

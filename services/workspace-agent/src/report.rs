@@ -1,0 +1,244 @@
+//! The discovery report and the ingest limits it is kept within.
+//!
+//! Rather than send something agent-ingest rejects as a whole, the agent cuts
+//! error and warning texts to 4096 bytes, shortens over-long `source` keys
+//! (keeping them unique with a hash), marks a resource whose body is over
+//! 256 KiB `oversize` (its bulky content removed), keeps at most 1000
+//! resources (MCP rows first, then instruction files, then skills) and keeps the
+//! whole push under the 4 MiB request limit the same way.
+
+use std::sync::Arc;
+
+use ctxsync_proto::limits;
+use ctxsync_proto::v1::{
+    self, ContextResource, McpDiscovery, PushContextStateRequest, ResourceKind, ResourceStatus,
+    context_resource::Body, mcp_discovery::Phase,
+};
+use prost::Message;
+use sha2::{Digest, Sha256};
+
+use crate::text::{clamp, floor_char_boundary};
+
+/// What the agent knows at one moment; the publisher turns it into a push.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    pub context_config: v1::ContextConfig,
+    pub phase: Phase,
+    pub resources: Vec<ContextResource>,
+}
+
+pub type SharedReport = Arc<Report>;
+
+impl Report {
+    pub fn to_push(&self, run_id: &str, version: u64, initial: bool) -> PushContextStateRequest {
+        PushContextStateRequest {
+            agent_run_id: run_id.to_owned(),
+            version,
+            initial,
+            mcp_discovery: Some(McpDiscovery {
+                phase: self.phase as i32,
+            }),
+            resources: self.resources.clone(),
+            context_config: Some(self.context_config.clone()),
+        }
+    }
+
+    /// The resource with this `source`, if any.
+    pub fn resource(&self, source: &str) -> Option<&ContextResource> {
+        self.resources.iter().find(|r| r.source == source)
+    }
+}
+
+/// Room left in a request for everything but the resources.
+const REQUEST_HEADROOM_BYTES: usize = 64 * 1024;
+
+/// Applies every ingest limit (see the module docs).
+pub fn enforce_limits(mut resources: Vec<ContextResource>) -> Vec<ContextResource> {
+    for resource in &mut resources {
+        if resource.error.len() > limits::MAX_ERROR_BYTES {
+            resource.error = clamp(&resource.error, limits::MAX_ERROR_BYTES);
+        }
+        if resource.warning.len() > limits::MAX_ERROR_BYTES {
+            resource.warning = clamp(&resource.warning, limits::MAX_ERROR_BYTES);
+        }
+        if resource.source.len() > limits::MAX_SOURCE_BYTES {
+            resource.source = shorten_source(&resource.source);
+        }
+        let size = body_len(resource);
+        if size > limits::MAX_RESOURCE_BODY_BYTES {
+            mark_oversize(resource, size, limits::MAX_RESOURCE_BODY_BYTES, "resource");
+        }
+    }
+    if resources.len() > limits::MAX_RESOURCES {
+        let rank = |r: &ContextResource| match ResourceKind::try_from(r.kind) {
+            Ok(ResourceKind::McpConfig) => 0,
+            Ok(ResourceKind::McpServer) => 1,
+            Ok(ResourceKind::InstructionFile) => 2,
+            _ => 3,
+        };
+        tracing::warn!(
+            count = resources.len(),
+            limit = limits::MAX_RESOURCES,
+            "more context sources than one push may carry; the excess (skills first) is left out"
+        );
+        resources.sort_by_key(rank);
+        resources.truncate(limits::MAX_RESOURCES);
+    }
+    let budget = limits::MAX_REQUEST_BYTES - REQUEST_HEADROOM_BYTES;
+    let mut total: usize = resources.iter().map(|r| r.encoded_len() + 4).sum();
+    while total > budget {
+        let Some(largest) = resources
+            .iter_mut()
+            .filter(|r| r.status != ResourceStatus::Oversize as i32)
+            .max_by_key(|r| body_len(r))
+        else {
+            break;
+        };
+        let before = largest.encoded_len();
+        let size = body_len(largest);
+        mark_oversize(largest, size, budget, "push");
+        total = total - before + largest.encoded_len();
+    }
+    resources
+}
+
+fn body_len(resource: &ContextResource) -> usize {
+    resource.body.as_ref().map_or(0, |body| match body {
+        Body::InstructionFile(b) => b.encoded_len(),
+        Body::Skill(b) => b.encoded_len(),
+        Body::McpConfig(b) => b.encoded_len(),
+        Body::McpServer(b) => b.encoded_len(),
+    })
+}
+
+/// Keeps the body's identity (path, name) and drops its bulk.
+fn mark_oversize(resource: &mut ContextResource, size: usize, limit: usize, what: &str) {
+    let dropped = match resource.body.as_mut() {
+        Some(Body::InstructionFile(b)) => {
+            b.content.clear();
+            "content"
+        }
+        Some(Body::Skill(b)) => {
+            b.description.clear();
+            "description"
+        }
+        Some(Body::McpConfig(b)) => {
+            b.server_names.clear();
+            "server names"
+        }
+        Some(Body::McpServer(b)) => {
+            b.tools.clear();
+            "tools"
+        }
+        None => "nothing",
+    };
+    resource.status = ResourceStatus::Oversize as i32;
+    resource.error = clamp(
+        &format!(
+            "encodes to {size} bytes, over the {limit}-byte {what} limit; its {dropped} are not sent"
+        ),
+        limits::MAX_ERROR_BYTES,
+    );
+}
+
+/// `kind:` + as much of the rest as fits + `…#` + 16 hex digits of its SHA-256.
+pub fn shorten_source(source: &str) -> String {
+    let digest = hex::encode(Sha256::digest(source.as_bytes()));
+    let suffix = format!("…#{}", &digest[..16]);
+    let keep = floor_char_boundary(source, limits::MAX_SOURCE_BYTES - suffix.len());
+    format!("{}{suffix}", &source[..keep])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server(name: &str, tools: usize, schema_bytes: usize) -> ContextResource {
+        ContextResource {
+            source: format!("mcp_server:{name}"),
+            kind: ResourceKind::McpServer as i32,
+            status: ResourceStatus::Ok as i32,
+            body: Some(Body::McpServer(v1::McpServer {
+                name: name.into(),
+                tools: (0..tools)
+                    .map(|i| v1::McpTool {
+                        name: format!("t{i}"),
+                        description: String::new(),
+                        input_schema_json: "x".repeat(schema_bytes),
+                    })
+                    .collect(),
+                ..Default::default()
+            })),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn long_texts_and_sources_are_cut_to_the_limits() {
+        let mut r = server("s", 1, 10);
+        r.error = "e".repeat(10_000);
+        r.warning = "w".repeat(5_000);
+        let long_a = format!("instruction_file:/{}a", "d".repeat(2000));
+        let long_b = format!("instruction_file:/{}b", "d".repeat(2000));
+        let mut a = r.clone();
+        a.source = long_a;
+        let mut b = r.clone();
+        b.source = long_b;
+        let out = enforce_limits(vec![r, a, b]);
+        for r in &out {
+            assert!(r.error.len() <= limits::MAX_ERROR_BYTES);
+            assert!(r.warning.len() <= limits::MAX_ERROR_BYTES);
+            assert!(r.source.len() <= limits::MAX_SOURCE_BYTES);
+        }
+        assert_ne!(
+            out[1].source, out[2].source,
+            "shortened sources stay unique"
+        );
+        assert!(out[1].source.starts_with("instruction_file:/ddd"));
+    }
+
+    #[test]
+    fn an_oversize_body_is_marked_and_emptied() {
+        let out = enforce_limits(vec![server("big", 300, 1024), server("small", 2, 10)]);
+        assert_eq!(out[0].status, ResourceStatus::Oversize as i32);
+        assert!(out[0].error.contains("262144-byte"), "{}", out[0].error);
+        let Some(Body::McpServer(body)) = &out[0].body else {
+            panic!()
+        };
+        assert!(body.tools.is_empty());
+        assert_eq!(body.name, "big");
+        assert_eq!(out[1].status, ResourceStatus::Ok as i32);
+    }
+
+    #[test]
+    fn too_many_resources_keep_mcp_rows_first() {
+        let mut resources: Vec<ContextResource> = (0..1100)
+            .map(|i| ContextResource {
+                source: format!("skill:/s/{i}"),
+                kind: ResourceKind::Skill as i32,
+                status: ResourceStatus::Ok as i32,
+                ..Default::default()
+            })
+            .collect();
+        resources.push(server("s", 1, 1));
+        let out = enforce_limits(resources);
+        assert_eq!(out.len(), limits::MAX_RESOURCES);
+        assert_eq!(out[0].source, "mcp_server:s");
+    }
+
+    #[test]
+    fn the_whole_push_stays_under_the_request_limit() {
+        // 20 servers of ~250 KiB each: each fits alone, together they do not.
+        let resources: Vec<ContextResource> = (0..20)
+            .map(|i| server(&format!("s{i}"), 250, 1000))
+            .collect();
+        let out = enforce_limits(resources);
+        let total: usize = out.iter().map(|r| r.encoded_len() + 4).sum();
+        assert!(total <= limits::MAX_REQUEST_BYTES - REQUEST_HEADROOM_BYTES);
+        assert!(out.iter().any(|r| r.status == ResourceStatus::Ok as i32));
+        assert!(
+            out.iter()
+                .any(|r| r.status == ResourceStatus::Oversize as i32)
+        );
+    }
+}
