@@ -5,6 +5,7 @@
 //! and prost, so building needs no `protoc`.
 
 pub mod subjects;
+pub mod validate;
 
 #[allow(clippy::all, clippy::pedantic, rust_2018_idioms, missing_docs)]
 pub mod v1 {

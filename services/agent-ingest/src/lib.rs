@@ -1,0 +1,332 @@
+//! agent-ingest: the agents' HTTP edge.
+//!
+//! It authenticates an agent by its bearer token (the agent id comes from the
+//! token, so a token can only ever write its own agent), enforces the limits
+//! of the agent API before anything reaches the store, and forwards startups
+//! and pushes to snapshot-store over NATS. It owns nothing durable.
+
+mod auth;
+mod error;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use ctxsync_proto::limits::MAX_REQUEST_BYTES;
+use ctxsync_proto::subjects::Subjects;
+use ctxsync_proto::v1::{
+    PushContextStateRequest, StartupRequest, StoreError as ProtoStoreError, StorePushReply,
+    StorePushRequest, UpdateStartupReply, UpdateStartupRequest, store_error::Code,
+};
+use ctxsync_proto::validate;
+use ctxsync_runtime::nats::NatsConnection;
+use ctxsync_runtime::{CommonArgs, HttpServer, Readiness, Shutdown, rpc};
+use prost::Message;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+pub use error::ApiError;
+
+/// agent-ingest's configuration.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Config {
+    #[command(flatten)]
+    pub common: CommonArgs,
+
+    /// How long to wait for snapshot-store before answering 503.
+    #[arg(long, env = "CTXSYNC_STORE_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub store_timeout: Duration,
+
+    /// How long a verified token is trusted without asking the store again.
+    #[arg(long, env = "CTXSYNC_AUTH_CACHE_TTL", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub auth_cache_ttl: Duration,
+}
+
+impl Config {
+    pub fn new(common: CommonArgs) -> Self {
+        Self {
+            common,
+            store_timeout: Duration::from_secs(5),
+            auth_cache_ttl: Duration::from_secs(30),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Config(#[from] ctxsync_runtime::config::ConfigError),
+    #[error(transparent)]
+    Nats(#[from] ctxsync_runtime::nats::NatsConnectError),
+    #[error(transparent)]
+    Http(#[from] ctxsync_runtime::http::BindError),
+}
+
+struct AppState {
+    nats: async_nats::Client,
+    subjects: Subjects,
+    store_timeout: Duration,
+    auth: auth::Authenticator,
+}
+
+/// A running agent-ingest.
+pub struct RunningIngest {
+    http: HttpServer,
+    nats: NatsConnection,
+    grace: Duration,
+}
+
+impl RunningIngest {
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http.local_addr()
+    }
+
+    /// Waits for shutdown, lets in-flight requests finish, drains NATS.
+    pub async fn join(self) {
+        self.http.join().await;
+        ctxsync_runtime::nats::drain(&self.nats, self.grace).await;
+        tracing::info!("agent-ingest stopped");
+    }
+}
+
+pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningIngest, StartError> {
+    let subjects = config.common.subjects()?;
+    let nats = ctxsync_runtime::nats::connect(&config.common.nats_url, "agent-ingest").await?;
+    let state = Arc::new(AppState {
+        auth: auth::Authenticator::new(
+            nats.client.clone(),
+            subjects.clone(),
+            config.store_timeout,
+            config.auth_cache_ttl,
+        ),
+        nats: nats.client.clone(),
+        subjects,
+        store_timeout: config.store_timeout,
+    });
+    let routes = router(state);
+    let readiness = Readiness::new().with_nats(&nats);
+    let http = HttpServer::start(config.common.http_addr, routes, readiness, shutdown).await?;
+    tracing::info!(addr = %http.local_addr(), "agent-ingest ready");
+    Ok(RunningIngest {
+        http,
+        nats,
+        grace: config.common.shutdown_grace,
+    })
+}
+
+pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), StartError> {
+    start(config, shutdown).await?.join().await;
+    Ok(())
+}
+
+fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/api/v1/agent/startup", post(startup))
+        .route("/api/v1/agent/context-state", post(context_state))
+        .with_state(state)
+}
+
+/// The wire format of a request, and of its answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    Protobuf,
+    Json,
+}
+
+impl Format {
+    fn of_request(headers: &HeaderMap) -> Result<Self, ApiError> {
+        let content_type = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let essence = content_type.split(';').next().unwrap_or("").trim();
+        match essence.to_ascii_lowercase().as_str() {
+            "application/x-protobuf" | "application/protobuf" => Ok(Self::Protobuf),
+            "application/json" => Ok(Self::Json),
+            _ => Err(ApiError::UnsupportedMediaType(content_type.to_owned())),
+        }
+    }
+
+    fn content_type(self) -> &'static str {
+        match self {
+            Self::Protobuf => "application/x-protobuf",
+            Self::Json => "application/json",
+        }
+    }
+}
+
+/// Reads the body within the request limit: a declared length over it is
+/// refused before reading, a stream that runs over it is cut off.
+async fn read_body(request: Request) -> Result<bytes::Bytes, ApiError> {
+    if let Some(length) = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+        && length > MAX_REQUEST_BYTES
+    {
+        return Err(ApiError::TooLarge {
+            actual: Some(length),
+        });
+    }
+    let body = http_body_util::Limited::new(request.into_body(), MAX_REQUEST_BYTES);
+    match http_body_util::BodyExt::collect(body).await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => {
+            Err(ApiError::TooLarge { actual: None })
+        }
+        Err(error) => Err(ApiError::Malformed(format!("cannot read body: {error}"))),
+    }
+}
+
+fn decode<T: Message + Default + DeserializeOwned>(
+    format: Format,
+    body: &[u8],
+) -> Result<T, ApiError> {
+    match format {
+        Format::Protobuf => {
+            T::decode(body).map_err(|e| ApiError::Malformed(format!("invalid protobuf: {e}")))
+        }
+        Format::Json => serde_json::from_slice(body)
+            .map_err(|e| ApiError::Malformed(format!("invalid json: {e}"))),
+    }
+}
+
+fn encode<T: Message + Serialize>(format: Format, message: &T) -> Response {
+    let body = match format {
+        Format::Protobuf => message.encode_to_vec(),
+        Format::Json => match serde_json::to_vec(message) {
+            Ok(json) => json,
+            Err(error) => return ApiError::Internal(error.to_string()).into_response(),
+        },
+    };
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(format.content_type()),
+        )],
+        Body::from(body),
+    )
+        .into_response()
+}
+
+/// Authenticates, reads, decodes: what both endpoints do before their own work.
+async fn accept<T: Message + Default + DeserializeOwned>(
+    state: &AppState,
+    request: Request,
+) -> Result<(String, Format, T), ApiError> {
+    let agent_id = state.auth.authenticate(request.headers()).await?;
+    let format = Format::of_request(request.headers())?;
+    let body = read_body(request).await?;
+    metrics::histogram!("ctxsync_ingest_request_bytes").record(body.len() as f64);
+    let message = decode(format, &body)?;
+    Ok((agent_id, format, message))
+}
+
+fn store_error(error: ProtoStoreError) -> ApiError {
+    match error.code() {
+        Code::InvalidArgument => ApiError::Malformed(error.message),
+        // The token matched an agent that no longer exists.
+        Code::NotFound => ApiError::Unauthenticated("unknown agent token"),
+        _ => ApiError::StoreUnavailable(error.message),
+    }
+}
+
+fn forward_error(error: rpc::RpcError) -> ApiError {
+    if error.is_unavailable() {
+        ApiError::StoreUnavailable(error.to_string())
+    } else {
+        ApiError::Internal(error.to_string())
+    }
+}
+
+async fn startup(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let started = Instant::now();
+    let result = async {
+        let (agent_id, format, startup): (_, _, StartupRequest) = accept(&state, request).await?;
+        validate::startup(&startup).map_err(ApiError::Validation)?;
+        let reply: UpdateStartupReply = rpc::request(
+            &state.nats,
+            state.subjects.store_update_startup(),
+            &UpdateStartupRequest {
+                agent_id: agent_id.clone(),
+                startup: Some(startup),
+            },
+            None,
+            state.store_timeout,
+        )
+        .await
+        .map_err(forward_error)?;
+        if let Some(error) = reply.error {
+            return Err(store_error(error));
+        }
+        let response = reply.response.unwrap_or_default();
+        tracing::info!(agent_id = %agent_id, run_id_changed = response.run_id_changed, "agent startup");
+        Ok(encode(format, &response))
+    }
+    .await;
+    finish("startup", started, result)
+}
+
+async fn context_state(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let started = Instant::now();
+    let result = async {
+        let (agent_id, format, push): (_, _, PushContextStateRequest) =
+            accept(&state, request).await?;
+        validate::push(&push).map_err(ApiError::Validation)?;
+        let version = push.version;
+        let reply: StorePushReply = rpc::request(
+            &state.nats,
+            state.subjects.store_push(),
+            &StorePushRequest {
+                agent_id: agent_id.clone(),
+                push: Some(push),
+            },
+            None,
+            state.store_timeout,
+        )
+        .await
+        .map_err(forward_error)?;
+        if let Some(error) = reply.error {
+            return Err(store_error(error));
+        }
+        let response = reply.response.unwrap_or_default();
+        if !response.accepted {
+            tracing::info!(
+                agent_id = %agent_id,
+                version,
+                reason = response.drop_reason().as_str_name(),
+                "push dropped by the store"
+            );
+        }
+        Ok(encode(format, &response))
+    }
+    .await;
+    finish("context_state", started, result)
+}
+
+fn finish(
+    endpoint: &'static str,
+    started: Instant,
+    result: Result<Response, ApiError>,
+) -> Response {
+    let response = result.unwrap_or_else(|error| {
+        error.log(endpoint);
+        error.into_response()
+    });
+    let status = response.status();
+    metrics::counter!("ctxsync_ingest_requests_total", "endpoint" => endpoint, "status" => status.as_u16().to_string())
+        .increment(1);
+    metrics::histogram!("ctxsync_ingest_request_seconds", "endpoint" => endpoint)
+        .record(started.elapsed().as_secs_f64());
+    if status == StatusCode::OK {
+        tracing::debug!(endpoint, "request served");
+    }
+    response
+}

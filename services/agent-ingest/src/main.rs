@@ -1,0 +1,18 @@
+use clap::Parser;
+
+/// agent-ingest: the workspace agents' HTTP edge.
+#[derive(Parser)]
+#[command(name = "agent-ingest", version)]
+struct Cli {
+    #[command(flatten)]
+    config: agent_ingest::Config,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    ctxsync_runtime::telemetry::init(cli.config.common.log_format, &cli.config.common.log_filter)?;
+    let shutdown = ctxsync_runtime::shutdown::on_signals();
+    agent_ingest::run(cli.config, shutdown).await?;
+    Ok(())
+}

@@ -1,0 +1,502 @@
+//! The store's transactions. Every write to an agent locks its row first, so
+//! startups and pushes for one agent are serialized across any number of
+//! store replicas, and the run-id check reads what the write commits against.
+
+use std::time::Instant;
+
+use chrono::{DateTime, Utc};
+use ctxsync_proto::v1::{
+    Agent, AgentState, ContextConfig, ContextResource, DiscoveryChanged, PushContextStateRequest,
+    PushDropReason, Snapshot, SnapshotCommitted, StartupRequest, StartupResponse,
+    discovery_changed::Cause, mcp_discovery::Phase,
+};
+use ctxsync_proto::validate::{self, ValidationError};
+use prost::Message;
+use sha2::{Digest, Sha256};
+use sqlx::{PgPool, Row};
+use uuid::Uuid;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("agent {0} not found")]
+    NotFound(Uuid),
+    #[error("invalid agent id {0:?}")]
+    InvalidAgentId(String),
+    #[error(transparent)]
+    Invalid(#[from] ValidationError),
+    #[error("an agent named {name:?} already exists in {tenant}/{workspace}")]
+    AlreadyExists {
+        tenant: String,
+        workspace: String,
+        name: String,
+    },
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+}
+
+/// What a push did.
+#[derive(Debug)]
+pub enum PushOutcome {
+    Accepted {
+        /// The phase-or-run-id-changed event to publish, if either changed.
+        discovery_changed: Option<DiscoveryChanged>,
+        /// The every-commit event, if the content changed.
+        snapshot_committed: Option<SnapshotCommitted>,
+    },
+    Dropped {
+        reason: PushDropReason,
+        message: String,
+    },
+}
+
+pub fn parse_agent_id(id: &str) -> Result<Uuid, StoreError> {
+    Uuid::parse_str(id).map_err(|_| StoreError::InvalidAgentId(id.to_owned()))
+}
+
+pub fn phase_to_db(phase: Phase) -> &'static str {
+    match phase {
+        Phase::Unspecified => "unspecified",
+        Phase::Pending => "pending",
+        Phase::Complete => "complete",
+    }
+}
+
+fn phase_from_db(text: &str) -> Result<Phase, StoreError> {
+    match text {
+        "unspecified" => Ok(Phase::Unspecified),
+        "pending" => Ok(Phase::Pending),
+        "complete" => Ok(Phase::Complete),
+        other => Err(StoreError::Corrupt(format!("unknown phase {other:?}"))),
+    }
+}
+
+pub fn timestamp(at: DateTime<Utc>) -> pbjson_types::Timestamp {
+    pbjson_types::Timestamp {
+        seconds: at.timestamp(),
+        nanos: at.timestamp_subsec_nanos() as i32,
+    }
+}
+
+fn push_phase(push: &PushContextStateRequest) -> Phase {
+    push.mcp_discovery
+        .as_ref()
+        .and_then(|d| Phase::try_from(d.phase).ok())
+        .unwrap_or(Phase::Unspecified)
+}
+
+/// SHA-256 over everything a snapshot says (but its version): an unchanged
+/// re-push has the same hash.
+fn content_hash(push: &PushContextStateRequest, phase: Phase, config: &[u8]) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update((push.agent_run_id.len() as u64).to_be_bytes());
+    hasher.update(push.agent_run_id.as_bytes());
+    hasher.update((phase as i32).to_be_bytes());
+    hasher.update((config.len() as u64).to_be_bytes());
+    hasher.update(config);
+    for resource in &push.resources {
+        let encoded = resource.encode_to_vec();
+        hasher.update((encoded.len() as u64).to_be_bytes());
+        hasher.update(&encoded);
+    }
+    hex::encode(hasher.finalize())
+}
+
+#[derive(Clone)]
+pub struct Store {
+    pool: PgPool,
+}
+
+impl Store {
+    pub fn new(pool: PgPool) -> Self {
+        Self { pool }
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Applies the schema's migrations (their bookkeeping lives in the schema too,
+    /// so other services' migrations in the same database don't collide).
+    pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
+        let mut migrator = sqlx::migrate!("./migrations");
+        migrator.create_schema("snapshot");
+        migrator.dangerous_set_table_name("snapshot._sqlx_migrations");
+        migrator.run(pool).await
+    }
+
+    pub async fn register(
+        &self,
+        tenant: &str,
+        workspace: &str,
+        name: &str,
+        token_sha256: &[u8],
+    ) -> Result<Uuid, StoreError> {
+        for (field, value) in [("tenant", tenant), ("workspace", workspace), ("name", name)] {
+            if value.trim().is_empty() || value.len() > 256 {
+                return Err(StoreError::Invalid(ValidationError::Invalid {
+                    field: field.into(),
+                    reason: "must be 1 to 256 bytes and not blank".into(),
+                }));
+            }
+        }
+        if token_sha256.len() != 32 {
+            return Err(StoreError::Invalid(ValidationError::Invalid {
+                field: "token_sha256".into(),
+                reason: format!("must be 32 bytes, got {}", token_sha256.len()),
+            }));
+        }
+        let agent_id = Uuid::new_v4();
+        let inserted = sqlx::query(
+            "INSERT INTO snapshot.agents (agent_id, tenant, workspace, name, token_sha256)
+             VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (tenant, workspace, name) DO NOTHING",
+        )
+        .bind(agent_id)
+        .bind(tenant)
+        .bind(workspace)
+        .bind(name)
+        .bind(token_sha256)
+        .execute(&self.pool)
+        .await?;
+        if inserted.rows_affected() == 0 {
+            return Err(StoreError::AlreadyExists {
+                tenant: tenant.into(),
+                workspace: workspace.into(),
+                name: name.into(),
+            });
+        }
+        Ok(agent_id)
+    }
+
+    pub async fn authenticate(&self, token_sha256: &[u8]) -> Result<Option<Uuid>, StoreError> {
+        let row = sqlx::query("SELECT agent_id FROM snapshot.agents WHERE token_sha256 = $1")
+            .bind(token_sha256)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|r| r.get("agent_id")))
+    }
+
+    /// UpdateStartup: always overwrites the agent's run id, empty included.
+    pub async fn update_startup(
+        &self,
+        agent_id: Uuid,
+        startup: &StartupRequest,
+    ) -> Result<(StartupResponse, Option<DiscoveryChanged>), StoreError> {
+        validate::startup(startup)?;
+        let mut tx = self.pool.begin().await?;
+        let previous = lock_agent(&mut tx, agent_id).await?;
+        let row = sqlx::query(
+            "SELECT agent_run_id AS snapshot_run_id, phase, version
+             FROM snapshot.snapshots WHERE agent_id = $1",
+        )
+        .bind(agent_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let now: DateTime<Utc> = sqlx::query_scalar(
+            "UPDATE snapshot.agents SET agent_run_id = $2, agent_version = $3, startup_at = now()
+             WHERE agent_id = $1 RETURNING startup_at",
+        )
+        .bind(agent_id)
+        .bind(&startup.agent_run_id)
+        .bind(&startup.agent_version)
+        .fetch_one(&mut *tx)
+        .await?;
+        tx.commit().await?;
+
+        let changed = previous != startup.agent_run_id;
+        let event = if changed {
+            let snapshot_run_id: Option<String> = row.as_ref().map(|r| r.get("snapshot_run_id"));
+            let phase = match row.as_ref().map(|r| r.get::<String, _>("phase")) {
+                Some(p) => phase_from_db(&p)?,
+                None => Phase::Unspecified,
+            };
+            let version: Option<i64> = row.as_ref().map(|r| r.get("version"));
+            Some(DiscoveryChanged {
+                agent_id: agent_id.to_string(),
+                cause: Cause::Startup as i32,
+                agent_run_id: startup.agent_run_id.clone(),
+                previous_agent_run_id: previous.clone(),
+                has_snapshot: snapshot_run_id.is_some(),
+                snapshot_agent_run_id: snapshot_run_id.unwrap_or_default(),
+                phase: phase as i32,
+                previous_phase: phase as i32,
+                snapshot_version: version.unwrap_or_default() as u64,
+                committed_at: Some(timestamp(now)),
+            })
+        } else {
+            None
+        };
+        Ok((
+            StartupResponse {
+                previous_agent_run_id: previous,
+                run_id_changed: changed,
+            },
+            event,
+        ))
+    }
+
+    /// PushContextState: every rule of the report path in one transaction.
+    pub async fn push(
+        &self,
+        agent_id: Uuid,
+        push: &PushContextStateRequest,
+    ) -> Result<PushOutcome, StoreError> {
+        validate::push(push)?;
+        let started = Instant::now();
+        let phase = push_phase(push);
+        let config = push
+            .context_config
+            .clone()
+            .unwrap_or_default()
+            .encode_to_vec();
+        let hash = content_hash(push, phase, &config);
+        let version = i64::try_from(push.version).map_err(|_| ValidationError::Invalid {
+            field: "version".into(),
+            reason: "must fit in a signed 64-bit integer".into(),
+        })?;
+
+        let mut tx = self.pool.begin().await?;
+        let agent_run_id = lock_agent(&mut tx, agent_id).await?;
+        let row = sqlx::query(
+            "SELECT agent_run_id AS snapshot_run_id, version, phase, hash
+             FROM snapshot.snapshots WHERE agent_id = $1",
+        )
+        .bind(agent_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let stored_run_id: Option<String> = row.as_ref().map(|r| r.get("snapshot_run_id"));
+        let stored_version: Option<i64> = row.as_ref().map(|r| r.get("version"));
+        let stored_phase = match row.as_ref().map(|r| r.get::<String, _>("phase")) {
+            Some(p) => Some(phase_from_db(&p)?),
+            None => None,
+        };
+        let stored_hash: Option<String> = row.as_ref().map(|r| r.get("hash"));
+
+        // A non-empty agent row names the current process: anything else is
+        // from a previous one (an empty push run id included).
+        if !agent_run_id.is_empty() && push.agent_run_id != agent_run_id {
+            tx.rollback().await?;
+            return Ok(PushOutcome::Dropped {
+                reason: PushDropReason::StaleRun,
+                message: format!(
+                    "push from agent run {:?} but the agent's current run is {:?}",
+                    push.agent_run_id, agent_run_id
+                ),
+            });
+        }
+        // Within a run, versions only move forward (a new process restarts with `initial`).
+        if !agent_run_id.is_empty()
+            && stored_run_id.as_deref() == Some(push.agent_run_id.as_str())
+            && !push.initial
+            && stored_version.is_some_and(|stored| version <= stored)
+        {
+            tx.rollback().await?;
+            return Ok(PushOutcome::Dropped {
+                reason: PushDropReason::StaleVersion,
+                message: format!(
+                    "version {} is not above the stored version {} of this run",
+                    push.version,
+                    stored_version.unwrap_or_default()
+                ),
+            });
+        }
+
+        let content_changed = stored_hash.as_deref() != Some(hash.as_str());
+        let received_at: DateTime<Utc> = sqlx::query_scalar(
+            "INSERT INTO snapshot.snapshots
+                 (agent_id, agent_run_id, version, phase, hash, context_config, received_at)
+             VALUES ($1, $2, $3, $4, $5, $6, now())
+             ON CONFLICT (agent_id) DO UPDATE SET
+                 agent_run_id = EXCLUDED.agent_run_id, version = EXCLUDED.version,
+                 phase = EXCLUDED.phase, hash = EXCLUDED.hash,
+                 context_config = EXCLUDED.context_config, received_at = EXCLUDED.received_at
+             RETURNING received_at",
+        )
+        .bind(agent_id)
+        .bind(&push.agent_run_id)
+        .bind(version)
+        .bind(phase_to_db(phase))
+        .bind(&hash)
+        .bind(&config)
+        .fetch_one(&mut *tx)
+        .await?;
+
+        if content_changed {
+            write_resources(&mut tx, agent_id, &push.resources).await?;
+        }
+        tx.commit().await?;
+        metrics::histogram!("ctxsync_store_push_transaction_seconds")
+            .record(started.elapsed().as_secs_f64());
+
+        let committed_at = Some(timestamp(received_at));
+        let discovery_changed = (stored_phase != Some(phase)
+            || stored_run_id.as_deref() != Some(push.agent_run_id.as_str()))
+        .then(|| DiscoveryChanged {
+            agent_id: agent_id.to_string(),
+            cause: Cause::Push as i32,
+            agent_run_id: agent_run_id.clone(),
+            previous_agent_run_id: agent_run_id.clone(),
+            has_snapshot: true,
+            snapshot_agent_run_id: push.agent_run_id.clone(),
+            phase: phase as i32,
+            previous_phase: stored_phase.unwrap_or(Phase::Unspecified) as i32,
+            snapshot_version: push.version,
+            committed_at,
+        });
+        let snapshot_committed = content_changed.then(|| SnapshotCommitted {
+            agent_id: agent_id.to_string(),
+            agent_run_id: push.agent_run_id.clone(),
+            version: push.version,
+            phase: phase as i32,
+            hash,
+            committed_at,
+        });
+        Ok(PushOutcome::Accepted {
+            discovery_changed,
+            snapshot_committed,
+        })
+    }
+
+    /// The agent row, its snapshot and resources, in one statement (one consistent read).
+    pub async fn agent_state(&self, agent_id: Uuid) -> Result<AgentState, StoreError> {
+        let rows = sqlx::query(
+            "SELECT a.tenant, a.workspace, a.name, a.agent_run_id, a.agent_version,
+                    a.created_at, a.startup_at,
+                    s.agent_run_id AS snapshot_run_id, s.version, s.phase, s.hash,
+                    s.context_config, s.received_at,
+                    r.source, r.kind, r.status, r.error, r.warning, r.body
+             FROM snapshot.agents a
+             LEFT JOIN snapshot.snapshots s USING (agent_id)
+             LEFT JOIN snapshot.resources r ON r.agent_id = a.agent_id
+             WHERE a.agent_id = $1
+             ORDER BY r.position",
+        )
+        .bind(agent_id)
+        .fetch_all(&self.pool)
+        .await?;
+        let Some(first) = rows.first() else {
+            return Err(StoreError::NotFound(agent_id));
+        };
+        let agent = Agent {
+            agent_id: agent_id.to_string(),
+            tenant: first.get("tenant"),
+            workspace: first.get("workspace"),
+            name: first.get("name"),
+            agent_run_id: first.get("agent_run_id"),
+            agent_version: first.get("agent_version"),
+            created_at: Some(timestamp(first.get("created_at"))),
+            startup_at: first
+                .get::<Option<DateTime<Utc>>, _>("startup_at")
+                .map(timestamp),
+        };
+        let snapshot = match first.get::<Option<String>, _>("snapshot_run_id") {
+            None => None,
+            Some(snapshot_run_id) => {
+                let config: Vec<u8> = first.get("context_config");
+                Some(Snapshot {
+                    agent_run_id: snapshot_run_id,
+                    version: first.get::<i64, _>("version") as u64,
+                    phase: phase_from_db(first.get("phase"))? as i32,
+                    hash: first.get("hash"),
+                    received_at: Some(timestamp(first.get("received_at"))),
+                    context_config: Some(
+                        ContextConfig::decode(config.as_slice())
+                            .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+                    ),
+                })
+            }
+        };
+        let mut resources = Vec::new();
+        if snapshot.is_some() {
+            for row in &rows {
+                let Some(source) = row.get::<Option<String>, _>("source") else {
+                    continue;
+                };
+                let body: Vec<u8> = row.get("body");
+                let mut resource = ContextResource::decode(body.as_slice())
+                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                resource.source = source;
+                resource.kind = i32::from(row.get::<i16, _>("kind"));
+                resource.status = i32::from(row.get::<i16, _>("status"));
+                resource.error = row.get("error");
+                resource.warning = row.get("warning");
+                resources.push(resource);
+            }
+        }
+        Ok(AgentState {
+            agent: Some(agent),
+            snapshot,
+            resources,
+        })
+    }
+}
+
+/// Locks the agent row for the rest of the transaction and returns its run id.
+///
+/// The lock is its own statement: under READ COMMITTED a statement that waited
+/// for the lock would still read the rows it joins from before the wait, so
+/// the snapshot must be read by a later statement.
+async fn lock_agent(tx: &mut sqlx::PgConnection, agent_id: Uuid) -> Result<String, StoreError> {
+    sqlx::query_scalar("SELECT agent_run_id FROM snapshot.agents WHERE agent_id = $1 FOR UPDATE")
+        .bind(agent_id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or(StoreError::NotFound(agent_id))
+}
+
+/// Replaces the agent's resources: sources absent from the push are deleted.
+async fn write_resources(
+    tx: &mut sqlx::PgConnection,
+    agent_id: Uuid,
+    resources: &[ContextResource],
+) -> Result<(), sqlx::Error> {
+    sqlx::query("DELETE FROM snapshot.resources WHERE agent_id = $1")
+        .bind(agent_id)
+        .execute(&mut *tx)
+        .await?;
+    if resources.is_empty() {
+        return Ok(());
+    }
+    let mut sources = Vec::with_capacity(resources.len());
+    let mut positions = Vec::with_capacity(resources.len());
+    let mut kinds = Vec::with_capacity(resources.len());
+    let mut statuses = Vec::with_capacity(resources.len());
+    let mut errors = Vec::with_capacity(resources.len());
+    let mut warnings = Vec::with_capacity(resources.len());
+    let mut bodies = Vec::with_capacity(resources.len());
+    for (position, resource) in resources.iter().enumerate() {
+        sources.push(resource.source.as_str());
+        positions.push(position as i32);
+        // Validated enums fit in a smallint.
+        kinds.push(resource.kind as i16);
+        statuses.push(resource.status as i16);
+        errors.push(resource.error.as_str());
+        warnings.push(resource.warning.as_str());
+        bodies.push(
+            ContextResource {
+                body: resource.body.clone(),
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        );
+    }
+    sqlx::query(
+        "INSERT INTO snapshot.resources
+             (agent_id, source, position, kind, status, error, warning, body)
+         SELECT $1, * FROM UNNEST($2::text[], $3::int4[], $4::int2[], $5::int2[],
+                                  $6::text[], $7::text[], $8::bytea[])",
+    )
+    .bind(agent_id)
+    .bind(&sources)
+    .bind(&positions)
+    .bind(&kinds)
+    .bind(&statuses)
+    .bind(&errors)
+    .bind(&warnings)
+    .bind(&bodies)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,18 @@
+use clap::Parser;
+
+/// snapshot-store: commits agents' discovery reports and publishes discovery events.
+#[derive(Parser)]
+#[command(name = "snapshot-store", version)]
+struct Cli {
+    #[command(flatten)]
+    config: snapshot_store::Config,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    ctxsync_runtime::telemetry::init(cli.config.common.log_format, &cli.config.common.log_filter)?;
+    let shutdown = ctxsync_runtime::shutdown::on_signals();
+    snapshot_store::run(cli.config, shutdown).await?;
+    Ok(())
+}

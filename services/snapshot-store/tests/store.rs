@@ -1,0 +1,553 @@
+//! snapshot-store against a real nats-server and a real Postgres database.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use ctxsync_proto::v1::mcp_discovery::Phase;
+use ctxsync_proto::v1::*;
+use futures::StreamExt;
+use prost::Message;
+
+const RUN_A: &str = "0b7f2c1e-7d1a-4c59-9d2f-4a1b2c3d4e5f";
+const RUN_B: &str = "5e4d3c2b-1a4b-4f9d-a1c7-e1d7c2f7b0aa";
+
+fn dropped(reply: &StorePushReply) -> Option<PushDropReason> {
+    let response = reply.response.as_ref().expect("push response");
+    (!response.accepted).then(|| response.drop_reason())
+}
+
+#[tokio::test]
+async fn phase_and_run_id_round_trip() {
+    let h = StoreHarness::spawn().await;
+    let agent = h.register("a").await;
+    h.startup(&agent, RUN_A).await;
+    h.push_ok(&agent, push(RUN_A, 1, true, Some(Phase::Pending), vec![]))
+        .await;
+    let state = h.state(&agent).await;
+    assert_eq!(state.agent.as_ref().unwrap().agent_run_id, RUN_A);
+    let snapshot = state.snapshot.unwrap();
+    assert_eq!(snapshot.agent_run_id, RUN_A);
+    assert_eq!(snapshot.phase(), Phase::Pending);
+    assert_eq!(snapshot.version, 1);
+
+    h.push_ok(&agent, push(RUN_A, 2, false, Some(Phase::Complete), vec![]))
+        .await;
+    let snapshot = h.state(&agent).await.snapshot.unwrap();
+    assert_eq!(snapshot.phase(), Phase::Complete);
+    assert_eq!(snapshot.version, 2);
+}
+
+#[tokio::test]
+async fn phase_is_unspecified_when_the_push_has_no_discovery_message() {
+    let h = StoreHarness::spawn().await;
+    let agent = h.register("a").await;
+    h.push_ok(
+        &agent,
+        push("", 0, false, None, vec![instruction("/w/AGENTS.md", "hi")]),
+    )
+    .await;
+    let state = h.state(&agent).await;
+    assert_eq!(state.snapshot.as_ref().unwrap().phase(), Phase::Unspecified);
+    assert_eq!(sources(&state), ["instruction_file:/w/AGENTS.md"]);
+}
+
+#[tokio::test]
+async fn stale_run_push_is_dropped_and_leaves_every_row_untouched() {
+    let h = StoreHarness::spawn().await;
+    let agent = h.register("a").await;
+    h.startup(&agent, RUN_A).await;
+    h.push_ok(
+        &agent,
+        push(
+            RUN_A,
+            1,
+            true,
+            Some(Phase::Complete),
+            vec![server("github", &["search"])],
+        ),
+    )
+    .await;
+    let before = h.state(&agent).await;
+
+    let reply = h
+        .push(
+            &agent,
+            push(
+                RUN_B,
+                9,
+                true,
+                Some(Phase::Pending),
+                vec![server("other", &["x"])],
+            ),
+        )
+        .await;
+    assert_eq!(dropped(&reply), Some(PushDropReason::StaleRun));
+    assert!(reply.response.unwrap().message.contains(RUN_B));
+    assert_eq!(h.state(&agent).await, before);
+}
+
+#[tokio::test]
+async fn same_run_push_is_accepted() {
+    let h = StoreHarness::spawn().await;
+    let agent = h.register("a").await;
+    h.startup(&agent, RUN_A).await;
+    h.push_ok(&agent, push(RUN_A, 1, true, Some(Phase::Pending), vec![]))
+        .await;
+    h.push_ok(
+        &agent,
+        push(
+            RUN_A,
+            2,
+            false,
+            Some(Phase::Pending),
+            vec![server("s", &["t"])],
+        ),
+    )
+    .await;
+    assert_eq!(sources(&h.state(&agent).await), ["mcp_server:s"]);
+}
+
+#[tokio::test]
+async fn empty_run_id_is_accepted_against_an_empty_row_and_dropped_against_a_set_one() {
+    let h = StoreHarness::spawn().await;
+    let legacy = h.register("legacy").await;
+    // A legacy agent: empty run id in Startup and in every push.
+    h.startup(&legacy, "").await;
+    h.push_ok(
+        &legacy,
+        push("", 0, false, None, vec![instruction("/a", "1")]),
+    )
+    .await;
+    h.push_ok(
+        &legacy,
+        push("", 0, false, None, vec![instruction("/a", "2")]),
+    )
+    .await;
+    assert_eq!(h.state(&legacy).await.snapshot.unwrap().agent_run_id, "");
+
+    let current = h.register("current").await;
+    h.startup(&current, RUN_A).await;
+    h.push_ok(
+        &current,
+        push(RUN_A, 1, true, Some(Phase::Complete), vec![]),
+    )
+    .await;
+    let before = h.state(&current).await;
+    let reply = h
+        .push(
+            &current,
+            push("", 5, true, None, vec![instruction("/x", "y")]),
+        )
+        .await;
+    assert_eq!(dropped(&reply), Some(PushDropReason::StaleRun));
+    assert_eq!(h.state(&current).await, before);
+}
+
+#[tokio::test]
+async fn update_startup_overwrites_the_run_id_including_to_empty() {
+    let h = StoreHarness::spawn().await;
+    let agent = h.register("a").await;
+    let first = h.startup(&agent, RUN_A).await.response.unwrap();
+    assert!(first.run_id_changed);
+    assert_eq!(first.previous_agent_run_id, "");
+    let again = h.startup(&agent, RUN_A).await.response.unwrap();
+    assert!(!again.run_id_changed);
+    let second = h.startup(&agent, RUN_B).await.response.unwrap();
+    assert_eq!(second.previous_agent_run_id, RUN_A);
+    assert_eq!(h.state(&agent).await.agent.unwrap().agent_run_id, RUN_B);
+    let cleared = h.startup(&agent, "").await.response.unwrap();
+    assert!(cleared.run_id_changed);
+    assert_eq!(h.state(&agent).await.agent.unwrap().agent_run_id, "");
+}
+
+#[tokio::test]
+async fn oversized_run_id_is_refused_on_both_paths_and_changes_nothing() {
+    let h = StoreHarness::spawn().await;
+    let agent = h.register("a").await;
+    h.startup(&agent, RUN_A).await;
+    let before = h.state(&agent).await;
+    let long = "r".repeat(65);
+
+    let reply = h.startup(&agent, &long).await;
+    let error = reply.error.expect("startup refused");
+    assert_eq!(error.code(), store_error::Code::InvalidArgument);
+    assert!(
+        error.message.contains("agent_run_id_bytes"),
+        "{}",
+        error.message
+    );
+
+    let reply = h.push(&agent, push(&long, 1, true, None, vec![])).await;
+    let error = reply.error.expect("push refused");
+    assert!(
+        error.message.contains("over the limit of 64"),
+        "{}",
+        error.message
+    );
+    assert_eq!(h.state(&agent).await, before);
+
+    // Exactly 64 bytes is fine.
+    assert_eq!(h.startup(&agent, &"r".repeat(64)).await.error, None);
+}
+
+#[tokio::test]
+async fn versions_only_move_forward_within_a_run_and_initial_restarts_them() {
+    let h = StoreHarness::spawn().await;
+    let agent = h.register("a").await;
+    h.startup(&agent, RUN_A).await;
+    h.push_ok(&agent, push(RUN_A, 5, true, Some(Phase::Pending), vec![]))
+        .await;
+    for stale in [5, 4] {
+        let reply = h
+            .push(
+                &agent,
+                push(RUN_A, stale, false, Some(Phase::Complete), vec![]),
+            )
+            .await;
+        assert_eq!(
+            dropped(&reply),
+            Some(PushDropReason::StaleVersion),
+            "version {stale}"
+        );
+    }
+    assert_eq!(h.state(&agent).await.snapshot.unwrap().version, 5);
+    // `initial` is accepted whatever its version.
+    h.push_ok(&agent, push(RUN_A, 1, true, Some(Phase::Pending), vec![]))
+        .await;
+    h.push_ok(&agent, push(RUN_A, 2, false, Some(Phase::Complete), vec![]))
+        .await;
+    let snapshot = h.state(&agent).await.snapshot.unwrap();
+    assert_eq!((snapshot.version, snapshot.phase()), (2, Phase::Complete));
+
+    // A new run's first push is accepted even with a lower version than the old run's.
+    h.startup(&agent, RUN_B).await;
+    h.push_ok(&agent, push(RUN_B, 1, false, Some(Phase::Pending), vec![]))
+        .await;
+    assert_eq!(h.state(&agent).await.snapshot.unwrap().agent_run_id, RUN_B);
+}
+
+#[tokio::test]
+async fn sources_absent_from_a_push_are_deleted() {
+    let h = StoreHarness::spawn().await;
+    let agent = h.register("a").await;
+    h.startup(&agent, RUN_A).await;
+    h.push_ok(
+        &agent,
+        push(
+            RUN_A,
+            1,
+            true,
+            Some(Phase::Pending),
+            vec![
+                instruction("/w/AGENTS.md", "x"),
+                server("a", &["t"]),
+                server("b", &["u"]),
+            ],
+        ),
+    )
+    .await;
+    h.push_ok(
+        &agent,
+        push(
+            RUN_A,
+            2,
+            false,
+            Some(Phase::Complete),
+            vec![server("b", &["u", "v"])],
+        ),
+    )
+    .await;
+    let state = h.state(&agent).await;
+    assert_eq!(sources(&state), ["mcp_server:b"]);
+    let Some(context_resource::Body::McpServer(b)) = &state.resources[0].body else {
+        panic!("server body");
+    };
+    assert_eq!(b.tools.len(), 2);
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM snapshot.resources")
+        .fetch_one(&sqlx::PgPool::connect(h.db.url()).await.unwrap())
+        .await
+        .unwrap();
+    assert_eq!(rows, 1);
+}
+
+#[tokio::test]
+async fn resources_round_trip_with_errors_and_warnings() {
+    let h = StoreHarness::spawn().await;
+    let agent = h.register("a").await;
+    let mut failed = server("broken", &[]);
+    failed.status = ResourceStatus::Invalid as i32;
+    failed.error = "connect failed: [redacted]".into();
+    let mut kept = server("kept", &["t"]);
+    kept.warning = "reconnect failed; kept the previous connection".into();
+    let resources = vec![failed, kept, instruction("/w/AGENTS.md", "be nice")];
+    h.push_ok(
+        &agent,
+        push("", 1, true, Some(Phase::Complete), resources.clone()),
+    )
+    .await;
+    assert_eq!(h.state(&agent).await.resources, resources);
+}
+
+/// Waits for the next message on `sub`, or fails after a deadline.
+async fn next_event(sub: &mut async_nats::Subscriber) -> DiscoveryChanged {
+    let message = tokio::time::timeout(TIMEOUT, sub.next())
+        .await
+        .expect("an event within the deadline")
+        .expect("subscription open");
+    DiscoveryChanged::decode(message.payload).expect("event decodes")
+}
+
+#[tokio::test]
+async fn discovery_event_is_published_exactly_when_phase_or_run_id_changes_after_commit() {
+    let h = StoreHarness::spawn().await;
+    let agent = h.register("a").await;
+    let mut events = h
+        .client
+        .subscribe(h.subjects.discovery_changed(&agent))
+        .await
+        .unwrap();
+    h.client.flush().await.unwrap();
+
+    // Startup with a new run id: event.
+    h.startup(&agent, RUN_A).await;
+    let e = next_event(&mut events).await;
+    assert_eq!(e.cause(), discovery_changed::Cause::Startup);
+    assert_eq!(
+        (e.agent_run_id.as_str(), e.previous_agent_run_id.as_str()),
+        (RUN_A, "")
+    );
+    assert!(!e.has_snapshot);
+
+    // First push: event (no snapshot before).
+    h.push_ok(&agent, push(RUN_A, 1, true, Some(Phase::Pending), vec![]))
+        .await;
+    let e = next_event(&mut events).await;
+    assert_eq!((e.phase(), e.snapshot_version), (Phase::Pending, 1));
+
+    // Same phase, new content; a dropped push; a repeated startup: no event.
+    // The next event must be the phase change that follows them (NATS keeps
+    // one publisher's order), which proves none was published in between.
+    h.push_ok(
+        &agent,
+        push(
+            RUN_A,
+            2,
+            false,
+            Some(Phase::Pending),
+            vec![server("s", &["t"])],
+        ),
+    )
+    .await;
+    let reply = h
+        .push(&agent, push(RUN_A, 2, false, Some(Phase::Complete), vec![]))
+        .await;
+    assert_eq!(dropped(&reply), Some(PushDropReason::StaleVersion));
+    h.startup(&agent, RUN_A).await;
+    h.push_ok(
+        &agent,
+        push(
+            RUN_A,
+            3,
+            false,
+            Some(Phase::Complete),
+            vec![server("s", &["t"])],
+        ),
+    )
+    .await;
+    let e = next_event(&mut events).await;
+    assert_eq!(
+        (e.phase(), e.previous_phase(), e.snapshot_version),
+        (Phase::Complete, Phase::Pending, 3)
+    );
+    // Unchanged re-push with a higher version: no event; then a restart: event.
+    h.push_ok(
+        &agent,
+        push(
+            RUN_A,
+            4,
+            false,
+            Some(Phase::Complete),
+            vec![server("s", &["t"])],
+        ),
+    )
+    .await;
+    h.startup(&agent, RUN_B).await;
+    let e = next_event(&mut events).await;
+    assert_eq!(e.cause(), discovery_changed::Cause::Startup);
+    assert_eq!(
+        (e.agent_run_id.as_str(), e.snapshot_agent_run_id.as_str()),
+        (RUN_B, RUN_A)
+    );
+}
+
+#[tokio::test]
+async fn a_reader_woken_by_the_event_sees_the_committed_state() {
+    let h = StoreHarness::spawn().await;
+    let agent = h.register("a").await;
+    h.startup(&agent, RUN_A).await;
+    let mut events = h
+        .client
+        .subscribe(h.subjects.discovery_changed(&agent))
+        .await
+        .unwrap();
+    h.client.flush().await.unwrap();
+    let pusher = {
+        let client = h.client.clone();
+        let subject = h.subjects.store_push();
+        let agent = agent.clone();
+        tokio::spawn(async move {
+            for version in 1..=20u64 {
+                let phase = if version == 20 {
+                    Phase::Complete
+                } else {
+                    Phase::Pending
+                };
+                let _: StorePushReply = ctxsync_runtime::rpc::request(
+                    &client,
+                    subject.clone(),
+                    &StorePushRequest {
+                        agent_id: agent.clone(),
+                        push: Some(push(
+                            RUN_A,
+                            version,
+                            version == 1,
+                            Some(phase),
+                            vec![server("s", &[&format!("t{version}")])],
+                        )),
+                    },
+                    None,
+                    TIMEOUT,
+                )
+                .await
+                .unwrap();
+            }
+        })
+    };
+    for expected in [Phase::Pending, Phase::Complete] {
+        let event = next_event(&mut events).await;
+        assert_eq!(event.phase(), expected);
+        // Read on the event: the snapshot is at least as new as the event says.
+        let snapshot = h.state(&agent).await.snapshot.unwrap();
+        assert!(snapshot.version >= event.snapshot_version);
+        if expected == Phase::Complete {
+            assert_eq!((snapshot.phase(), snapshot.version), (Phase::Complete, 20));
+        }
+    }
+    pusher.await.unwrap();
+}
+
+#[tokio::test]
+async fn two_replicas_racing_pushes_for_one_agent_end_consistent() {
+    let h = StoreHarness::spawn_replicas(2).await;
+    let agent = h.register("a").await;
+    h.startup(&agent, RUN_A).await;
+    let mut committed = h
+        .client
+        .subscribe(h.subjects.snapshot_committed(&agent))
+        .await
+        .unwrap();
+    h.client.flush().await.unwrap();
+
+    // 40 pushes of one run sent at once, in a scrambled order, shared by both replicas.
+    let mut versions: Vec<u64> = (1..=40).collect();
+    versions.reverse();
+    versions.rotate_left(17);
+    let pushes = versions.iter().map(|&version| {
+        let client = h.client.clone();
+        let subject = h.subjects.store_push();
+        let agent = agent.clone();
+        async move {
+            let tools: Vec<String> = (0..version).map(|t| format!("t{t}")).collect();
+            let tool_refs: Vec<&str> = tools.iter().map(String::as_str).collect();
+            let reply: StorePushReply = ctxsync_runtime::rpc::request(
+                &client,
+                subject,
+                &StorePushRequest {
+                    agent_id: agent,
+                    push: Some(push(
+                        RUN_A,
+                        version,
+                        false,
+                        Some(Phase::Pending),
+                        vec![server(&format!("v{version}"), &tool_refs)],
+                    )),
+                },
+                None,
+                TIMEOUT,
+            )
+            .await
+            .unwrap();
+            (version, reply.response.unwrap().accepted)
+        }
+    });
+    let outcomes = futures::future::join_all(pushes).await;
+    assert!(outcomes.iter().any(|&(v, accepted)| v == 40 && accepted));
+
+    // The final state is exactly version 40's: row and resources agree.
+    let state = h.state(&agent).await;
+    assert_eq!(state.snapshot.as_ref().unwrap().version, 40);
+    assert_eq!(sources(&state), ["mcp_server:v40"]);
+    let Some(context_resource::Body::McpServer(s)) = &state.resources[0].body else {
+        panic!("server body");
+    };
+    assert_eq!(s.tools.len(), 40);
+
+    // Every push that lost the race was dropped for its version, nothing else.
+    for (version, accepted) in &outcomes {
+        assert!(*accepted || *version < 40, "version {version}");
+    }
+    // The every-commit events carry each accepted version exactly once.
+    let accepted = outcomes.iter().filter(|(_, a)| *a).count();
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..accepted {
+        let message = tokio::time::timeout(TIMEOUT, committed.next())
+            .await
+            .expect("commit event")
+            .unwrap();
+        assert!(seen.insert(SnapshotCommitted::decode(message.payload).unwrap().version));
+    }
+    assert!(seen.contains(&40));
+}
+
+#[tokio::test]
+async fn unknown_agent_and_bad_agent_id_are_refused() {
+    let h = StoreHarness::spawn().await;
+    let reply = h
+        .push(
+            "5e4d3c2b-1a4b-4f9d-a1c7-e1d7c2f7b0aa",
+            push("", 1, true, None, vec![]),
+        )
+        .await;
+    assert_eq!(reply.error.unwrap().code(), store_error::Code::NotFound);
+    let reply = h.push("not-a-uuid", push("", 1, true, None, vec![])).await;
+    assert_eq!(
+        reply.error.unwrap().code(),
+        store_error::Code::InvalidArgument
+    );
+}
+
+#[tokio::test]
+async fn store_stops_gracefully_and_answers_nothing_after() {
+    let mut h = StoreHarness::spawn().await;
+    let agent = h.register("a").await;
+    h.shutdown.cancel();
+    for store in h.stores.drain(..) {
+        tokio::time::timeout(Duration::from_secs(15), store.join())
+            .await
+            .expect("store stops within its grace");
+    }
+    let result: Result<GetAgentStateReply, _> = ctxsync_runtime::rpc::request(
+        &h.client,
+        h.subjects.store_get_agent_state(),
+        &GetAgentStateRequest { agent_id: agent },
+        None,
+        Duration::from_secs(2),
+    )
+    .await;
+    assert!(matches!(
+        result,
+        Err(ctxsync_runtime::rpc::RpcError::NoResponders { .. })
+    ));
+}
