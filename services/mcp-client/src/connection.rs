@@ -5,9 +5,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use rmcp::model::{
-    CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, Tool,
-};
+use rmcp::model::{CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, Tool};
 use rmcp::service::{ClientInitializeError, NotificationContext, RunningService, ServiceError};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -105,7 +103,10 @@ impl Connection {
     /// Starts (stdio) or opens (HTTP) the server and completes the MCP handshake
     /// within `options.handshake_timeout`. On any failure nothing is left
     /// running.
-    pub async fn connect(spec: &ServerSpec, options: ConnectOptions) -> Result<Connection, McpError> {
+    pub async fn connect(
+        spec: &ServerSpec,
+        options: ConnectOptions,
+    ) -> Result<Connection, McpError> {
         let handler = ClientSide {
             server_name: spec.name.clone(),
             tools_changed: options.tools_changed,
@@ -162,17 +163,19 @@ impl Connection {
                 })?;
                 let mut custom_headers = HashMap::new();
                 for (name, value) in headers {
-                    let header_name = http::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
-                        McpError::InvalidSpec {
-                            message: format!("header name {name:?} is not valid"),
-                        }
-                    })?;
+                    let header_name =
+                        http::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+                            McpError::InvalidSpec {
+                                message: format!("header name {name:?} is not valid"),
+                            }
+                        })?;
                     // The value is a secret: say which header, never what it holds.
-                    let header_value = http::HeaderValue::from_str(value).map_err(|_| {
-                        McpError::InvalidSpec {
-                            message: format!("the value of header {name} is not a valid header value"),
-                        }
-                    })?;
+                    let header_value =
+                        http::HeaderValue::from_str(value).map_err(|_| McpError::InvalidSpec {
+                            message: format!(
+                                "the value of header {name} is not a valid header value"
+                            ),
+                        })?;
                     custom_headers.insert(header_name, header_value);
                 }
                 let transport = StreamableHttpClientTransport::from_config(
@@ -189,7 +192,11 @@ impl Connection {
         let server_info = service
             .peer_info()
             .map(|info| ServerInfo {
-                name: info.server_info.as_ref().map(|i| i.name.clone()).unwrap_or_default(),
+                name: info
+                    .server_info
+                    .as_ref()
+                    .map(|i| i.name.clone())
+                    .unwrap_or_default(),
                 version: info
                     .server_info
                     .as_ref()
@@ -281,7 +288,10 @@ impl Connection {
         if let Some(process) = &mut self.process {
             process.kill().await;
         }
-        let _ = self.service.close_with_timeout(Duration::from_millis(200)).await;
+        let _ = self
+            .service
+            .close_with_timeout(Duration::from_millis(200))
+            .await;
     }
 
     fn service_error(&self, error: ServiceError) -> McpError {
@@ -330,8 +340,10 @@ fn spawn_reason(command: &str, error: &std::io::Error) -> String {
 
 fn http_handshake_error(error: ClientInitializeError) -> McpError {
     match error {
-        ClientInitializeError::TransportError { .. } => McpError::Transport {
-            message: chain(&error),
+        // The transport's type name in rmcp's text says nothing to an operator:
+        // report what was being done and the error's own cause chain.
+        ClientInitializeError::TransportError { error, context } => McpError::Transport {
+            message: format!("{context}: {}", http_error_text(error.error.as_ref())),
         },
         ClientInitializeError::JsonRpcError(data) => McpError::Handshake {
             message: format!("server rejected initialize: {}", data.message),
@@ -341,6 +353,16 @@ fn http_handshake_error(error: ClientInitializeError) -> McpError {
             message: chain(&other),
             stderr_tail: String::new(),
         },
+    }
+}
+
+/// rmcp's HTTP client error does not expose reqwest's error as its source, so
+/// the cause ("connection refused", "dns error") would be lost without this.
+fn http_error_text(error: &(dyn std::error::Error + Send + Sync + 'static)) -> String {
+    use rmcp::transport::streamable_http_client::StreamableHttpError;
+    match error.downcast_ref::<StreamableHttpError<reqwest::Error>>() {
+        Some(StreamableHttpError::Client(inner)) => chain(inner),
+        _ => chain(error),
     }
 }
 

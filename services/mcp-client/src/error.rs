@@ -17,12 +17,18 @@ pub enum McpError {
     Spawn { command: String, reason: String },
 
     /// The server process ended before the handshake completed.
-    #[error("server exited during the handshake ({status}){}", stderr_suffix(stderr_tail))]
+    #[error(
+        "server exited during the handshake ({status}){}",
+        stderr_suffix(stderr_tail)
+    )]
     Exited { status: String, stderr_tail: String },
 
     /// The handshake failed for another reason (rejected, garbage, transport).
     #[error("handshake failed: {message}{}", stderr_suffix(stderr_tail))]
-    Handshake { message: String, stderr_tail: String },
+    Handshake {
+        message: String,
+        stderr_tail: String,
+    },
 
     /// No answer within the bound the caller set.
     #[error("no answer from the server within {}", humanize(*after))]

@@ -115,7 +115,10 @@ mod tests {
         changed_schema[0].input_schema_json = r#"{"type":"object","properties":{}}"#.into();
         assert_ne!(catalog_hash(&a), catalog_hash(&changed_schema));
         // Field boundaries matter: ("ab", "c") is not ("a", "bc").
-        assert_ne!(catalog_hash(&[tool("ab", "c")]), catalog_hash(&[tool("a", "bc")]));
+        assert_ne!(
+            catalog_hash(&[tool("ab", "c")]),
+            catalog_hash(&[tool("a", "bc")])
+        );
         assert_ne!(catalog_hash(&[]), catalog_hash(&a));
     }
 }

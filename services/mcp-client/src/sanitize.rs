@@ -259,7 +259,10 @@ fn scrub_urls(text: &str) -> String {
             .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '+' || c == '-' || c == '.'))
             .map_or(0, |i| i + 1);
         let end = rest[sep..]
-            .find(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | '`' | '<' | '>' | ')' | ']' | '}' | ','))
+            .find(|c: char| {
+                c.is_whitespace()
+                    || matches!(c, '"' | '\'' | '`' | '<' | '>' | ')' | ']' | '}' | ',')
+            })
             .map_or(rest.len(), |i| sep + i);
         let candidate = &rest[scheme_start..end];
         out.push_str(&rest[..scheme_start]);
@@ -362,7 +365,10 @@ mod tests {
     #[test]
     fn configured_env_values_are_redacted() {
         let s = Sanitizer::with_inherited_env(
-            &stdio(&[], &[("API_BASE", "value-one"), ("PLAIN", "harmless-looking")]),
+            &stdio(
+                &[],
+                &[("API_BASE", "value-one"), ("PLAIN", "harmless-looking")],
+            ),
             no_env(),
         );
         let out = s.sanitize("failed with value-one and harmless-looking in it");
@@ -431,7 +437,10 @@ mod tests {
             s.sanitize("sent Authorization: Bearer tok-12345"),
             "sent Authorization: [redacted]"
         );
-        assert_eq!(s.sanitize("token tok-12345 rejected"), "token [redacted] rejected");
+        assert_eq!(
+            s.sanitize("token tok-12345 rejected"),
+            "token [redacted] rejected"
+        );
         assert_eq!(s.sanitize("key raw-header-secret"), "key [redacted]");
         assert_eq!(s.sanitize(&format!("basic {basic}")), "basic [redacted]");
         assert_eq!(
@@ -444,7 +453,14 @@ mod tests {
     fn stdio_non_flag_args_and_flag_values_are_redacted_but_not_the_command() {
         let s = Sanitizer::with_inherited_env(
             &stdio(
-                &["--verbose", "/srv/private-root", "--token=arg-secret", "-k", "positional-secret", "ab"],
+                &[
+                    "--verbose",
+                    "/srv/private-root",
+                    "--token=arg-secret",
+                    "-k",
+                    "positional-secret",
+                    "ab",
+                ],
                 &[],
             ),
             no_env(),
@@ -461,17 +477,20 @@ mod tests {
     #[test]
     fn configured_url_userinfo_path_and_query_are_redacted() {
         let s = Sanitizer::with_inherited_env(
-            &http("https://bob:pa55word@mcp.example.test:8443/tenant-7/mcp?key=q-secret&x=1", &[]),
+            &http(
+                "https://bobby:pa55word@mcp.example.test:8443/tenant-7/mcp?key=q-secret&x=1",
+                &[],
+            ),
             no_env(),
         );
         // Pieces that appear outside a URL are found by value.
-        let out = s.sanitize("user bob pass pa55word tenant tenant-7 query key=q-secret");
+        let out = s.sanitize("user bobby pass pa55word tenant tenant-7 query key=q-secret");
         assert_eq!(
             out,
             "user [redacted] pass [redacted] tenant [redacted] query [redacted]"
         );
         let out = s.sanitize(
-            "error sending request for url (https://bob:pa55word@mcp.example.test:8443/tenant-7/mcp?key=q-secret&x=1)",
+            "error sending request for url (https://bobby:pa55word@mcp.example.test:8443/tenant-7/mcp?key=q-secret&x=1)",
         );
         assert_eq!(
             out,
@@ -498,26 +517,36 @@ mod tests {
             &stdio(&[], &[("A", "secret"), ("B", "secret-and-more")]),
             no_env(),
         );
-        assert_eq!(s.sanitize("x secret-and-more y secret"), "x [redacted] y [redacted]");
+        assert_eq!(
+            s.sanitize("x secret-and-more y secret"),
+            "x [redacted] y [redacted]"
+        );
     }
 
     #[test]
     fn replacement_text_is_never_rematched() {
         // A secret that occurs inside "[redacted]" must not shred the marker.
-        let s = Sanitizer::with_inherited_env(&stdio(&[], &[("A", "longsecret"), ("B", "dact")]), no_env());
+        let s = Sanitizer::with_inherited_env(
+            &stdio(&[], &[("A", "longsecret"), ("B", "dact")]),
+            no_env(),
+        );
         assert_eq!(s.sanitize("longsecret"), "[redacted]");
     }
 
     #[test]
     fn short_values_are_not_redacted() {
-        let s = Sanitizer::with_inherited_env(&stdio(&["on"], &[("A", "1"), ("B", "abc")]), no_env());
+        let s =
+            Sanitizer::with_inherited_env(&stdio(&["on"], &[("A", "1"), ("B", "abc")]), no_env());
         assert_eq!(s.sanitize("on 1 abc"), "on 1 abc");
     }
 
     #[test]
     fn debug_escaped_secrets_are_redacted() {
         let s = Sanitizer::with_inherited_env(&stdio(&[], &[("A", "quote\"secret")]), no_env());
-        assert_eq!(s.sanitize(r#"Err("quote\"secret")"#), r#"Err("[redacted]")"#);
+        assert_eq!(
+            s.sanitize(r#"Err("quote\"secret")"#),
+            r#"Err("[redacted]")"#
+        );
     }
 
     #[test]

@@ -17,10 +17,11 @@
 //! * `--http 127.0.0.1:PORT`: streamable HTTP at `/mcp`; prints `http://ADDR/mcp` on stdout.
 //!
 //! # Finding the binary
-//! Tests in other crates call [`fixture_binary`]. Cargo only builds the binary
-//! for them when the test crate has `mcp-fixture` as a **dev-dependency**, so
-//! add `mcp-fixture = { path = "../../tests/mcp-fixture" }` under
-//! `[dev-dependencies]`.
+//! Tests in other crates add `mcp-fixture = { path = "../../tests/mcp-fixture" }`
+//! under `[dev-dependencies]` (for this library) and call [`fixture_binary`] or
+//! [`fixture_spec`]. Cargo does not build a dependency's binaries; when
+//! `target/<profile>/mcp-fixture` is missing, [`fixture_binary`] builds it once
+//! with `cargo build -p mcp-fixture` (or set `MCP_FIXTURE_BIN`).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -31,31 +32,56 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 pub mod reference;
 
-/// Path of the built `mcp-fixture` binary (next to the running test's
-/// `deps/` directory, or `MCP_FIXTURE_BIN`). Builds nothing; panics with
-/// instructions when it is missing.
+/// Path of the built `mcp-fixture` binary: `MCP_FIXTURE_BIN`, or
+/// `target/<profile>/mcp-fixture` next to the running test's `deps/`.
+///
+/// Cargo does not build a dependency's binaries, so when the binary is missing
+/// and the test runs under cargo (`CARGO` is set), it runs
+/// `cargo build -p mcp-fixture --bin mcp-fixture` once (same profile) and
+/// panics with instructions if that fails.
 pub fn fixture_binary() -> PathBuf {
+    static BINARY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BINARY.get_or_init(locate_or_build).clone()
+}
+
+fn locate_or_build() -> PathBuf {
     if let Some(path) = std::env::var_os("MCP_FIXTURE_BIN") {
         return PathBuf::from(path);
     }
     let exe = std::env::current_exe().expect("current test executable");
     // target/<profile>/deps/<test-binary> → target/<profile>/mcp-fixture
-    let candidates = exe
-        .ancestors()
-        .skip(1)
-        .take(3)
-        .map(|dir| dir.join("mcp-fixture"))
-        .collect::<Vec<_>>();
-    candidates
-        .iter()
-        .find(|path| path.is_file())
-        .cloned()
-        .unwrap_or_else(|| {
-            panic!(
-                "mcp-fixture binary not found (looked at {candidates:?}); run `cargo build -p mcp-fixture` \
-                 or add mcp-fixture as a dev-dependency of the test crate"
-            )
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| {
+            if deps.ends_with("deps") {
+                deps.parent()
+            } else {
+                Some(deps)
+            }
         })
+        .expect("test executable has a directory")
+        .to_path_buf();
+    let binary = profile_dir.join("mcp-fixture");
+    if binary.is_file() {
+        return binary;
+    }
+    let built = std::env::var_os("CARGO").is_some_and(|cargo| {
+        let mut build = std::process::Command::new(cargo);
+        build.args(["build", "-p", "mcp-fixture", "--bin", "mcp-fixture"]);
+        if let Some(target_dir) = profile_dir.parent() {
+            build.arg("--target-dir").arg(target_dir);
+        }
+        if profile_dir.file_name().is_some_and(|p| p == "release") {
+            build.arg("--release");
+        }
+        build.status().is_ok_and(|status| status.success())
+    });
+    assert!(
+        built && binary.is_file(),
+        "mcp-fixture binary not found at {}: run `cargo build -p mcp-fixture`",
+        binary.display()
+    );
+    binary
 }
 
 /// A stdio [`ServerSpec`] running the fixture with `args` and `env`.

@@ -8,9 +8,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData, Implementation,
-    InitializeRequestParams, InitializeResult, ListToolsResult, PaginatedRequestParams,
-    ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData,
+    Implementation, InitializeRequestParams, InitializeResult, ListToolsResult,
+    PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -96,7 +96,11 @@ impl Fixture {
                 Ok(specs
                     .into_iter()
                     .map(|spec| {
-                        Tool::new(spec.name, spec.description, object(json!({"type": "object"})))
+                        Tool::new(
+                            spec.name,
+                            spec.description,
+                            object(json!({"type": "object"})),
+                        )
                     })
                     .collect())
             }
@@ -159,7 +163,10 @@ impl ServerHandler for Fixture {
                 .enable_tool_list_changed()
                 .build(),
         )
-        .with_server_info(Implementation::new("mcp-fixture", env!("CARGO_PKG_VERSION")))
+        .with_server_info(Implementation::new(
+            "mcp-fixture",
+            env!("CARGO_PKG_VERSION"),
+        ))
     }
 
     async fn initialize(
@@ -212,19 +219,27 @@ impl ServerHandler for Fixture {
         let arguments = request.arguments.unwrap_or_default();
         let result = match request.name.as_ref() {
             "echo" => {
-                let text = arguments.get("text").and_then(Value::as_str).unwrap_or_default();
+                let text = arguments
+                    .get("text")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
                 CallToolResult::success(vec![ContentBlock::text(text)])
             }
             "add" => {
                 let a = arguments.get("a").and_then(Value::as_f64);
                 let b = arguments.get("b").and_then(Value::as_f64);
                 match (a, b) {
-                    (Some(a), Some(b)) => CallToolResult::success(vec![ContentBlock::text((a + b).to_string())]),
+                    (Some(a), Some(b)) => {
+                        CallToolResult::success(vec![ContentBlock::text((a + b).to_string())])
+                    }
                     _ => CallToolResult::error(vec![ContentBlock::text("a and b must be numbers")]),
                 }
             }
             other => {
-                return Err(ErrorData::invalid_params(format!("unknown tool {other}"), None));
+                return Err(ErrorData::invalid_params(
+                    format!("unknown tool {other}"),
+                    None,
+                ));
             }
         };
         Ok(result.into())
@@ -314,8 +329,7 @@ async fn main() -> anyhow::Result<()> {
         tokio::spawn(watch_tools_file(path.clone(), fixture.peers.clone()));
     }
 
-    let mut terminate =
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     match &args.http {
         Some(address) => {
             let cancel = tokio_util::sync::CancellationToken::new();
