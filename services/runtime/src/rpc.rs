@@ -110,6 +110,11 @@ where
     let mut subscriber = client
         .queue_subscribe(subject.clone(), queue_group.to_owned())
         .await?;
+    // The server has the subscription once it answered a ping: only then may
+    // the service call itself ready.
+    client.flush().await.map_err(|e| {
+        async_nats::SubscribeError::with_source(async_nats::SubscribeErrorKind::Other, e)
+    })?;
     let handler = Arc::new(handler);
     let permits = Arc::new(Semaphore::new(DEFAULT_MAX_IN_FLIGHT));
     let tracker = TaskTracker::new();

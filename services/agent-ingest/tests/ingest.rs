@@ -1,0 +1,533 @@
+//! agent-ingest over real HTTP, in front of a real snapshot-store, NATS and Postgres.
+
+use std::time::Duration;
+
+use ctxsync_proto::subjects::Subjects;
+use ctxsync_proto::v1::mcp_discovery::Phase;
+use ctxsync_proto::v1::*;
+use ctxsync_runtime::{CommonArgs, DatabaseArgs, Shutdown, rpc};
+use prost::Message;
+use reqwest::StatusCode;
+use serde_json::json;
+use sha2::Digest;
+use testkit::{NatsServer, TestDatabase};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+const RUN: &str = "6f1c7a52-37a8-4c1e-9a51-0d7c9e1b2a33";
+
+struct Harness {
+    _nats: NatsServer,
+    _db: TestDatabase,
+    subjects: Subjects,
+    client: async_nats::Client,
+    store_shutdown: Shutdown,
+    store: Option<snapshot_store::RunningStore>,
+    base: String,
+    http: reqwest::Client,
+    _shutdown: Shutdown,
+}
+
+impl Harness {
+    async fn spawn() -> Self {
+        testkit::init_logs();
+        let nats = NatsServer::start();
+        let db = TestDatabase::create().await;
+        let prefix = testkit::unique_prefix();
+        let store_shutdown = Shutdown::new();
+        let store = snapshot_store::start(
+            snapshot_store::Config {
+                common: CommonArgs::for_nats(nats.url(), &prefix),
+                database: DatabaseArgs::new(db.url()),
+            },
+            store_shutdown.clone(),
+        )
+        .await
+        .expect("store starts");
+        let shutdown = Shutdown::new();
+        let mut config = agent_ingest::Config::new(CommonArgs::for_nats(nats.url(), &prefix));
+        config.store_timeout = Duration::from_secs(2);
+        let ingest = agent_ingest::start(config, shutdown.clone())
+            .await
+            .expect("ingest starts");
+        let base = format!("http://{}", ingest.http_addr());
+        let client = async_nats::connect(nats.url()).await.unwrap();
+        Self {
+            _nats: nats,
+            _db: db,
+            subjects: Subjects::new(&prefix).unwrap(),
+            client,
+            store_shutdown,
+            store: Some(store),
+            base,
+            http: reqwest::Client::new(),
+            _shutdown: shutdown,
+        }
+    }
+
+    /// Registers an agent with `token` and returns its id.
+    async fn register(&self, name: &str, token: &str) -> String {
+        let reply: RegisterAgentReply = rpc::request(
+            &self.client,
+            self.subjects.store_register_agent(),
+            &RegisterAgentRequest {
+                tenant: "acme".into(),
+                workspace: "ws".into(),
+                name: name.into(),
+                token_sha256: sha2::Sha256::digest(token.as_bytes()).to_vec(),
+            },
+            None,
+            TIMEOUT,
+        )
+        .await
+        .unwrap();
+        assert_eq!(reply.error, None);
+        reply.agent_id
+    }
+
+    async fn state(&self, agent_id: &str) -> AgentState {
+        let reply: GetAgentStateReply = rpc::request(
+            &self.client,
+            self.subjects.store_get_agent_state(),
+            &GetAgentStateRequest {
+                agent_id: agent_id.into(),
+            },
+            None,
+            TIMEOUT,
+        )
+        .await
+        .unwrap();
+        reply.state.unwrap()
+    }
+
+    async fn post_proto(
+        &self,
+        path: &str,
+        token: Option<&str>,
+        body: Vec<u8>,
+    ) -> reqwest::Response {
+        let mut request = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .header("content-type", "application/x-protobuf")
+            .body(body);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        request.send().await.unwrap()
+    }
+
+    async fn push(&self, token: &str, push: &PushContextStateRequest) -> reqwest::Response {
+        self.post_proto(
+            "/api/v1/agent/context-state",
+            Some(token),
+            push.encode_to_vec(),
+        )
+        .await
+    }
+
+    async fn startup(&self, token: &str, run_id: &str) -> reqwest::Response {
+        let startup = StartupRequest {
+            agent_run_id: run_id.into(),
+            agent_version: "1.0".into(),
+        };
+        self.post_proto(
+            "/api/v1/agent/startup",
+            Some(token),
+            startup.encode_to_vec(),
+        )
+        .await
+    }
+}
+
+fn instruction(path: &str, content: &str) -> ContextResource {
+    ContextResource {
+        source: format!("instruction_file:{path}"),
+        kind: ResourceKind::InstructionFile as i32,
+        status: ResourceStatus::Ok as i32,
+        body: Some(context_resource::Body::InstructionFile(InstructionFile {
+            path: path.into(),
+            content: content.into(),
+            truncated: false,
+        })),
+        ..Default::default()
+    }
+}
+
+fn push(version: u64, resources: Vec<ContextResource>) -> PushContextStateRequest {
+    PushContextStateRequest {
+        agent_run_id: RUN.into(),
+        version,
+        initial: version == 1,
+        mcp_discovery: Some(McpDiscovery {
+            phase: Phase::Pending as i32,
+        }),
+        resources,
+        context_config: None,
+    }
+}
+
+/// The JSON error body, asserting its code and (when given) its limit.
+async fn expect_error(
+    response: reqwest::Response,
+    status: StatusCode,
+    code: &str,
+    limit: Option<&str>,
+) -> String {
+    assert_eq!(response.status(), status);
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], code, "{body}");
+    if let Some(limit) = limit {
+        assert_eq!(body["error"]["limit"], limit, "{body}");
+    }
+    body["error"]["message"].as_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn startup_and_push_round_trip_in_protobuf() {
+    let h = Harness::spawn().await;
+    let agent = h.register("a", "tok-a").await;
+    let response = h.startup("tok-a", RUN).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["content-type"], "application/x-protobuf");
+    let startup = StartupResponse::decode(response.bytes().await.unwrap()).unwrap();
+    assert!(startup.run_id_changed);
+
+    let response = h
+        .push(
+            "tok-a",
+            &push(1, vec![instruction("/w/AGENTS.md", "hello")]),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let answer = PushContextStateResponse::decode(response.bytes().await.unwrap()).unwrap();
+    assert!(answer.accepted);
+    let state = h.state(&agent).await;
+    assert_eq!(state.snapshot.unwrap().agent_run_id, RUN);
+    assert_eq!(state.resources, vec![instruction("/w/AGENTS.md", "hello")]);
+}
+
+#[tokio::test]
+async fn json_bodies_use_the_proto3_json_mapping() {
+    let h = Harness::spawn().await;
+    let agent = h.register("a", "tok-a").await;
+    let response = h
+        .http
+        .post(format!("{}/api/v1/agent/startup", h.base))
+        .bearer_auth("tok-a")
+        .json(&json!({ "agentRunId": RUN, "agentVersion": "1.0" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(body["runIdChanged"], true);
+
+    let response = h
+        .http
+        .post(format!("{}/api/v1/agent/context-state", h.base))
+        .bearer_auth("tok-a")
+        .json(&json!({
+            "agent_run_id": RUN,
+            "version": "1",
+            "initial": true,
+            "mcpDiscovery": { "phase": "PHASE_COMPLETE" },
+            "resources": [{
+                "source": "skill:/w/.agents/skills/review",
+                "kind": "RESOURCE_KIND_SKILL",
+                "status": "RESOURCE_STATUS_OK",
+                "skill": { "dir": "/w/.agents/skills/review", "name": "review", "description": "Reviews code" }
+            }]
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(body["accepted"], true);
+    let state = h.state(&agent).await;
+    assert_eq!(state.snapshot.unwrap().phase(), Phase::Complete);
+    assert_eq!(state.resources[0].source, "skill:/w/.agents/skills/review");
+
+    // Unknown fields and enum values are refused with the reason.
+    let response = h
+        .http
+        .post(format!("{}/api/v1/agent/context-state", h.base))
+        .bearer_auth("tok-a")
+        .json(&json!({ "agentRunId": RUN, "color": "blue" }))
+        .send()
+        .await
+        .unwrap();
+    let message = expect_error(response, StatusCode::BAD_REQUEST, "malformed", None).await;
+    assert!(message.contains("color"), "{message}");
+    let response = h
+        .http
+        .post(format!("{}/api/v1/agent/context-state", h.base))
+        .bearer_auth("tok-a")
+        .json(&json!({ "agentRunId": RUN, "mcpDiscovery": { "phase": "PHASE_DONE" } }))
+        .send()
+        .await
+        .unwrap();
+    expect_error(response, StatusCode::BAD_REQUEST, "malformed", None).await;
+}
+
+#[tokio::test]
+async fn missing_malformed_and_unknown_tokens_are_refused() {
+    let h = Harness::spawn().await;
+    let agent = h.register("a", "tok-a").await;
+    let body = push(1, vec![]).encode_to_vec();
+    let response = h
+        .post_proto("/api/v1/agent/context-state", None, body.clone())
+        .await;
+    assert_eq!(response.headers()["www-authenticate"], "Bearer");
+    expect_error(response, StatusCode::UNAUTHORIZED, "unauthenticated", None).await;
+    let response = h.push("tok-unknown", &push(1, vec![])).await;
+    let message = expect_error(response, StatusCode::UNAUTHORIZED, "unauthenticated", None).await;
+    assert_eq!(message, "unknown agent token");
+    let response = h
+        .http
+        .post(format!("{}/api/v1/agent/startup", h.base))
+        .header("authorization", "Basic dG9rLWE=")
+        .header("content-type", "application/x-protobuf")
+        .send()
+        .await
+        .unwrap();
+    expect_error(response, StatusCode::UNAUTHORIZED, "unauthenticated", None).await;
+    assert!(h.state(&agent).await.snapshot.is_none());
+}
+
+#[tokio::test]
+async fn a_token_only_ever_writes_its_own_agent() {
+    let h = Harness::spawn().await;
+    let a = h.register("a", "tok-a").await;
+    let b = h.register("b", "tok-b").await;
+    h.startup("tok-b", RUN).await;
+    let b_before = h.state(&b).await;
+    // The agent is named by the token alone: there is no way to address b with a's token.
+    assert_eq!(
+        h.startup("tok-a", "other-run").await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        h.push("tok-a", &push(1, vec![instruction("/a", "x")]))
+            .await
+            .status(),
+        StatusCode::OK
+    );
+    assert_eq!(h.state(&b).await, b_before);
+    assert_eq!(h.state(&a).await.agent.unwrap().agent_run_id, "other-run");
+}
+
+/// Every limit is refused with its name, and nothing is written.
+#[tokio::test]
+async fn every_limit_is_refused_by_name_and_writes_nothing() {
+    let h = Harness::spawn().await;
+    let agent = h.register("a", "tok-a").await;
+    h.startup("tok-a", RUN).await;
+    h.push("tok-a", &push(1, vec![instruction("/w/AGENTS.md", "kept")]))
+        .await;
+    let before = h.state(&agent).await;
+
+    let long_run = "r".repeat(65);
+    let response = h.startup("tok-a", &long_run).await;
+    expect_error(
+        response,
+        StatusCode::BAD_REQUEST,
+        "limit_exceeded",
+        Some("agent_run_id_bytes"),
+    )
+    .await;
+    let mut p = push(2, vec![]);
+    p.agent_run_id = long_run;
+    let response = h.push("tok-a", &p).await;
+    let message = expect_error(
+        response,
+        StatusCode::BAD_REQUEST,
+        "limit_exceeded",
+        Some("agent_run_id_bytes"),
+    )
+    .await;
+    assert!(
+        message.contains("65 bytes") && message.contains("64"),
+        "{message}"
+    );
+
+    let many = (0..1001)
+        .map(|i| instruction(&format!("/f{i}"), "x"))
+        .collect();
+    let response = h.push("tok-a", &push(2, many)).await;
+    expect_error(
+        response,
+        StatusCode::BAD_REQUEST,
+        "limit_exceeded",
+        Some("resources_count"),
+    )
+    .await;
+
+    let big = instruction("/big", &"x".repeat(256 * 1024 + 1));
+    let response = h.push("tok-a", &push(2, vec![big])).await;
+    expect_error(
+        response,
+        StatusCode::BAD_REQUEST,
+        "limit_exceeded",
+        Some("resource_body_bytes"),
+    )
+    .await;
+
+    let mut long_source = instruction("/s", "x");
+    long_source.source = "s".repeat(1025);
+    let response = h.push("tok-a", &push(2, vec![long_source])).await;
+    expect_error(
+        response,
+        StatusCode::BAD_REQUEST,
+        "limit_exceeded",
+        Some("source_bytes"),
+    )
+    .await;
+
+    let mut long_error = instruction("/e", "x");
+    long_error.error = "e".repeat(4097);
+    let response = h.push("tok-a", &push(2, vec![long_error])).await;
+    expect_error(
+        response,
+        StatusCode::BAD_REQUEST,
+        "limit_exceeded",
+        Some("error_bytes"),
+    )
+    .await;
+
+    let response = h
+        .push(
+            "tok-a",
+            &push(2, vec![instruction("/d", "1"), instruction("/d", "2")]),
+        )
+        .await;
+    let message = expect_error(response, StatusCode::BAD_REQUEST, "invalid", None).await;
+    assert!(message.contains("duplicate source"), "{message}");
+
+    let mut unknown_status = instruction("/u", "x");
+    unknown_status.status = 99;
+    let response = h.push("tok-a", &push(2, vec![unknown_status])).await;
+    let message = expect_error(response, StatusCode::BAD_REQUEST, "invalid", None).await;
+    assert!(message.contains("99"), "{message}");
+
+    let response = h
+        .post_proto(
+            "/api/v1/agent/context-state",
+            Some("tok-a"),
+            vec![0xff, 0xff, 0xff],
+        )
+        .await;
+    expect_error(response, StatusCode::BAD_REQUEST, "malformed", None).await;
+
+    let response = h
+        .http
+        .post(format!("{}/api/v1/agent/context-state", h.base))
+        .bearer_auth("tok-a")
+        .header("content-type", "text/plain")
+        .body("hello")
+        .send()
+        .await
+        .unwrap();
+    expect_error(
+        response,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "unsupported_media_type",
+        None,
+    )
+    .await;
+
+    // Over 4 MiB in total, each resource within its own limit.
+    let huge: Vec<_> = (0..20)
+        .map(|i| instruction(&format!("/h{i}"), &"h".repeat(250 * 1024)))
+        .collect();
+    let response = h.push("tok-a", &push(2, huge)).await;
+    expect_error(
+        response,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "limit_exceeded",
+        Some("request_bytes"),
+    )
+    .await;
+
+    assert_eq!(h.state(&agent).await, before);
+}
+
+#[tokio::test]
+async fn an_oversized_declared_body_is_refused_before_it_is_read() {
+    let h = Harness::spawn().await;
+    h.register("a", "tok-a").await;
+    let addr = h.base.trim_start_matches("http://").to_owned();
+    let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    // Declare 5 MiB and send none of it: the answer must come anyway.
+    let head = format!(
+        "POST /api/v1/agent/context-state HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer tok-a\r\n\
+         content-type: application/x-protobuf\r\ncontent-length: {}\r\n\r\n",
+        5 * 1024 * 1024
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = vec![0u8; 1024];
+    let n = tokio::time::timeout(TIMEOUT, stream.read(&mut answer))
+        .await
+        .expect("answered without the body")
+        .unwrap();
+    let text = String::from_utf8_lossy(&answer[..n]);
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+    assert!(text.contains("request_bytes"), "{text}");
+}
+
+#[tokio::test]
+async fn store_unavailable_answers_503_with_a_retry_hint() {
+    let mut h = Harness::spawn().await;
+    h.register("a", "tok-a").await;
+    // Authenticate once so the token is cached, then stop the store.
+    assert_eq!(h.startup("tok-a", RUN).await.status(), StatusCode::OK);
+    h.store_shutdown.cancel();
+    h.store.take().unwrap().join().await;
+
+    let response = h.push("tok-a", &push(1, vec![])).await;
+    assert_eq!(response.headers()["retry-after"], "1");
+    let message = expect_error(
+        response,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+        None,
+    )
+    .await;
+    assert!(message.contains("snapshot-store"), "{message}");
+    // An unknown token cannot be checked either: 503, not 401.
+    let response = h.push("tok-new", &push(1, vec![])).await;
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+}
+
+#[tokio::test]
+async fn stale_pushes_answer_200_with_the_drop_reason() {
+    let h = Harness::spawn().await;
+    h.register("a", "tok-a").await;
+    h.startup("tok-a", RUN).await;
+    let mut old = push(1, vec![]);
+    old.agent_run_id = "previous-process".into();
+    let response = h.push("tok-a", &old).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let answer = PushContextStateResponse::decode(response.bytes().await.unwrap()).unwrap();
+    assert!(!answer.accepted);
+    assert_eq!(answer.drop_reason(), PushDropReason::StaleRun);
+}
+
+#[tokio::test]
+async fn health_readiness_and_metrics_are_served() {
+    let h = Harness::spawn().await;
+    let get = |path: &str| h.http.get(format!("{}{path}", h.base)).send();
+    assert_eq!(get("/healthz").await.unwrap().status(), StatusCode::OK);
+    let ready = get("/readyz").await.unwrap();
+    assert_eq!(ready.status(), StatusCode::OK);
+    let body: serde_json::Value = ready.json().await.unwrap();
+    assert_eq!(body["checks"]["nats"], "ok");
+    h.register("a", "tok-a").await;
+    h.startup("tok-a", RUN).await;
+    let metrics = get("/metrics").await.unwrap().text().await.unwrap();
+    assert!(
+        metrics.contains("ctxsync_ingest_requests_total"),
+        "{metrics}"
+    );
+}

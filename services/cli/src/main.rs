@@ -1,0 +1,92 @@
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use ctxsync_cli::Connection;
+
+/// ctxsync operator commands.
+#[derive(Parser)]
+#[command(name = "ctxsync", version)]
+struct Cli {
+    #[command(flatten)]
+    connection: Connection,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Register agents and inspect what they reported.
+    Agent {
+        #[command(subcommand)]
+        command: AgentCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum AgentCommand {
+    /// Register an agent and print its id and token (the token is shown only once).
+    Register {
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        workspace: String,
+        #[arg(long)]
+        name: String,
+        /// Print `{"agent_id": ..., "token": ...}`.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print an agent's committed discovery report.
+    Show {
+        agent_id: String,
+        /// Print the report as proto3 JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    ctxsync_runtime::telemetry::init(ctxsync_runtime::LogFormat::Text, "warn")?;
+    let subjects = ctxsync_proto::subjects::Subjects::new(&cli.connection.subject_prefix)
+        .context("invalid CTXSYNC_SUBJECT_PREFIX")?;
+    let nats = ctxsync_runtime::nats::connect(&cli.connection.nats_url, "ctxsync-cli").await?;
+    let timeout = cli.connection.timeout;
+    match cli.command {
+        Command::Agent { command } => match command {
+            AgentCommand::Register {
+                tenant,
+                workspace,
+                name,
+                json,
+            } => {
+                let registered = ctxsync_cli::agent::register(
+                    &nats.client,
+                    &subjects,
+                    timeout,
+                    &tenant,
+                    &workspace,
+                    &name,
+                )
+                .await?;
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&registered)?);
+                } else {
+                    println!("agent_id {}", registered.agent_id);
+                    println!("token    {}", registered.token);
+                    eprintln!("store the token now: it is not shown again");
+                }
+            }
+            AgentCommand::Show { agent_id, json } => {
+                let state =
+                    ctxsync_cli::agent::show(&nats.client, &subjects, timeout, &agent_id).await?;
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&state)?);
+                } else {
+                    print!("{}", ctxsync_cli::agent::render(&state));
+                }
+            }
+        },
+    }
+    Ok(())
+}

@@ -1,0 +1,114 @@
+//! `ctxsync agent register` and `ctxsync agent show`, run as the real binary
+//! against a real snapshot-store.
+
+use std::process::Command;
+
+use ctxsync_runtime::{CommonArgs, DatabaseArgs, Shutdown};
+use testkit::{NatsServer, TestDatabase};
+
+/// Runs the binary (blocking: the test runtime has a second worker for the store).
+fn ctxsync(nats: &NatsServer, prefix: &str, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_ctxsync"))
+        .args(args)
+        .env("NATS_URL", nats.url())
+        .env("CTXSYNC_SUBJECT_PREFIX", prefix)
+        .output()
+        .expect("ctxsync runs")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn register_prints_id_and_token_once_and_show_prints_the_report() {
+    testkit::init_logs();
+    let nats = NatsServer::start();
+    let db = TestDatabase::create().await;
+    let prefix = testkit::unique_prefix();
+    let shutdown = Shutdown::new();
+    let _store = snapshot_store::start(
+        snapshot_store::Config {
+            common: CommonArgs::for_nats(nats.url(), &prefix),
+            database: DatabaseArgs::new(db.url()),
+        },
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
+
+    let out = ctxsync(
+        &nats,
+        &prefix,
+        &[
+            "agent",
+            "register",
+            "--tenant",
+            "acme",
+            "--workspace",
+            "ws",
+            "--name",
+            "dev",
+            "--json",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let registered: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let agent_id = registered["agent_id"].as_str().unwrap().to_owned();
+    let token = registered["token"].as_str().unwrap();
+    assert!(token.starts_with("cxs_") && token.len() > 40, "{token}");
+
+    // The store holds the token's digest, never the token.
+    let pool = sqlx::PgPool::connect(db.url()).await.unwrap();
+    let stored: Vec<u8> =
+        sqlx::query_scalar("SELECT token_sha256 FROM snapshot.agents WHERE agent_id = $1::uuid")
+            .bind(&agent_id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    use sha2::Digest;
+    assert_eq!(stored, sha2::Sha256::digest(token.as_bytes()).to_vec());
+
+    // The same name twice is refused with a clear message.
+    let again = ctxsync(
+        &nats,
+        &prefix,
+        &[
+            "agent",
+            "register",
+            "--tenant",
+            "acme",
+            "--workspace",
+            "ws",
+            "--name",
+            "dev",
+        ],
+    );
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already exists"));
+
+    let show = ctxsync(&nats, &prefix, &["agent", "show", &agent_id, "--json"]);
+    assert!(
+        show.status.success(),
+        "{}",
+        String::from_utf8_lossy(&show.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
+    assert_eq!(report["agent"]["agentId"], agent_id);
+    assert_eq!(report["agent"]["name"], "dev");
+    assert!(report.get("snapshot").is_none());
+
+    let table = ctxsync(&nats, &prefix, &["agent", "show", &agent_id]);
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(text.contains("snapshot   none yet"), "{text}");
+
+    // An unreachable NATS is one clear error naming the variable.
+    let out = Command::new(env!("CARGO_BIN_EXE_ctxsync"))
+        .args(["agent", "show", &agent_id])
+        .env("NATS_URL", "nats://127.0.0.1:1")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("NATS_URL"));
+    shutdown.cancel();
+}
