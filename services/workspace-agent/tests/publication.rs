@@ -1,0 +1,578 @@
+//! Publication against the real agent-ingest and snapshot-store (real NATS,
+//! real Postgres): Startup then pushes, phase transitions as committed, a hung
+//! server, a store outage, a 401 and a dropped push.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use ctxsync_proto::subjects::Subjects;
+use ctxsync_proto::v1::{
+    AgentState, DiscoveryChanged, GetAgentStateReply, GetAgentStateRequest, RegisterAgentReply,
+    RegisterAgentRequest, ResourceStatus, context_resource::Body, discovery_changed::Cause,
+    mcp_discovery::Phase,
+};
+use ctxsync_runtime::{CommonArgs, DatabaseArgs, Shutdown, rpc};
+use futures::StreamExt;
+use prost::Message;
+use sha2::Digest;
+use testkit::{NatsServer, TestDatabase};
+use workspace_agent::{AgentConfig, AgentToken, Backoff, PublisherConfig, Running};
+
+const RPC_TIMEOUT: Duration = Duration::from_secs(10);
+
+struct Harness {
+    nats: NatsServer,
+    db: TestDatabase,
+    prefix: String,
+    subjects: Subjects,
+    client: async_nats::Client,
+    store: Option<(Shutdown, snapshot_store::RunningStore)>,
+    ingest_url: String,
+    _ingest_shutdown: Shutdown,
+}
+
+impl Harness {
+    async fn spawn() -> Self {
+        testkit::init_logs();
+        let nats = NatsServer::start();
+        let db = TestDatabase::create().await;
+        let prefix = testkit::unique_prefix();
+        let ingest_shutdown = Shutdown::new();
+        let mut config = agent_ingest::Config::new(CommonArgs::for_nats(nats.url(), &prefix));
+        config.store_timeout = Duration::from_secs(2);
+        let ingest = agent_ingest::start(config, ingest_shutdown.clone())
+            .await
+            .expect("agent-ingest starts");
+        let client = async_nats::connect(nats.url()).await.unwrap();
+        let mut harness = Self {
+            ingest_url: format!("http://{}", ingest.http_addr()),
+            subjects: Subjects::new(&prefix).unwrap(),
+            nats,
+            db,
+            prefix,
+            client,
+            store: None,
+            _ingest_shutdown: ingest_shutdown,
+        };
+        harness.start_store().await;
+        harness
+    }
+
+    async fn start_store(&mut self) {
+        let shutdown = Shutdown::new();
+        let store = snapshot_store::start(
+            snapshot_store::Config {
+                common: CommonArgs::for_nats(self.nats.url(), &self.prefix),
+                database: DatabaseArgs::new(self.db.url()),
+            },
+            shutdown.clone(),
+        )
+        .await
+        .expect("snapshot-store starts");
+        self.store = Some((shutdown, store));
+    }
+
+    async fn stop_store(&mut self) {
+        let (shutdown, store) = self.store.take().expect("store running");
+        shutdown.cancel();
+        store.join().await;
+    }
+
+    async fn register(&self, token: &str) -> String {
+        let reply: RegisterAgentReply = rpc::request(
+            &self.client,
+            self.subjects.store_register_agent(),
+            &RegisterAgentRequest {
+                tenant: "acme".into(),
+                workspace: "ws".into(),
+                name: format!("agent-{}", uuid::Uuid::new_v4().simple()),
+                token_sha256: sha2::Sha256::digest(token.as_bytes()).to_vec(),
+            },
+            None,
+            RPC_TIMEOUT,
+        )
+        .await
+        .unwrap();
+        assert_eq!(reply.error, None);
+        reply.agent_id
+    }
+
+    async fn state(&self, agent_id: &str) -> AgentState {
+        let reply: GetAgentStateReply = rpc::request(
+            &self.client,
+            self.subjects.store_get_agent_state(),
+            &GetAgentStateRequest {
+                agent_id: agent_id.into(),
+            },
+            None,
+            RPC_TIMEOUT,
+        )
+        .await
+        .unwrap();
+        assert_eq!(reply.error, None);
+        reply.state.unwrap()
+    }
+
+    fn agent_config(
+        &self,
+        ws: &Workspace,
+        token: &str,
+        handshake_timeout: Duration,
+    ) -> AgentConfig {
+        let mut publisher = PublisherConfig::new(self.ingest_url.clone(), AgentToken::new(token));
+        publisher.backoff = Backoff {
+            initial: Duration::from_millis(50),
+            max: Duration::from_millis(500),
+        };
+        publisher.request_timeout = Duration::from_secs(5);
+        AgentConfig {
+            discovery: ws.settings(handshake_timeout),
+            publisher,
+            watch: true,
+            watch_debounce: Duration::from_millis(100),
+            http_addr: Some(([127, 0, 0, 1], 0).into()),
+        }
+    }
+}
+
+/// Every commit of one agent, as the store announces it.
+struct Commits {
+    snapshots: async_nats::Subscriber,
+    discovery: async_nats::Subscriber,
+}
+
+impl Commits {
+    async fn subscribe(h: &Harness, agent_id: &str) -> Self {
+        let snapshots = h
+            .client
+            .subscribe(h.subjects.snapshot_committed(agent_id))
+            .await
+            .unwrap();
+        let discovery = h
+            .client
+            .subscribe(h.subjects.discovery_changed(agent_id))
+            .await
+            .unwrap();
+        h.client.flush().await.unwrap();
+        Self {
+            snapshots,
+            discovery,
+        }
+    }
+
+    /// Reads the committed state until `accept` holds, woken by commit events.
+    async fn wait_state(
+        &mut self,
+        h: &Harness,
+        agent_id: &str,
+        what: &str,
+        accept: impl Fn(&AgentState) -> bool,
+    ) -> AgentState {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let state = h.state(agent_id).await;
+            if accept(&state) {
+                return state;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, self.snapshots.next()).await {
+                Ok(Some(_)) => {}
+                Ok(None) => panic!("event subscription ended"),
+                Err(_) => panic!("timed out waiting for committed state: {what}; last: {state:#?}"),
+            }
+        }
+    }
+
+    /// DiscoveryChanged events received so far (without waiting).
+    async fn discovery_events(&mut self) -> Vec<DiscoveryChanged> {
+        let mut out = Vec::new();
+        while let Ok(Some(message)) =
+            tokio::time::timeout(Duration::from_millis(200), self.discovery.next()).await
+        {
+            out.push(DiscoveryChanged::decode(message.payload.as_ref()).unwrap());
+        }
+        out
+    }
+}
+
+fn phase(state: &AgentState) -> Option<Phase> {
+    state
+        .snapshot
+        .as_ref()
+        .map(|s| Phase::try_from(s.phase).unwrap())
+}
+
+fn committed_server<'a>(
+    state: &'a AgentState,
+    name: &str,
+) -> Option<&'a ctxsync_proto::v1::ContextResource> {
+    let source = format!("mcp_server:{name}");
+    state.resources.iter().find(|r| r.source == source)
+}
+
+fn committed_ok(state: &AgentState, name: &str) -> bool {
+    committed_server(state, name).is_some_and(|r| r.status == ResourceStatus::Ok as i32)
+}
+
+async fn stop_agent(agent: Running, shutdown: Shutdown) {
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(30), agent.join())
+        .await
+        .expect("agent stops in time");
+}
+
+fn token() -> String {
+    format!("tok_{}", uuid::Uuid::new_v4().simple())
+}
+
+#[tokio::test]
+async fn startup_then_pending_then_complete_committed_exactly_once() {
+    let h = Harness::spawn().await;
+    let token = token();
+    let agent_id = h.register(&token).await;
+    let mut commits = Commits::subscribe(&h, &agent_id).await;
+    let ws = Workspace::new();
+    std::fs::write(ws.work().join("AGENTS.md"), "be brief").unwrap();
+    ws.write_servers(&[
+        (
+            "slow",
+            fixture(&["--mode", "slow-start", "--delay-ms", "1500"]),
+        ),
+        ("fast", fixture(&["--mode", "normal"])),
+    ]);
+    let shutdown = Shutdown::new();
+    let agent = workspace_agent::start(
+        h.agent_config(&ws, &token, Duration::from_secs(20)),
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
+    let run_id = agent.run_id().to_owned();
+    assert!(uuid::Uuid::parse_str(&run_id).is_ok());
+
+    let state = commits
+        .wait_state(&h, &agent_id, "complete", |s| {
+            phase(s) == Some(Phase::Complete)
+        })
+        .await;
+    assert_eq!(
+        state.agent.as_ref().unwrap().agent_run_id,
+        run_id,
+        "Startup carried the run id"
+    );
+    assert_eq!(state.snapshot.as_ref().unwrap().agent_run_id, run_id);
+    assert!(committed_ok(&state, "slow") && committed_ok(&state, "fast"));
+    let config = state
+        .snapshot
+        .as_ref()
+        .unwrap()
+        .context_config
+        .as_ref()
+        .unwrap();
+    assert_eq!(config.working_dir, ws.work().display().to_string());
+    let agents_md = format!("instruction_file:{}", ws.work().join("AGENTS.md").display());
+    assert!(state.resources.iter().any(|r| r.source == agents_md));
+
+    // The operator endpoints.
+    let base = format!("http://{}", agent.http_addr().unwrap());
+    let ready = reqwest::get(format!("{base}/readyz")).await.unwrap();
+    assert_eq!(ready.status(), 200);
+    assert_eq!(
+        reqwest::get(format!("{base}/healthz"))
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+
+    // A later reload (server added through the file watcher) commits, phase stays COMPLETE.
+    ws.write_servers(&[
+        (
+            "slow",
+            fixture(&["--mode", "slow-start", "--delay-ms", "1500"]),
+        ),
+        ("fast", fixture(&["--mode", "normal"])),
+        ("late", fixture(&["--mode", "zero-tools"])),
+    ]);
+    let state = commits
+        .wait_state(&h, &agent_id, "late server committed", |s| {
+            committed_ok(s, "late")
+        })
+        .await;
+    assert_eq!(phase(&state), Some(Phase::Complete));
+
+    let events = commits.discovery_events().await;
+    let causes: Vec<(Cause, Phase)> = events
+        .iter()
+        .map(|e| {
+            (
+                Cause::try_from(e.cause).unwrap(),
+                Phase::try_from(e.phase).unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        causes.first().map(|c| c.0),
+        Some(Cause::Startup),
+        "{causes:?}"
+    );
+    let push_phases: Vec<Phase> = causes
+        .iter()
+        .filter(|(cause, _)| *cause == Cause::Push)
+        .map(|(_, phase)| *phase)
+        .collect();
+    assert_eq!(
+        push_phases,
+        [Phase::Pending, Phase::Complete],
+        "{events:#?}"
+    );
+    let first_push = events
+        .iter()
+        .find(|e| e.cause == Cause::Push as i32)
+        .unwrap();
+    assert_eq!(
+        first_push.snapshot_version, 1,
+        "the first push is version 1"
+    );
+    stop_agent(agent, shutdown).await;
+}
+
+#[tokio::test]
+async fn a_hung_sibling_does_not_delay_a_healthy_servers_publication() {
+    let h = Harness::spawn().await;
+    let token = token();
+    let agent_id = h.register(&token).await;
+    let mut commits = Commits::subscribe(&h, &agent_id).await;
+    let ws = Workspace::new();
+    ws.write_servers(&[
+        ("hung", fixture(&["--mode", "hang"])),
+        ("healthy", fixture(&["--mode", "normal"])),
+    ]);
+    let handshake_timeout = Duration::from_secs(15);
+    let started = Instant::now();
+    let shutdown = Shutdown::new();
+    let agent = workspace_agent::start(
+        h.agent_config(&ws, &token, handshake_timeout),
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
+    let state = commits
+        .wait_state(&h, &agent_id, "healthy committed", |s| {
+            committed_ok(s, "healthy")
+        })
+        .await;
+    assert!(started.elapsed() < handshake_timeout);
+    assert_eq!(
+        phase(&state),
+        Some(Phase::Pending),
+        "the hung server is still pending"
+    );
+    assert!(committed_server(&state, "hung").is_none());
+    let state = commits
+        .wait_state(&h, &agent_id, "complete", |s| {
+            phase(s) == Some(Phase::Complete)
+        })
+        .await;
+    let hung = committed_server(&state, "hung").unwrap();
+    assert_eq!(hung.status, ResourceStatus::Invalid as i32);
+    assert!(hung.error.contains("within 15s"), "{}", hung.error);
+    stop_agent(agent, shutdown).await;
+}
+
+#[tokio::test]
+async fn publication_retries_through_a_store_outage_and_ends_with_the_latest_state_committed() {
+    let mut h = Harness::spawn().await;
+    let token = token();
+    let agent_id = h.register(&token).await;
+    let mut commits = Commits::subscribe(&h, &agent_id).await;
+    let ws = Workspace::new();
+    let agents_md = ws.work().join("AGENTS.md");
+    std::fs::write(&agents_md, "v1").unwrap();
+    ws.write_servers(&[("one", fixture(&["--mode", "normal"]))]);
+    let shutdown = Shutdown::new();
+    let agent = workspace_agent::start(
+        h.agent_config(&ws, &token, Duration::from_secs(20)),
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
+    let before = commits
+        .wait_state(&h, &agent_id, "complete", |s| {
+            phase(s) == Some(Phase::Complete)
+        })
+        .await;
+    let version_before = before.snapshot.as_ref().unwrap().version;
+
+    h.stop_store().await;
+    let mut status = agent.publish_status();
+    // Change 1: a server added; its push meets the outage (503 from agent-ingest).
+    ws.write_servers(&[
+        ("one", fixture(&["--mode", "normal"])),
+        ("two", fixture(&["--mode", "zero-tools"])),
+    ]);
+    let seen = tokio::time::timeout(
+        DEADLINE,
+        status.wait_for(|s| s.last_error.as_deref().is_some_and(|e| e.contains("503"))),
+    )
+    .await
+    .expect("a push met the outage")
+    .unwrap()
+    .clone();
+    assert!(seen.attempts >= 2);
+    // Change 2 during the outage: only the latest state matters.
+    std::fs::write(&agents_md, "v2").unwrap();
+    let mut reports = agent.reports();
+    let source = format!("instruction_file:{}", agents_md.display());
+    let latest = wait_report(&mut reports, "v2 and two in the report", |r| {
+        let v2 = r.resource(&source).is_some_and(
+            |res| matches!(&res.body, Some(Body::InstructionFile(f)) if f.content == "v2"),
+        );
+        v2 && is_ok(server(r, "two"))
+    })
+    .await;
+    // Still failing: the store is down.
+    let failing = status.borrow().clone();
+    assert!(failing.last_error.is_some());
+    let accepted = failing
+        .accepted_report
+        .expect("the pre-outage push was accepted");
+    assert!(
+        server(&accepted, "two").is_none(),
+        "nothing after the outage began was accepted"
+    );
+
+    h.start_store().await;
+    let state = commits
+        .wait_state(&h, &agent_id, "latest state committed", |s| {
+            s.resources.iter().any(|r| {
+                r.source == source
+                    && matches!(&r.body, Some(Body::InstructionFile(f)) if f.content == "v2")
+            }) && committed_ok(s, "two")
+        })
+        .await;
+    let snapshot = state.snapshot.as_ref().unwrap();
+    assert!(snapshot.version > version_before);
+    assert_eq!(snapshot.agent_run_id, agent.run_id());
+    let mut committed: Vec<_> = state.resources.clone();
+    let mut expected: Vec<_> = latest.resources.clone();
+    committed.sort_by(|a, b| a.source.cmp(&b.source));
+    expected.sort_by(|a, b| a.source.cmp(&b.source));
+    assert_eq!(
+        committed, expected,
+        "the committed resources are the agent's latest report"
+    );
+    let recovered = tokio::time::timeout(DEADLINE, status.wait_for(|s| s.last_error.is_none()))
+        .await
+        .expect("publication recovered")
+        .unwrap()
+        .clone();
+    assert_eq!(recovered.accepted.unwrap().1, Phase::Complete);
+    stop_agent(agent, shutdown).await;
+}
+
+#[tokio::test]
+async fn an_unknown_token_is_reported_as_401_and_retried() {
+    let h = Harness::spawn().await;
+    let ws = Workspace::new();
+    ws.write_servers(&[]);
+    let shutdown = Shutdown::new();
+    let agent = workspace_agent::start(
+        h.agent_config(&ws, "tok_not_registered", Duration::from_secs(5)),
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
+    let mut status = agent.publish_status();
+    let seen = tokio::time::timeout(
+        DEADLINE,
+        status.wait_for(|s| s.last_error.as_deref().is_some_and(|e| e.contains("401"))),
+    )
+    .await
+    .expect("401 reported")
+    .unwrap()
+    .clone();
+    assert!(!seen.started);
+    assert!(
+        !seen.last_error.unwrap().contains("tok_not_registered"),
+        "the token is never shown"
+    );
+    let base = format!("http://{}", agent.http_addr().unwrap());
+    assert_eq!(
+        reqwest::get(format!("{base}/readyz"))
+            .await
+            .unwrap()
+            .status(),
+        503
+    );
+    stop_agent(agent, shutdown).await;
+}
+
+#[tokio::test]
+async fn a_push_from_a_replaced_process_is_dropped_and_reported() {
+    let h = Harness::spawn().await;
+    let token = token();
+    let agent_id = h.register(&token).await;
+    let mut commits = Commits::subscribe(&h, &agent_id).await;
+    let ws = Workspace::new();
+    std::fs::write(ws.work().join("AGENTS.md"), "old").unwrap();
+    ws.write_servers(&[]);
+    let old_shutdown = Shutdown::new();
+    let old = workspace_agent::start(
+        h.agent_config(&ws, &token, Duration::from_secs(5)),
+        old_shutdown.clone(),
+    )
+    .await
+    .unwrap();
+    commits
+        .wait_state(&h, &agent_id, "old run committed", |s| {
+            s.snapshot
+                .as_ref()
+                .is_some_and(|snap| snap.agent_run_id == old.run_id())
+        })
+        .await;
+    // A new process with the same token takes over.
+    let ws2 = Workspace::new();
+    ws2.write_servers(&[]);
+    let new_shutdown = Shutdown::new();
+    let new = workspace_agent::start(
+        h.agent_config(&ws2, &token, Duration::from_secs(5)),
+        new_shutdown.clone(),
+    )
+    .await
+    .unwrap();
+    commits
+        .wait_state(&h, &agent_id, "new run committed", |s| {
+            s.snapshot
+                .as_ref()
+                .is_some_and(|snap| snap.agent_run_id == new.run_id())
+        })
+        .await;
+    // The old process changes: its push is stale.
+    std::fs::write(ws.work().join("AGENTS.md"), "changed").unwrap();
+    old.reload();
+    let mut status = old.publish_status();
+    let seen = tokio::time::timeout(
+        DEADLINE,
+        status.wait_for(|s| {
+            s.last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("STALE_RUN"))
+        }),
+    )
+    .await
+    .expect("drop reported")
+    .unwrap()
+    .clone();
+    assert!(seen.last_error.unwrap().contains("dropped"));
+    let state = h.state(&agent_id).await;
+    assert_eq!(
+        state.snapshot.unwrap().agent_run_id,
+        new.run_id(),
+        "rows untouched"
+    );
+    stop_agent(old, old_shutdown).await;
+    stop_agent(new, new_shutdown).await;
+}
