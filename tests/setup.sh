@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Prepares a machine to run the test suite: checks (and on Debian installs)
+# nats-server and PostgreSQL, starts Postgres if it is installed but stopped,
+# and installs the reference MCP servers. Safe to run again.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+pg_url="${CTXSYNC_TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
+
+apt_install() {
+    if command -v apt-get >/dev/null && [[ "$(id -u)" == 0 ]]; then
+        echo "installing $* with apt-get" >&2
+        apt-get update -qq >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+    else
+        echo "missing: $*; install it (Debian: apt-get install $*)" >&2
+        exit 1
+    fi
+}
+
+command -v nats-server >/dev/null || apt_install nats-server
+command -v psql >/dev/null || apt_install postgresql postgresql-client
+command -v npm >/dev/null || apt_install nodejs npm
+command -v python3 >/dev/null || apt_install python3 python3-venv
+
+if ! psql "$pg_url" -qtAc 'select 1' >/dev/null 2>&1; then
+    if command -v pg_ctlcluster >/dev/null && ls /etc/postgresql/*/main >/dev/null 2>&1; then
+        version="$(ls /etc/postgresql | sort -V | tail -1)"
+        echo "starting PostgreSQL $version" >&2
+        pg_ctlcluster --skip-systemctl-redirect "$version" main start || true
+    fi
+    for _ in $(seq 1 50); do
+        psql "$pg_url" -qtAc 'select 1' >/dev/null 2>&1 && break
+        sleep 0.2
+    done
+    psql "$pg_url" -qtAc 'select 1' >/dev/null || {
+        echo "PostgreSQL does not answer at $pg_url: start it, or set CTXSYNC_TEST_DATABASE_URL to a superuser URL" >&2
+        exit 1
+    }
+fi
+
+bash "$here/mcp-servers/install.sh"
+echo "test prerequisites ready" >&2
