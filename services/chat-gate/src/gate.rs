@@ -1,0 +1,424 @@
+//! The first-turn gate: decides whether a turn runs now or after waiting for
+//! the current agent process's discovery, and answers with the projection.
+//!
+//! One wait ("attempt") per (chat, agent, run id) runs in its own task, so
+//! concurrent callers join it and a caller that goes away cancels nothing.
+//! A timed-out attempt is remembered for a while so the chat's later first
+//! turns don't wait again; a finished one is forgotten at once.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use ctxsync_proto::v1::{GateDecision, GateError, TurnReply, TurnRequest, gate_error::Code};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::projection::{self, Readiness};
+use crate::store::{ReadError, StoreReader};
+use crate::watch::{Interest, Published, View, Watches};
+
+/// Longest accepted `chat_id` and `tenant`, in bytes.
+pub const MAX_ID_BYTES: usize = 256;
+
+/// How long the gate waits, and for what.
+#[derive(Debug, Clone)]
+pub struct GateSettings {
+    /// Wait for a PENDING discovery of the current run.
+    pub pending_timeout: Duration,
+    /// Wait for the current run to report when there is no snapshot or only a stale one.
+    pub stale_grace: Duration,
+    /// Bound of one store read (and so of a refresh of a remembered attempt).
+    pub store_timeout: Duration,
+    /// How long a timed-out attempt is remembered.
+    pub attempt_ttl: Duration,
+}
+
+impl Default for GateSettings {
+    fn default() -> Self {
+        Self {
+            pending_timeout: Duration::from_secs(15),
+            stale_grace: Duration::from_secs(3),
+            store_timeout: Duration::from_secs(2),
+            attempt_ttl: Duration::from_secs(600),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct AttemptKey {
+    chat_id: String,
+    agent_id: String,
+    agent_run_id: String,
+}
+
+/// How an attempt ended.
+#[derive(Debug)]
+struct Outcome {
+    decision: GateDecision,
+    view: Arc<View>,
+}
+
+enum Attempt {
+    Waiting(watch::Receiver<Option<Arc<Outcome>>>),
+    TimedOut { expires_at: Instant },
+}
+
+/// Counters of one gate instance (the Prometheus metrics are process-wide).
+#[derive(Debug, Default)]
+struct Stats {
+    attempts_started: AtomicU64,
+    waiting: AtomicUsize,
+}
+
+#[derive(Clone)]
+pub struct Gate {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    settings: GateSettings,
+    store: StoreReader,
+    watches: Watches,
+    attempts: Mutex<HashMap<AttemptKey, Attempt>>,
+    stats: Stats,
+    shutdown: tokio_util::sync::CancellationToken,
+}
+
+fn error_reply(code: Code, message: impl Into<String>) -> TurnReply {
+    TurnReply {
+        error: Some(GateError {
+            code: code as i32,
+            message: message.into(),
+        }),
+        ..Default::default()
+    }
+}
+
+fn millis(d: Duration) -> u32 {
+    u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
+}
+
+/// Checks a request before anything is read or waited for.
+pub fn validate(request: &TurnRequest) -> Result<(), String> {
+    if uuid::Uuid::parse_str(&request.agent_id).is_err() {
+        return Err(format!(
+            "agent_id must be a UUID, got {:?}",
+            truncate(&request.agent_id, 64)
+        ));
+    }
+    if request.chat_id.is_empty() {
+        return Err("chat_id is required".into());
+    }
+    for (field, value) in [("chat_id", &request.chat_id), ("tenant", &request.tenant)] {
+        if value.len() > MAX_ID_BYTES {
+            return Err(format!(
+                "{field} is {} bytes, over the limit of {MAX_ID_BYTES} ({field}_bytes)",
+                value.len()
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn truncate(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+fn read_error_reply(agent_id: &str, error: ReadError) -> TurnReply {
+    match error {
+        ReadError::NotFound(message) => error_reply(Code::NotFound, message),
+        ReadError::Invalid(message) => error_reply(Code::InvalidArgument, message),
+        ReadError::Unavailable(reason) => {
+            tracing::warn!(agent_id, %reason, "store unavailable: the turn proceeds without context");
+            TurnReply {
+                decision: GateDecision::StoreUnavailable as i32,
+                projection: Some(projection::unavailable(agent_id, &reason)),
+                ..Default::default()
+            }
+        }
+    }
+}
+
+fn answer(view: &View, decision: GateDecision, waited: Duration) -> TurnReply {
+    let mut projection = view.projection.clone();
+    let waited_ms = millis(waited);
+    projection::finish(&mut projection, decision, waited_ms);
+    TurnReply {
+        decision: decision as i32,
+        waited_ms,
+        projection: Some(projection),
+        ..Default::default()
+    }
+}
+
+fn record(reply: &TurnReply) {
+    let decision = reply
+        .error
+        .as_ref()
+        .map(|e| match e.code() {
+            Code::NotFound => "not_found",
+            _ => "invalid",
+        })
+        .unwrap_or_else(|| crate::http::decision_name(reply.decision()));
+    metrics::counter!("ctxsync_gate_turns_total", "decision" => decision).increment(1);
+}
+
+impl Gate {
+    pub fn new(
+        settings: GateSettings,
+        store: StoreReader,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                watches: Watches::new(store.clone()),
+                settings,
+                store,
+                attempts: Mutex::new(HashMap::new()),
+                stats: Stats::default(),
+                shutdown,
+            }),
+        }
+    }
+
+    pub fn watches(&self) -> &Watches {
+        &self.inner.watches
+    }
+
+    pub fn settings(&self) -> &GateSettings {
+        &self.inner.settings
+    }
+
+    /// Waits (attempts) in progress now.
+    pub fn waiters_held(&self) -> usize {
+        self.inner.stats.waiting.load(Ordering::SeqCst)
+    }
+
+    /// Waits started since this gate started.
+    pub fn attempts_started(&self) -> u64 {
+        self.inner.stats.attempts_started.load(Ordering::SeqCst)
+    }
+
+    /// Attempts in memory: waiting ones and remembered timed-out ones.
+    pub fn attempts_held(&self) -> usize {
+        self.inner.attempts.lock().expect("attempts lock").len()
+    }
+
+    /// Store reads made by this gate so far.
+    pub fn store_reads(&self) -> u64 {
+        self.inner.store.reads()
+    }
+
+    /// Forgets timed-out attempts past their time; returns how many remain.
+    pub fn prune(&self) -> usize {
+        let now = Instant::now();
+        let mut attempts = self.inner.attempts.lock().expect("attempts lock");
+        attempts.retain(|_, attempt| match attempt {
+            Attempt::TimedOut { expires_at } => *expires_at > now,
+            Attempt::Waiting(_) => true,
+        });
+        attempts.len()
+    }
+
+    /// The current projection of an agent, without waiting.
+    pub async fn context(
+        &self,
+        agent_id: &str,
+    ) -> Result<ctxsync_proto::v1::ChatProjection, ReadError> {
+        if uuid::Uuid::parse_str(agent_id).is_err() {
+            return Err(ReadError::Invalid(format!(
+                "agent_id must be a UUID, got {:?}",
+                truncate(agent_id, 64)
+            )));
+        }
+        let state = self.inner.store.read(agent_id).await?;
+        let mut projection = projection::build(agent_id, &state);
+        let decision = match Readiness::of(&state) {
+            Readiness::Legacy => GateDecision::Legacy,
+            Readiness::Ready => GateDecision::Ready,
+            _ => GateDecision::NotFirstTurn,
+        };
+        projection::finish(&mut projection, decision, 0);
+        Ok(projection)
+    }
+
+    /// May this turn run, and with which context.
+    pub async fn turn(&self, request: TurnRequest) -> TurnReply {
+        let reply = self.decide(request).await;
+        record(&reply);
+        reply
+    }
+
+    async fn decide(&self, request: TurnRequest) -> TurnReply {
+        let started = Instant::now();
+        if let Err(message) = validate(&request) {
+            return error_reply(Code::InvalidArgument, message);
+        }
+        let agent_id = request.agent_id.as_str();
+        if !request.first_turn {
+            return match self.inner.store.read(agent_id).await {
+                Ok(state) => {
+                    let view = View::new(agent_id, state, None);
+                    answer(&view, GateDecision::NotFirstTurn, Duration::ZERO)
+                }
+                Err(error) => read_error_reply(agent_id, error),
+            };
+        }
+
+        // Register before reading: an event committed after this point finds
+        // the watch, and the read below started after it.
+        let interest = self.inner.watches.register(agent_id);
+        let (view, views) = match interest.fresh_view(self.inner.settings.store_timeout).await {
+            Ok(fresh) => fresh,
+            Err(error) => return read_error_reply(agent_id, error),
+        };
+        let key = AttemptKey {
+            chat_id: request.chat_id.clone(),
+            agent_id: agent_id.to_owned(),
+            agent_run_id: view.agent_run_id().to_owned(),
+        };
+        match view.readiness {
+            Readiness::Ready => {
+                self.forget_timed_out(&key);
+                return answer(&view, GateDecision::Ready, started.elapsed());
+            }
+            Readiness::Legacy => {
+                self.forget_timed_out(&key);
+                return answer(&view, GateDecision::Legacy, started.elapsed());
+            }
+            Readiness::Pending | Readiness::NoSnapshot | Readiness::Stale => {}
+        }
+
+        let (mut outcome, joined) = {
+            let mut attempts = self.inner.attempts.lock().expect("attempts lock");
+            match attempts.get(&key) {
+                Some(Attempt::TimedOut { expires_at }) if *expires_at > Instant::now() => {
+                    drop(attempts);
+                    // The read above was this turn's one refresh: still not ready.
+                    let mut reply = answer(&view, view.readiness.decision(), started.elapsed());
+                    reply.attempt_reused = true;
+                    return reply;
+                }
+                Some(Attempt::Waiting(outcome)) => (outcome.clone(), true),
+                _ => {
+                    let (tx, rx) = watch::channel(None);
+                    attempts.insert(key.clone(), Attempt::Waiting(rx.clone()));
+                    drop(attempts);
+                    self.inner
+                        .stats
+                        .attempts_started
+                        .fetch_add(1, Ordering::SeqCst);
+                    let gate = self.clone();
+                    tokio::spawn(async move {
+                        gate.wait(key, interest, view, views, started, tx).await;
+                    });
+                    (rx, false)
+                }
+            }
+        };
+        let Ok(done) = outcome.wait_for(Option::is_some).await else {
+            return read_error_reply(
+                agent_id,
+                ReadError::Unavailable("the wait ended without an answer".into()),
+            );
+        };
+        let done = done.clone().expect("waited for an outcome");
+        let mut reply = answer(&done.view, done.decision, started.elapsed());
+        reply.joined_attempt = joined;
+        reply
+    }
+
+    fn forget_timed_out(&self, key: &AttemptKey) {
+        let mut attempts = self.inner.attempts.lock().expect("attempts lock");
+        if matches!(attempts.get(key), Some(Attempt::TimedOut { .. })) {
+            attempts.remove(key);
+        }
+    }
+
+    /// One attempt: waits until a view ends the wait, or the deadline.
+    async fn wait(
+        self,
+        key: AttemptKey,
+        interest: Interest,
+        mut view: Arc<View>,
+        mut views: watch::Receiver<Published>,
+        started: Instant,
+        outcome: watch::Sender<Option<Arc<Outcome>>>,
+    ) {
+        let settings = &self.inner.settings;
+        let stats = &self.inner.stats;
+        stats.waiting.fetch_add(1, Ordering::SeqCst);
+        metrics::gauge!("ctxsync_gate_waiters").increment(1.0);
+        tracing::debug!(agent_id = %key.agent_id, chat_id = %key.chat_id, readiness = ?view.readiness, "first turn waits for discovery");
+
+        let mut stopped = false;
+        let decision = loop {
+            if view.readiness.ends_wait() {
+                break view.readiness.decision();
+            }
+            // The grace covers "not reported yet"; once the run reports
+            // PENDING, the pending timeout applies (both from the start).
+            let limit = if view.readiness == Readiness::Pending {
+                settings.pending_timeout
+            } else {
+                settings.stale_grace
+            };
+            tokio::select! {
+                changed = views.changed() => {
+                    if changed.is_err() {
+                        break view.readiness.decision();
+                    }
+                    let published = views.borrow_and_update().clone();
+                    // A failed read keeps the last view: the reader retries it.
+                    if let Some(Ok(next)) = published.result {
+                        view = next;
+                    }
+                }
+                _ = tokio::time::sleep_until(started + limit) => {
+                    break view.readiness.decision();
+                }
+                _ = self.inner.shutdown.cancelled() => {
+                    stopped = true;
+                    break view.readiness.decision();
+                }
+            }
+        };
+        drop(interest);
+
+        let timed_out = !view.readiness.ends_wait();
+        {
+            let mut attempts = self.inner.attempts.lock().expect("attempts lock");
+            if timed_out && !stopped {
+                attempts.insert(
+                    key.clone(),
+                    Attempt::TimedOut {
+                        expires_at: Instant::now() + settings.attempt_ttl,
+                    },
+                );
+            } else {
+                attempts.remove(&key);
+            }
+        }
+        let label = crate::http::decision_name(decision);
+        metrics::counter!("ctxsync_gate_waits_total", "outcome" => label).increment(1);
+        metrics::histogram!("ctxsync_gate_wait_seconds", "outcome" => label)
+            .record(started.elapsed().as_secs_f64());
+        if !timed_out && let Some(commit) = view.woken_by_commit {
+            let latency = SystemTime::now()
+                .duration_since(commit)
+                .unwrap_or_default()
+                .as_secs_f64();
+            metrics::histogram!("ctxsync_gate_wake_seconds").record(latency);
+        }
+        tracing::debug!(agent_id = %key.agent_id, chat_id = %key.chat_id, outcome = label, waited_ms = millis(started.elapsed()), "first-turn wait ended");
+        stats.waiting.fetch_sub(1, Ordering::SeqCst);
+        metrics::gauge!("ctxsync_gate_waiters").decrement(1.0);
+        outcome.send_replace(Some(Arc::new(Outcome { decision, view })));
+    }
+}

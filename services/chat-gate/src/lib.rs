@@ -1,0 +1,342 @@
+//! chat-gate: the chats' side of ctxsync.
+//!
+//! Before a turn, a chat backend asks the gate whether the turn may run and
+//! with which context. A first turn waits for the current agent process's
+//! MCP discovery to complete, woken by snapshot-store's discovery event (one
+//! subscription per replica, never a polling loop), bounded by a deadline;
+//! the answer carries the chat projection of the committed snapshot (tools of
+//! a previous process withheld). The API is NATS request/reply on
+//! `<prefix>.gate.turn` in a queue group, and HTTP (`POST /api/v1/gate`,
+//! `GET /api/v1/agents/{agent_id}/context`).
+
+pub mod gate;
+pub mod http;
+pub mod projection;
+pub mod store;
+pub mod watch;
+
+use std::net::SocketAddr;
+use std::time::{Duration, SystemTime};
+
+use async_nats::HeaderMap;
+use ctxsync_proto::subjects::{GATE_QUEUE_GROUP, Subjects};
+use ctxsync_proto::v1::{
+    DiscoveryChanged, GateError, SnapshotCommitted, TurnReply, TurnRequest, gate_error::Code,
+};
+use ctxsync_runtime::nats::NatsConnection;
+use ctxsync_runtime::{CommonArgs, HttpServer, Readiness, Shutdown, rpc};
+use futures::StreamExt;
+use prost::Message;
+use tokio::task::JoinHandle;
+
+pub use gate::{Gate, GateSettings};
+
+/// chat-gate's configuration.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Config {
+    #[command(flatten)]
+    pub common: CommonArgs,
+
+    /// How long a first turn waits for a PENDING discovery of the current agent process.
+    #[arg(long, env = "CTXSYNC_GATE_PENDING_TIMEOUT", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub pending_timeout: Duration,
+
+    /// How long a first turn waits when the current process has not reported
+    /// yet (no snapshot, or only a previous process's).
+    #[arg(long, env = "CTXSYNC_GATE_STALE_GRACE", default_value = "3s", value_parser = humantime::parse_duration)]
+    pub stale_grace: Duration,
+
+    /// Bound of one read from snapshot-store; past it the turn fails open.
+    #[arg(long, env = "CTXSYNC_GATE_STORE_TIMEOUT", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub store_timeout: Duration,
+
+    /// How long a chat's timed-out wait is remembered, so its later turns don't wait again.
+    #[arg(long, env = "CTXSYNC_GATE_ATTEMPT_TTL", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub attempt_ttl: Duration,
+
+    /// Safety net only: re-read every waited-on agent this often in case an
+    /// event was lost without a reconnect. Waits end on events, not on this.
+    /// 0 disables it.
+    #[arg(long, env = "CTXSYNC_GATE_SWEEP_INTERVAL", default_value = "2m", value_parser = humantime::parse_duration)]
+    pub sweep_interval: Duration,
+}
+
+impl Config {
+    /// The defaults, on the given NATS server and prefix (for tests and embedding).
+    pub fn new(common: CommonArgs) -> Self {
+        let settings = GateSettings::default();
+        Self {
+            common,
+            pending_timeout: settings.pending_timeout,
+            stale_grace: settings.stale_grace,
+            store_timeout: settings.store_timeout,
+            attempt_ttl: settings.attempt_ttl,
+            sweep_interval: Duration::from_secs(120),
+        }
+    }
+
+    fn settings(&self) -> Result<GateSettings, StartError> {
+        if self.store_timeout.is_zero() {
+            return Err(StartError::Setting {
+                env: "CTXSYNC_GATE_STORE_TIMEOUT",
+                value: "0s".into(),
+                reason: "must be above zero",
+            });
+        }
+        Ok(GateSettings {
+            pending_timeout: self.pending_timeout,
+            stale_grace: self.stale_grace,
+            store_timeout: self.store_timeout,
+            attempt_ttl: self.attempt_ttl,
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Config(#[from] ctxsync_runtime::config::ConfigError),
+    #[error("invalid {env} {value:?}: {reason}")]
+    Setting {
+        env: &'static str,
+        value: String,
+        reason: &'static str,
+    },
+    #[error(transparent)]
+    Nats(#[from] ctxsync_runtime::nats::NatsConnectError),
+    #[error("cannot subscribe to {subject}: {reason}")]
+    Subscribe { subject: String, reason: String },
+    #[error(transparent)]
+    Http(#[from] ctxsync_runtime::http::BindError),
+}
+
+/// A running chat-gate.
+pub struct RunningGate {
+    gate: Gate,
+    http: HttpServer,
+    server: rpc::Server,
+    tasks: Vec<JoinHandle<()>>,
+    nats: NatsConnection,
+    grace: Duration,
+}
+
+impl RunningGate {
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http.local_addr()
+    }
+
+    /// The gate itself, for in-process callers and tests.
+    pub fn gate(&self) -> &Gate {
+        &self.gate
+    }
+
+    /// Waits for shutdown, then answers the turns in flight and drains NATS.
+    pub async fn join(self) {
+        self.server.join().await;
+        self.http.join().await;
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        ctxsync_runtime::nats::drain(&self.nats, self.grace).await;
+        tracing::info!("chat-gate stopped");
+    }
+}
+
+fn timestamp_to_system(ts: Option<&pbjson_types::Timestamp>) -> Option<SystemTime> {
+    let ts = ts?;
+    let seconds = u64::try_from(ts.seconds).ok()?;
+    let nanos = u32::try_from(ts.nanos).ok()?;
+    SystemTime::UNIX_EPOCH.checked_add(Duration::new(seconds, nanos))
+}
+
+async fn subscribe(
+    nats: &NatsConnection,
+    subject: String,
+) -> Result<async_nats::Subscriber, StartError> {
+    nats.client
+        .subscribe(subject.clone())
+        .await
+        .map_err(|e| StartError::Subscribe {
+            subject,
+            reason: e.to_string(),
+        })
+}
+
+/// Follows the discovery events: each wakes the watch of its agent, if any.
+fn follow_discovery(
+    gate: Gate,
+    mut events: async_nats::Subscriber,
+    shutdown: Shutdown,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let message = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                message = events.next() => match message { Some(m) => m, None => break },
+            };
+            match DiscoveryChanged::decode(message.payload) {
+                Ok(event) => gate.watches().on_event(
+                    &event.agent_id,
+                    watch::Expectation::discovery(&event),
+                    timestamp_to_system(event.committed_at.as_ref()),
+                ),
+                Err(error) => {
+                    tracing::warn!(subject = %message.subject, %error, "malformed discovery event ignored")
+                }
+            }
+        }
+    })
+}
+
+/// Follows the every-commit events: a content change refreshes a watched agent's view.
+fn follow_snapshots(
+    gate: Gate,
+    mut events: async_nats::Subscriber,
+    shutdown: Shutdown,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let message = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                message = events.next() => match message { Some(m) => m, None => break },
+            };
+            match SnapshotCommitted::decode(message.payload) {
+                Ok(event) => gate.watches().on_event(
+                    &event.agent_id,
+                    watch::Expectation::snapshot(&event),
+                    None,
+                ),
+                Err(error) => {
+                    tracing::warn!(subject = %message.subject, %error, "malformed snapshot event ignored")
+                }
+            }
+        }
+    })
+}
+
+/// After a reconnect, events published while disconnected are lost: re-read
+/// every agent someone waits on.
+fn recheck_on_reconnect(gate: Gate, nats: &NatsConnection, shutdown: Shutdown) -> JoinHandle<()> {
+    let mut reconnects = nats.reconnects();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                changed = reconnects.changed() => if changed.is_err() { break },
+            }
+            let agents = gate.watches().recheck_all();
+            tracing::info!(agents, "nats reconnected: re-reading every waited-on agent");
+        }
+    })
+}
+
+/// The slow safety sweep and the expiry of remembered attempts.
+fn housekeeping(gate: Gate, sweep: Duration, shutdown: Shutdown) -> JoinHandle<()> {
+    let prune_every =
+        (gate.settings().attempt_ttl / 4).clamp(Duration::from_millis(50), Duration::from_secs(30));
+    tokio::spawn(async move {
+        let mut prune = tokio::time::interval(prune_every);
+        prune.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut next_sweep = (!sweep.is_zero()).then(|| tokio::time::Instant::now() + sweep);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = prune.tick() => {
+                    let held = gate.prune();
+                    metrics::gauge!("ctxsync_gate_attempts_held").set(held as f64);
+                }
+                _ = async {
+                    match next_sweep {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    let agents = gate.watches().recheck_all();
+                    if agents > 0 {
+                        tracing::debug!(agents, "safety sweep re-read waited-on agents");
+                    }
+                    next_sweep = Some(tokio::time::Instant::now() + sweep);
+                }
+            }
+        }
+    })
+}
+
+fn malformed(message: String) -> TurnReply {
+    TurnReply {
+        error: Some(GateError {
+            code: Code::InvalidArgument as i32,
+            message,
+        }),
+        ..Default::default()
+    }
+}
+
+/// Connects, subscribes to the events, then starts serving turns.
+pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, StartError> {
+    let subjects: Subjects = config.common.subjects()?;
+    let settings = config.settings()?;
+    let nats = ctxsync_runtime::nats::connect(&config.common.nats_url, "chat-gate").await?;
+    let store = store::StoreReader::new(nats.client.clone(), &subjects, settings.store_timeout);
+    let gate = Gate::new(settings, store, shutdown.clone());
+
+    // The event subscriptions are in place (flushed) before the first turn is served.
+    let discovery = subscribe(&nats, subjects.discovery_changed_all()).await?;
+    let snapshots = subscribe(&nats, subjects.snapshot_committed_all()).await?;
+    nats.client
+        .flush()
+        .await
+        .map_err(|e| StartError::Subscribe {
+            subject: subjects.discovery_changed_all(),
+            reason: e.to_string(),
+        })?;
+    let tasks = vec![
+        follow_discovery(gate.clone(), discovery, shutdown.clone()),
+        follow_snapshots(gate.clone(), snapshots, shutdown.clone()),
+        recheck_on_reconnect(gate.clone(), &nats, shutdown.clone()),
+        housekeeping(gate.clone(), config.sweep_interval, shutdown.clone()),
+    ];
+
+    let handler_gate = gate.clone();
+    let server = rpc::serve(
+        nats.client.clone(),
+        subjects.gate_turn(),
+        GATE_QUEUE_GROUP,
+        shutdown.clone(),
+        config.common.shutdown_grace,
+        malformed,
+        move |request: TurnRequest, _headers: Option<HeaderMap>| {
+            let gate = handler_gate.clone();
+            async move { gate.turn(request).await }
+        },
+    )
+    .await
+    .map_err(|e| StartError::Subscribe {
+        subject: subjects.gate_turn(),
+        reason: e.to_string(),
+    })?;
+
+    let readiness = Readiness::new().with_nats(&nats);
+    let http = HttpServer::start(
+        config.common.http_addr,
+        http::routes(gate.clone()),
+        readiness,
+        shutdown,
+    )
+    .await?;
+    tracing::info!(prefix = subjects.prefix(), "chat-gate ready");
+    Ok(RunningGate {
+        gate,
+        http,
+        server,
+        tasks,
+        nats,
+        grace: config.common.shutdown_grace,
+    })
+}
+
+/// Runs until `shutdown`, then stops gracefully.
+pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), StartError> {
+    start(config, shutdown).await?.join().await;
+    Ok(())
+}

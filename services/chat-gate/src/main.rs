@@ -1,0 +1,19 @@
+use clap::Parser;
+
+/// chat-gate: lets a chat's first turn wait for the agent's discovery and
+/// answers the chat projection of its context.
+#[derive(Parser)]
+#[command(name = "chat-gate", version)]
+struct Cli {
+    #[command(flatten)]
+    config: chat_gate::Config,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    ctxsync_runtime::telemetry::init(cli.config.common.log_format, &cli.config.common.log_filter)?;
+    let shutdown = ctxsync_runtime::shutdown::on_signals();
+    chat_gate::run(cli.config, shutdown).await?;
+    Ok(())
+}
