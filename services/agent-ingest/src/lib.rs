@@ -26,6 +26,7 @@ use ctxsync_proto::v1::{
 };
 use ctxsync_proto::validate;
 use ctxsync_runtime::nats::NatsConnection;
+use ctxsync_runtime::trace::{TRACEPARENT, TraceContext};
 use ctxsync_runtime::{CommonArgs, HttpServer, Readiness, Shutdown, rpc};
 use prost::Message;
 use serde::Serialize;
@@ -246,8 +247,19 @@ fn forward_error(error: rpc::RpcError) -> ApiError {
     }
 }
 
+/// The request's trace (continued from its `traceparent` header, else new).
+fn trace_of(request: &Request) -> TraceContext {
+    request
+        .headers()
+        .get(TRACEPARENT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(TraceContext::parse)
+        .map_or_else(TraceContext::new_root, |parent| parent.child())
+}
+
 async fn startup(State(state): State<Arc<AppState>>, request: Request) -> Response {
     let started = Instant::now();
+    let trace = trace_of(&request);
     let result = async {
         let (agent_id, format, startup): (_, _, StartupRequest) = accept(&state, request).await?;
         validate::startup(&startup).map_err(ApiError::Validation)?;
@@ -258,7 +270,7 @@ async fn startup(State(state): State<Arc<AppState>>, request: Request) -> Respon
                 agent_id: agent_id.clone(),
                 startup: Some(startup),
             },
-            None,
+            Some(trace.child().to_nats()),
             state.store_timeout,
         )
         .await
@@ -267,7 +279,7 @@ async fn startup(State(state): State<Arc<AppState>>, request: Request) -> Respon
             return Err(store_error(error));
         }
         let response = reply.response.unwrap_or_default();
-        tracing::info!(agent_id = %agent_id, run_id_changed = response.run_id_changed, "agent startup");
+        tracing::info!(agent_id = %agent_id, trace_id = %trace.trace_id(), run_id_changed = response.run_id_changed, "agent startup");
         Ok(encode(format, &response))
     }
     .await;
@@ -276,6 +288,7 @@ async fn startup(State(state): State<Arc<AppState>>, request: Request) -> Respon
 
 async fn context_state(State(state): State<Arc<AppState>>, request: Request) -> Response {
     let started = Instant::now();
+    let trace = trace_of(&request);
     let result = async {
         let (agent_id, format, push): (_, _, PushContextStateRequest) =
             accept(&state, request).await?;
@@ -288,7 +301,7 @@ async fn context_state(State(state): State<Arc<AppState>>, request: Request) -> 
                 agent_id: agent_id.clone(),
                 push: Some(push),
             },
-            None,
+            Some(trace.child().to_nats()),
             state.store_timeout,
         )
         .await
@@ -297,9 +310,12 @@ async fn context_state(State(state): State<Arc<AppState>>, request: Request) -> 
             return Err(store_error(error));
         }
         let response = reply.response.unwrap_or_default();
-        if !response.accepted {
+        if response.accepted {
+            tracing::info!(agent_id = %agent_id, trace_id = %trace.trace_id(), version, "push forwarded");
+        } else {
             tracing::info!(
                 agent_id = %agent_id,
+                trace_id = %trace.trace_id(),
                 version,
                 reason = response.drop_reason().as_str_name(),
                 "push dropped by the store"

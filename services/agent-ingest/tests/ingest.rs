@@ -531,3 +531,36 @@ async fn health_readiness_and_metrics_are_served() {
         "{metrics}"
     );
 }
+
+#[tokio::test]
+async fn the_push_trace_id_reaches_the_discovery_event() {
+    use futures::StreamExt;
+    let h = Harness::spawn().await;
+    let agent = h.register("a", "tok-a").await;
+    h.startup("tok-a", RUN).await;
+    let mut events = h
+        .client
+        .subscribe(h.subjects.discovery_changed(&agent))
+        .await
+        .unwrap();
+    h.client.flush().await.unwrap();
+    let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let response = h
+        .http
+        .post(format!("{}/api/v1/agent/context-state", h.base))
+        .bearer_auth("tok-a")
+        .header("content-type", "application/x-protobuf")
+        .header("traceparent", parent)
+        .body(push(1, vec![]).encode_to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let event = tokio::time::timeout(TIMEOUT, events.next())
+        .await
+        .expect("event")
+        .unwrap();
+    let trace = ctxsync_runtime::trace::TraceContext::from_nats(event.headers.as_ref())
+        .expect("the event carries a traceparent");
+    assert_eq!(trace.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736");
+}

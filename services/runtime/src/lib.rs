@@ -10,6 +10,7 @@ pub mod nats;
 pub mod rpc;
 pub mod shutdown;
 pub mod telemetry;
+pub mod trace;
 
 pub use config::{CommonArgs, DatabaseArgs, LogFormat};
 pub use http::{HttpServer, Readiness};

@@ -18,6 +18,7 @@ use ctxsync_proto::v1::{
     StorePushReply, StorePushRequest, UpdateStartupReply, UpdateStartupRequest, store_error::Code,
 };
 use ctxsync_runtime::nats::NatsConnection;
+use ctxsync_runtime::trace::TraceContext;
 use ctxsync_runtime::{CommonArgs, DatabaseArgs, HttpServer, Readiness, Shutdown, rpc};
 use prost::Message;
 
@@ -95,8 +96,21 @@ fn malformed(message: String) -> ProtoError {
 
 /// Publishes an event after commit. A lost event is repaired by readers
 /// re-checking on reconnect, so a publish failure is logged, not retried.
-async fn publish(nats: &async_nats::Client, subject: String, event: &impl Message) {
-    if let Err(error) = nats.publish(subject, event.encode_to_vec().into()).await {
+async fn publish(
+    nats: &async_nats::Client,
+    subject: String,
+    trace: Option<TraceContext>,
+    event: &impl Message,
+) {
+    let payload = event.encode_to_vec().into();
+    let published = match trace {
+        Some(trace) => {
+            nats.publish_with_headers(subject, trace.child().to_nats(), payload)
+                .await
+        }
+        None => nats.publish(subject, payload).await,
+    };
+    if let Err(error) = published {
         tracing::warn!(%error, "cannot publish event");
     }
 }
@@ -224,8 +238,9 @@ async fn serve_all(
                 error: Some(malformed(m)),
                 ..Default::default()
             },
-            move |req: UpdateStartupRequest, _headers: Option<HeaderMap>| {
+            move |req: UpdateStartupRequest, headers: Option<HeaderMap>| {
                 let (s, nats, subj) = (s.clone(), nats.clone(), subj.clone());
+                let trace = TraceContext::from_nats(headers.as_ref());
                 async move {
                     let result = async {
                         let agent_id = db::parse_agent_id(&req.agent_id)?;
@@ -235,10 +250,20 @@ async fn serve_all(
                     .await;
                     match result {
                         Ok((response, event)) => {
-                            tracing::info!(agent_id = %req.agent_id, run_id_changed = response.run_id_changed, "startup committed");
+                            tracing::info!(
+                                agent_id = %req.agent_id,
+                                trace_id = trace.map(|t| t.trace_id()).unwrap_or_default(),
+                                run_id_changed = response.run_id_changed,
+                                "startup committed"
+                            );
                             if let Some(event) = event {
-                                publish(&nats, subj.discovery_changed(&event.agent_id), &event)
-                                    .await;
+                                publish(
+                                    &nats,
+                                    subj.discovery_changed(&event.agent_id),
+                                    trace,
+                                    &event,
+                                )
+                                .await;
                             }
                             UpdateStartupReply {
                                 response: Some(response),
@@ -268,9 +293,10 @@ async fn serve_all(
                 error: Some(malformed(m)),
                 ..Default::default()
             },
-            move |req: StorePushRequest, _headers: Option<HeaderMap>| {
+            move |req: StorePushRequest, headers: Option<HeaderMap>| {
                 let (s, nats, subj) = (s.clone(), nats.clone(), subj.clone());
-                async move { handle_push(&s, &nats, &subj, req).await }
+                let trace = TraceContext::from_nats(headers.as_ref());
+                async move { handle_push(&s, &nats, &subj, trace, req).await }
             },
         )
         .await?,
@@ -318,8 +344,10 @@ async fn handle_push(
     store: &Store,
     nats: &async_nats::Client,
     subjects: &Subjects,
+    trace: Option<TraceContext>,
     request: StorePushRequest,
 ) -> StorePushReply {
+    let trace_id = trace.map(|t| t.trace_id()).unwrap_or_default();
     let push = request.push.unwrap_or_default();
     let result = async {
         let agent_id = db::parse_agent_id(&request.agent_id)?;
@@ -332,18 +360,31 @@ async fn handle_push(
             snapshot_committed,
         }) => {
             metrics::counter!("ctxsync_store_pushes_total", "outcome" => "accepted").increment(1);
-            tracing::debug!(agent_id = %request.agent_id, version = push.version, "push committed");
+            tracing::info!(agent_id = %request.agent_id, %trace_id, version = push.version, "push committed");
             if let Some(event) = discovery_changed {
                 tracing::info!(
                     agent_id = %event.agent_id,
+                    %trace_id,
                     run_id = %event.snapshot_agent_run_id,
                     phase = event.phase().as_str_name(),
                     "discovery changed"
                 );
-                publish(nats, subjects.discovery_changed(&event.agent_id), &event).await;
+                publish(
+                    nats,
+                    subjects.discovery_changed(&event.agent_id),
+                    trace,
+                    &event,
+                )
+                .await;
             }
             if let Some(event) = snapshot_committed {
-                publish(nats, subjects.snapshot_committed(&event.agent_id), &event).await;
+                publish(
+                    nats,
+                    subjects.snapshot_committed(&event.agent_id),
+                    trace,
+                    &event,
+                )
+                .await;
             }
             StorePushReply {
                 response: Some(PushContextStateResponse {
@@ -356,7 +397,7 @@ async fn handle_push(
         Ok(PushOutcome::Dropped { reason, message }) => {
             metrics::counter!("ctxsync_store_pushes_total", "outcome" => "dropped", "reason" => reason.as_str_name())
                 .increment(1);
-            tracing::info!(agent_id = %request.agent_id, reason = reason.as_str_name(), %message, "push dropped");
+            tracing::info!(agent_id = %request.agent_id, %trace_id, reason = reason.as_str_name(), %message, "push dropped");
             StorePushReply {
                 response: Some(PushContextStateResponse {
                     accepted: false,
