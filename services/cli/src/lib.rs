@@ -1,6 +1,7 @@
 //! The `ctxsync` operator commands, as a library the binary and tests share.
 
 pub mod agent;
+pub mod deps;
 
 use std::time::Duration;
 

@@ -14,6 +14,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Apply every service's database migrations and exit (run once before the services start).
+    Migrate {
+        #[command(flatten)]
+        database: ctxsync_runtime::DatabaseArgs,
+    },
     /// Register agents and inspect what they reported.
     Agent {
         #[command(subcommand)]
@@ -48,11 +53,20 @@ enum AgentCommand {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     ctxsync_runtime::telemetry::init(ctxsync_runtime::LogFormat::Text, "warn")?;
+    if let Command::Migrate { database } = &cli.command {
+        let pool = ctxsync_runtime::db::connect(database).await?;
+        snapshot_store::Store::migrate(&pool)
+            .await
+            .context("snapshot schema migrations failed")?;
+        println!("migrations applied: snapshot");
+        return Ok(());
+    }
     let subjects = ctxsync_proto::subjects::Subjects::new(&cli.connection.subject_prefix)
         .context("invalid CTXSYNC_SUBJECT_PREFIX")?;
     let nats = ctxsync_runtime::nats::connect(&cli.connection.nats_url, "ctxsync-cli").await?;
     let timeout = cli.connection.timeout;
     match cli.command {
+        Command::Migrate { .. } => unreachable!("handled before connecting to NATS"),
         Command::Agent { command } => match command {
             AgentCommand::Register {
                 tenant,

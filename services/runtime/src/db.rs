@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
+use sqlx::{Connection, PgConnection, PgPool};
 
 use crate::DatabaseArgs;
 
@@ -16,6 +16,19 @@ pub enum DbError {
 }
 
 pub async fn connect(args: &DatabaseArgs) -> Result<PgPool, DbError> {
+    // One direct connection first: a pool reports only "timed out", this
+    // reports why (refused, unknown database, authentication failed).
+    let probe = tokio::time::timeout(
+        Duration::from_secs(5),
+        PgConnection::connect(&args.database_url),
+    )
+    .await
+    .unwrap_or_else(|_| Err(sqlx::Error::PoolTimedOut))
+    .map_err(|e| DbError::Connect {
+        url: crate::nats::redact_url(&args.database_url),
+        reason: e.to_string(),
+    })?;
+    let _ = probe.close().await;
     PgPoolOptions::new()
         .max_connections(args.db_max_connections)
         .acquire_timeout(Duration::from_secs(5))

@@ -1,0 +1,286 @@
+//! Finding or starting what ctxsync depends on, for `ctxsync up`: NATS and
+//! Postgres. A given URL is used as is; otherwise the default local port is
+//! tried, and only then a private server is started from PATH under the data
+//! directory (and stopped on exit).
+
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use sqlx::{Connection, PgConnection};
+use tokio::process::{Child, Command};
+
+const LOCAL_NATS: &str = "127.0.0.1:4222";
+const LOCAL_POSTGRES_ADMIN: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+const DATABASE: &str = "ctxsync";
+const COMPOSE_HINT: &str =
+    "or run everything in containers: docker compose -f deploy/compose.yaml up";
+
+#[derive(Debug, thiserror::Error)]
+pub enum DependencyError {
+    #[error(
+        "{binary} not found on PATH and nothing answers on {addr}: install it ({install}), set {env}, {COMPOSE_HINT}"
+    )]
+    Missing {
+        binary: &'static str,
+        addr: &'static str,
+        install: &'static str,
+        env: &'static str,
+    },
+    #[error("cannot start {what}: {reason}")]
+    Start { what: &'static str, reason: String },
+    #[error("cannot prepare the {DATABASE} database at {url} (DATABASE_URL): {reason}")]
+    Database { url: String, reason: String },
+}
+
+/// Where a dependency came from, for the startup summary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    Given,
+    LocalDefault,
+    Private { data_dir: PathBuf },
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Given => write!(f, "given"),
+            Self::LocalDefault => write!(f, "found on the default local port"),
+            Self::Private { data_dir } => {
+                write!(f, "started privately, data in {}", data_dir.display())
+            }
+        }
+    }
+}
+
+/// A dependency in use; a private server is stopped when this drops.
+pub struct Dependency {
+    pub url: String,
+    pub origin: Origin,
+    _child: Option<Child>,
+}
+
+fn answers(addr: &str) -> bool {
+    addr.parse::<SocketAddr>()
+        .ok()
+        .and_then(|a| TcpStream::connect_timeout(&a, Duration::from_millis(300)).ok())
+        .is_some()
+}
+
+fn on_path(binary: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(binary))
+        .find(|candidate| candidate.is_file())
+}
+
+fn free_port() -> Result<u16, DependencyError> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| DependencyError::Start {
+            what: "a private server",
+            reason: format!("no free port: {e}"),
+        })
+}
+
+async fn wait_listening(
+    child: &mut Child,
+    port: u16,
+    what: &'static str,
+) -> Result<(), DependencyError> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(DependencyError::Start {
+                what,
+                reason: format!("exited with {status}"),
+            });
+        }
+        if answers(&format!("127.0.0.1:{port}")) {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(DependencyError::Start {
+        what,
+        reason: format!("did not listen on port {port} within 20 s"),
+    })
+}
+
+/// NATS: the given URL, else 127.0.0.1:4222 if it answers, else a private
+/// `nats-server` with JetStream under `data_dir/nats`.
+pub async fn nats(given: Option<&str>, data_dir: &Path) -> Result<Dependency, DependencyError> {
+    if let Some(url) = given {
+        return Ok(Dependency {
+            url: url.to_owned(),
+            origin: Origin::Given,
+            _child: None,
+        });
+    }
+    if answers(LOCAL_NATS) {
+        return Ok(Dependency {
+            url: format!("nats://{LOCAL_NATS}"),
+            origin: Origin::LocalDefault,
+            _child: None,
+        });
+    }
+    let binary = on_path("nats-server").ok_or(DependencyError::Missing {
+        binary: "nats-server",
+        addr: LOCAL_NATS,
+        install: "Debian: apt-get install nats-server",
+        env: "NATS_URL",
+    })?;
+    let dir = data_dir.join("nats");
+    std::fs::create_dir_all(&dir).map_err(|e| DependencyError::Start {
+        what: "nats-server",
+        reason: format!("cannot create {}: {e}", dir.display()),
+    })?;
+    let port = free_port()?;
+    let mut child = Command::new(binary)
+        .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+        .arg(&dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| DependencyError::Start {
+            what: "nats-server",
+            reason: e.to_string(),
+        })?;
+    wait_listening(&mut child, port, "nats-server").await?;
+    Ok(Dependency {
+        url: format!("nats://127.0.0.1:{port}"),
+        origin: Origin::Private { data_dir: dir },
+        _child: Some(child),
+    })
+}
+
+/// `url` with its database replaced by `name`.
+fn with_database(url: &str, name: &str) -> String {
+    let (base, query) = url
+        .split_once('?')
+        .map_or((url, None), |(b, q)| (b, Some(q)));
+    let scheme_end = base.find("://").map_or(0, |i| i + 3);
+    let path_start = base[scheme_end..]
+        .find('/')
+        .map_or(base.len(), |i| scheme_end + i);
+    let mut out = format!("{}/{name}", &base[..path_start]);
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    out
+}
+
+/// Creates the `ctxsync` database through an admin connection if it is missing.
+async fn ensure_database(admin_url: &str) -> Result<String, DependencyError> {
+    let fail = |reason: String| DependencyError::Database {
+        url: ctxsync_runtime::nats::redact_url(admin_url),
+        reason,
+    };
+    let mut admin = PgConnection::connect(admin_url)
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+            .bind(DATABASE)
+            .fetch_one(&mut admin)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+    if !exists {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {DATABASE}")))
+            .execute(&mut admin)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+    }
+    let _ = admin.close().await;
+    Ok(with_database(admin_url, DATABASE))
+}
+
+/// Postgres: the given URL, else 127.0.0.1:5432 if it answers (creating the
+/// `ctxsync` database), else `initdb` and a private `postgres` under `data_dir/postgres`.
+pub async fn postgres(given: Option<&str>, data_dir: &Path) -> Result<Dependency, DependencyError> {
+    if let Some(url) = given {
+        return Ok(Dependency {
+            url: url.to_owned(),
+            origin: Origin::Given,
+            _child: None,
+        });
+    }
+    if answers("127.0.0.1:5432") {
+        let url = ensure_database(LOCAL_POSTGRES_ADMIN).await?;
+        return Ok(Dependency {
+            url,
+            origin: Origin::LocalDefault,
+            _child: None,
+        });
+    }
+    let missing = DependencyError::Missing {
+        binary: "initdb and postgres",
+        addr: "127.0.0.1:5432",
+        install: "Debian: apt-get install postgresql",
+        env: "DATABASE_URL",
+    };
+    let initdb = on_path("initdb").ok_or(missing)?;
+    let postgres = initdb.with_file_name("postgres");
+    let dir = data_dir.join("postgres");
+    if !dir.join("PG_VERSION").exists() {
+        let output = Command::new(&initdb)
+            .args(["-U", "postgres", "--auth=trust", "-D"])
+            .arg(&dir)
+            .output()
+            .await
+            .map_err(|e| DependencyError::Start {
+                what: "initdb",
+                reason: e.to_string(),
+            })?;
+        if !output.status.success() {
+            return Err(DependencyError::Start {
+                what: "initdb",
+                reason: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+            });
+        }
+    }
+    let port = free_port()?;
+    let mut child = Command::new(postgres)
+        .arg("-D")
+        .arg(&dir)
+        .args([
+            "-p",
+            &port.to_string(),
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-k",
+        ])
+        .arg(&dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| DependencyError::Start {
+            what: "postgres",
+            reason: e.to_string(),
+        })?;
+    wait_listening(&mut child, port, "postgres").await?;
+    let url = ensure_database(&format!("postgres://postgres@127.0.0.1:{port}/postgres")).await?;
+    Ok(Dependency {
+        url,
+        origin: Origin::Private { data_dir: dir },
+        _child: Some(child),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn database_is_swapped() {
+        assert_eq!(
+            super::with_database("postgres://postgres@127.0.0.1:5432/postgres", "ctxsync"),
+            "postgres://postgres@127.0.0.1:5432/ctxsync"
+        );
+    }
+}
