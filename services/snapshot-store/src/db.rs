@@ -195,7 +195,8 @@ impl Store {
         .fetch_optional(&mut *tx)
         .await?;
         let now: DateTime<Utc> = sqlx::query_scalar(
-            "UPDATE snapshot.agents SET agent_run_id = $2, agent_version = $3, startup_at = now()
+            "UPDATE snapshot.agents
+             SET agent_run_id = $2, agent_version = $3, startup_at = clock_timestamp()
              WHERE agent_id = $1 RETURNING startup_at",
         )
         .bind(agent_id)
@@ -304,10 +305,12 @@ impl Store {
         }
 
         let content_changed = stored_hash.as_deref() != Some(hash.as_str());
+        // clock_timestamp(), not now(): events carry it as the commit time, and
+        // now() is the transaction's start, before the lock wait.
         let received_at: DateTime<Utc> = sqlx::query_scalar(
             "INSERT INTO snapshot.snapshots
                  (agent_id, agent_run_id, version, phase, hash, context_config, received_at)
-             VALUES ($1, $2, $3, $4, $5, $6, now())
+             VALUES ($1, $2, $3, $4, $5, $6, clock_timestamp())
              ON CONFLICT (agent_id) DO UPDATE SET
                  agent_run_id = EXCLUDED.agent_run_id, version = EXCLUDED.version,
                  phase = EXCLUDED.phase, hash = EXCLUDED.hash,
