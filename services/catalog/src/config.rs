@@ -1,0 +1,469 @@
+//! The operator's server configuration: tenants and their MCP servers, read
+//! from a YAML file (format in the crate README and `deploy/catalog.example.yaml`).
+//!
+//! A server's memory key is the SHA-256 of its whole canonical configuration,
+//! tenant included, so any change (endpoint, env, headers, credential
+//! reference, classification, limits) is a different entry. `enabled` is not
+//! part of it: switching a server off and on again does not change its tools.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// Longest tenant or server id, in bytes.
+pub const MAX_ID_BYTES: usize = 64;
+/// Default bound of one tool call.
+pub const DEFAULT_CALL_TIMEOUT_SECONDS: u64 = 60;
+/// Default bound of one tool result's content, in bytes.
+pub const DEFAULT_MAX_CONTENT_BYTES: u64 = 1024 * 1024;
+
+/// The whole file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CatalogConfig {
+    pub tenants: Vec<TenantConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    pub id: String,
+    #[serde(default)]
+    pub servers: Vec<ServerConfig>,
+}
+
+/// One operator-configured MCP server.
+#[derive(Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    pub id: String,
+    /// `stdio: {...}` or `streamable_http: {...}` (a one-key map, not a YAML tag).
+    #[serde(with = "serde_yaml::with::singleton_map")]
+    pub transport: Transport,
+    /// Names the credential the server uses (e.g. a vault path). The catalog
+    /// does not resolve it; it is part of the key so a different credential is
+    /// a different entry.
+    #[serde(default)]
+    pub credential_ref: Option<String>,
+    /// The operator's data classification of the server (e.g. `internal`).
+    #[serde(default)]
+    pub classification: Option<String>,
+    #[serde(default)]
+    pub limits: Limits,
+    #[serde(default = "enabled_default", skip_serializing)]
+    pub enabled: bool,
+}
+
+fn enabled_default() -> bool {
+    true
+}
+
+// Env values and headers are secrets: Debug shows their names only.
+impl fmt::Debug for ServerConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServerConfig")
+            .field("id", &self.id)
+            .field("transport", &self.transport.kind())
+            .field("enabled", &self.enabled)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Transport {
+    Stdio {
+        command: String,
+        #[serde(default)]
+        args: Vec<String>,
+        /// Secret: never logged, stored or sent.
+        #[serde(default)]
+        env: BTreeMap<String, String>,
+        #[serde(default)]
+        cwd: Option<PathBuf>,
+    },
+    StreamableHttp {
+        url: String,
+        /// Secret: never logged, stored or sent.
+        #[serde(default)]
+        headers: BTreeMap<String, String>,
+    },
+}
+
+impl Transport {
+    pub fn kind(&self) -> TransportKind {
+        match self {
+            Self::Stdio { .. } => TransportKind::Stdio,
+            Self::StreamableHttp { .. } => TransportKind::StreamableHttp,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TransportKind {
+    Stdio,
+    StreamableHttp,
+}
+
+impl TransportKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stdio => "stdio",
+            Self::StreamableHttp => "streamable_http",
+        }
+    }
+
+    pub fn to_proto(self) -> ctxsync_proto::v1::McpTransport {
+        match self {
+            Self::Stdio => ctxsync_proto::v1::McpTransport::Stdio,
+            Self::StreamableHttp => ctxsync_proto::v1::McpTransport::StreamableHttp,
+        }
+    }
+}
+
+impl fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Bound of one tool call.
+    #[serde(default = "call_timeout_default")]
+    pub call_timeout_seconds: u64,
+    /// Bound of one tool result's content (JSON bytes); a larger result is refused.
+    #[serde(default = "max_content_default")]
+    pub max_content_bytes: u64,
+}
+
+fn call_timeout_default() -> u64 {
+    DEFAULT_CALL_TIMEOUT_SECONDS
+}
+fn max_content_default() -> u64 {
+    DEFAULT_MAX_CONTENT_BYTES
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            call_timeout_seconds: DEFAULT_CALL_TIMEOUT_SECONDS,
+            max_content_bytes: DEFAULT_MAX_CONTENT_BYTES,
+        }
+    }
+}
+
+/// The SHA-256 (hex) of a server's canonical configuration, tenant included.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServerKey(String);
+
+impl ServerKey {
+    pub fn of(tenant: &str, server: &ServerConfig) -> Self {
+        #[derive(Serialize)]
+        struct Canonical<'a> {
+            tenant: &'a str,
+            server: &'a ServerConfig,
+        }
+        // Struct fields serialize in declaration order and maps are BTreeMaps:
+        // the bytes are deterministic, and defaults are filled in, so an
+        // omitted default and the same value written out are one entry.
+        let bytes = serde_json::to_vec(&Canonical { tenant, server })
+            .expect("a server config always serializes");
+        Self(hex::encode(Sha256::digest(&bytes)))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// A prefix for logs.
+    pub fn short(&self) -> &str {
+        &self.0[..12]
+    }
+}
+
+impl fmt::Debug for ServerKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ServerKey({})", self.short())
+    }
+}
+
+impl fmt::Display for ServerKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A configured server with its key.
+#[derive(Debug, Clone)]
+pub struct ConfiguredServer {
+    pub tenant: String,
+    pub key: ServerKey,
+    pub config: ServerConfig,
+}
+
+impl ConfiguredServer {
+    pub fn id(&self) -> &str {
+        &self.config.id
+    }
+
+    pub fn transport_kind(&self) -> TransportKind {
+        self.config.transport.kind()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read the catalog config {path} (CTXSYNC_CATALOG_CONFIG): {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid catalog config {path} (CTXSYNC_CATALOG_CONFIG): {reason}")]
+    Parse { path: PathBuf, reason: String },
+    #[error("invalid catalog config: {0}")]
+    Invalid(String),
+}
+
+fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_ID_BYTES
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+}
+
+impl CatalogConfig {
+    pub fn from_yaml(text: &str) -> Result<Self, String> {
+        let config: Self = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::from_yaml(&text).map_err(|reason| ConfigError::Parse {
+            path: path.to_owned(),
+            reason,
+        })
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let mut tenants = HashSet::new();
+        for tenant in &self.tenants {
+            if !valid_id(&tenant.id) {
+                return Err(format!(
+                    "tenant id {:?} must be 1 to {MAX_ID_BYTES} bytes of letters, digits, '-', '_' or '.'",
+                    tenant.id
+                ));
+            }
+            if !tenants.insert(tenant.id.as_str()) {
+                return Err(format!("tenant {:?} is configured twice", tenant.id));
+            }
+            let mut servers = HashSet::new();
+            for server in &tenant.servers {
+                let id = &server.id;
+                // `__` separates server and tool in the tool names chats see.
+                if !valid_id(id) || id.contains("__") {
+                    return Err(format!(
+                        "tenant {:?}: server id {id:?} must be 1 to {MAX_ID_BYTES} bytes of letters, digits, '-', '_' or '.', without \"__\"",
+                        tenant.id
+                    ));
+                }
+                if !servers.insert(id.as_str()) {
+                    return Err(format!(
+                        "tenant {:?}: server {id:?} is configured twice",
+                        tenant.id
+                    ));
+                }
+                match &server.transport {
+                    Transport::Stdio { command, .. } if command.trim().is_empty() => {
+                        return Err(format!(
+                            "tenant {:?}: server {id:?}: stdio command is empty",
+                            tenant.id
+                        ));
+                    }
+                    Transport::StreamableHttp { url, .. }
+                        if !(url.starts_with("http://") || url.starts_with("https://")) =>
+                    {
+                        // The URL may hold credentials: don't echo it.
+                        return Err(format!(
+                            "tenant {:?}: server {id:?}: streamable_http url must start with http:// or https://",
+                            tenant.id
+                        ));
+                    }
+                    _ => {}
+                }
+                if server.limits.call_timeout_seconds == 0 {
+                    return Err(format!(
+                        "tenant {:?}: server {id:?}: limits.call_timeout_seconds must be at least 1",
+                        tenant.id
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The enabled servers of `tenant`, in configured order; `None` for an unknown tenant.
+    pub fn enabled_servers(&self, tenant: &str) -> Option<Vec<ConfiguredServer>> {
+        let tenant = self.tenants.iter().find(|t| t.id == tenant)?;
+        Some(
+            tenant
+                .servers
+                .iter()
+                .filter(|s| s.enabled)
+                .map(|s| ConfiguredServer {
+                    tenant: tenant.id.clone(),
+                    key: ServerKey::of(&tenant.id, s),
+                    config: s.clone(),
+                })
+                .collect(),
+        )
+    }
+
+    /// Every enabled server of every tenant, tenants and servers in configured order.
+    pub fn all_enabled_servers(&self) -> Vec<ConfiguredServer> {
+        self.tenants
+            .iter()
+            .flat_map(|t| self.enabled_servers(&t.id).unwrap_or_default())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = r#"
+tenants:
+  - id: acme
+    servers:
+      - id: time
+        transport:
+          stdio:
+            command: uvx
+            args: [mcp-server-time]
+            env: {TZ: UTC}
+        classification: internal
+      - id: docs
+        transport:
+          streamable_http:
+            url: https://mcp.example.com/mcp
+            headers: {Authorization: "Bearer s3cret"}
+        credential_ref: vault:acme/docs
+        limits: {call_timeout_seconds: 30}
+      - id: off
+        enabled: false
+        transport:
+          stdio: {command: x}
+"#;
+
+    fn key_of(yaml: &str, server: &str) -> ServerKey {
+        let config = CatalogConfig::from_yaml(yaml).unwrap();
+        config
+            .enabled_servers("acme")
+            .unwrap()
+            .into_iter()
+            .find(|s| s.id() == server)
+            .unwrap()
+            .key
+    }
+
+    #[test]
+    fn parses_and_lists_enabled_servers_in_order() {
+        let config = CatalogConfig::from_yaml(EXAMPLE).unwrap();
+        let ids: Vec<_> = config
+            .enabled_servers("acme")
+            .unwrap()
+            .iter()
+            .map(|s| s.id().to_owned())
+            .collect();
+        assert_eq!(ids, ["time", "docs"]);
+        assert!(config.enabled_servers("nobody").is_none());
+    }
+
+    #[test]
+    fn any_change_is_a_different_key_but_defaults_are_not() {
+        let base = key_of(EXAMPLE, "time");
+        assert_eq!(base, key_of(EXAMPLE, "time"));
+        for changed in [
+            EXAMPLE.replace("TZ: UTC", "TZ: CET"),
+            EXAMPLE.replace(
+                "[mcp-server-time]",
+                "[mcp-server-time, --local-timezone=UTC]",
+            ),
+            EXAMPLE.replace("classification: internal", "classification: public"),
+            EXAMPLE
+                .replace("id: acme", "id: other")
+                .replace("\"acme\"", "\"other\""),
+        ] {
+            let config = CatalogConfig::from_yaml(&changed).unwrap();
+            let tenant = &config.tenants[0].id;
+            let key = config.enabled_servers(tenant).unwrap()[0].key.clone();
+            assert_ne!(key, base, "{changed}");
+        }
+        let docs = key_of(EXAMPLE, "docs");
+        assert_ne!(
+            docs,
+            key_of(&EXAMPLE.replace("s3cret", "other"), "docs"),
+            "a header change is a different entry"
+        );
+        assert_ne!(
+            docs,
+            key_of(&EXAMPLE.replace("acme/docs", "acme/docs2"), "docs")
+        );
+        assert_ne!(
+            docs,
+            key_of(
+                &EXAMPLE.replace("call_timeout_seconds: 30", "call_timeout_seconds: 31"),
+                "docs"
+            )
+        );
+        let explicit = EXAMPLE.replace(
+            "classification: internal",
+            "classification: internal\n        limits: {call_timeout_seconds: 60}\n        enabled: true",
+        );
+        assert_eq!(
+            base,
+            key_of(&explicit, "time"),
+            "defaults written out are the same entry"
+        );
+    }
+
+    #[test]
+    fn rejects_bad_configs_with_reasons() {
+        let dup = "tenants: [{id: a, servers: [{id: s, transport: {stdio: {command: x}}}, {id: s, transport: {stdio: {command: y}}}]}]";
+        assert!(CatalogConfig::from_yaml(dup).unwrap_err().contains("twice"));
+        let bad_id = "tenants: [{id: a, servers: [{id: a__b, transport: {stdio: {command: x}}}]}]";
+        assert!(CatalogConfig::from_yaml(bad_id).unwrap_err().contains("__"));
+        let bad_url = "tenants: [{id: a, servers: [{id: s, transport: {streamable_http: {url: 'ftp://u:secret@h'}}}]}]";
+        let error = CatalogConfig::from_yaml(bad_url).unwrap_err();
+        assert!(
+            error.contains("http://") && !error.contains("secret"),
+            "{error}"
+        );
+        let unknown =
+            "tenants: [{id: a, servers: [{id: s, transport: {stdio: {command: x}}, colour: red}]}]";
+        assert!(
+            CatalogConfig::from_yaml(unknown)
+                .unwrap_err()
+                .contains("colour")
+        );
+    }
+
+    #[test]
+    fn debug_hides_secrets() {
+        let config = CatalogConfig::from_yaml(EXAMPLE).unwrap();
+        let text = format!("{config:?}");
+        assert!(!text.contains("s3cret") && !text.contains("UTC"), "{text}");
+    }
+}

@@ -1,0 +1,51 @@
+//! The catalog service binary: flags and env in, `catalog::run` until SIGTERM.
+
+use anyhow::Context as _;
+use clap::Parser;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "catalog",
+    version,
+    about = "ctxsync catalog: the MCP runtime for operator-configured servers"
+)]
+struct Args {
+    #[command(flatten)]
+    common: ctxsync_runtime::CommonArgs,
+    #[command(flatten)]
+    database: ctxsync_runtime::DatabaseArgs,
+    #[command(flatten)]
+    catalog: catalog::CatalogArgs,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let args_config_path = args.catalog.config.clone();
+    ctxsync_runtime::telemetry::init(args.common.log_format, &args.common.log_filter)?;
+    let config = args
+        .catalog
+        .into_config(args.common, args.database)
+        .context("invalid configuration")?;
+    let config_path = args_config_path.clone();
+    let shutdown = ctxsync_runtime::shutdown::on_signals();
+    let running = catalog::start(config, shutdown).await?;
+    tokio::spawn(reload_on_sighup(config_path, running.reloader()));
+    running.join().await;
+    Ok(())
+}
+
+/// SIGHUP re-reads the config file; an invalid file keeps the running config.
+async fn reload_on_sighup(path: std::path::PathBuf, reloader: catalog::Reloader) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+        tracing::warn!("cannot listen for SIGHUP; config reload disabled");
+        return;
+    };
+    while hangups.recv().await.is_some() {
+        match catalog::CatalogConfig::load(&path) {
+            Ok(servers) => reloader.reload(servers),
+            Err(error) => tracing::error!(%error, "config not reloaded; the running config stays"),
+        }
+    }
+}

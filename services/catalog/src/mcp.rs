@@ -1,0 +1,68 @@
+//! The catalog's use of the MCP client: configured servers to specs, tool
+//! declarations to catalogs, and errors to sanitized texts.
+
+use std::time::Duration;
+
+use ctxsync_mcp::{McpError, Sanitizer, ServerSpec, ToolDecl, TransportSpec};
+
+use crate::config::{ConfiguredServer, Transport};
+use crate::tools::{Catalog, Tool};
+
+pub fn spec_of(server: &ConfiguredServer) -> ServerSpec {
+    let transport = match &server.config.transport {
+        Transport::Stdio {
+            command,
+            args,
+            env,
+            cwd,
+        } => TransportSpec::Stdio {
+            command: command.clone(),
+            args: args.clone(),
+            env: env.clone(),
+            cwd: cwd.clone(),
+        },
+        Transport::StreamableHttp { url, headers } => TransportSpec::StreamableHttp {
+            url: url.clone(),
+            headers: headers.clone(),
+        },
+    };
+    ServerSpec {
+        name: server.config.id.clone(),
+        transport,
+    }
+}
+
+pub fn catalog_of(tools: Vec<ToolDecl>) -> Catalog {
+    let hash = ctxsync_mcp::catalog_hash(&tools);
+    Catalog {
+        tools: tools
+            .into_iter()
+            .map(|t| Tool {
+                name: t.name,
+                description: t.description,
+                input_schema_json: t.input_schema_json,
+            })
+            .collect(),
+        hash,
+    }
+}
+
+/// A failed live attempt, safe to log, store and send.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    /// Stable name of the error kind (`timeout`, `spawn`, `exited`, ...).
+    pub kind: &'static str,
+    /// Sanitized of the server's secrets.
+    pub message: String,
+    pub duration: Duration,
+}
+
+impl Failure {
+    pub fn from_error(spec: &ServerSpec, error: &McpError, duration: Duration) -> Self {
+        Self {
+            kind: error.kind(),
+            message: Sanitizer::for_server(spec).sanitize(&error.to_string()),
+            duration,
+        }
+    }
+}

@@ -1,0 +1,290 @@
+//! Service plumbing: connect, migrate, subscribe, listen, then warm up.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use ctxsync_proto::subjects::{CATALOG_QUEUE_GROUP, Subjects};
+use ctxsync_proto::v1::{
+    CatalogCallReply, CatalogCallRequest, CatalogEndSessionReply, CatalogEndSessionRequest,
+    CatalogError, CatalogPrepareReply, CatalogPrepareRequest,
+};
+use ctxsync_runtime::{HttpServer, Readiness, Shutdown, db, http, nats, rpc};
+use prost::Message;
+use sqlx::PgPool;
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinHandle;
+
+use crate::memory::Memory;
+use crate::sessions::Sessions;
+use crate::store::{self, StoredEvent, WrittenGenerations};
+use crate::warmup::{self, WarmupStatus};
+use crate::{CatalogConfig, Config, Settings, codes};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Config(#[from] ctxsync_runtime::config::ConfigError),
+    #[error(transparent)]
+    Db(#[from] db::DbError),
+    #[error("cannot apply the catalog schema migrations: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error(transparent)]
+    Nats(#[from] nats::NatsConnectError),
+    #[error("cannot subscribe to {subject}: {reason}")]
+    Subscribe { subject: String, reason: String },
+    #[error(transparent)]
+    Bind(#[from] http::BindError),
+}
+
+/// State shared by the request handlers, the warm-up and the session reaper.
+pub(crate) struct Core {
+    servers: std::sync::RwLock<Arc<CatalogConfig>>,
+    pub settings: Settings,
+    pub memory: Memory,
+    pub pool: PgPool,
+    pub nats: async_nats::Client,
+    pub subjects: Subjects,
+    pub written: WrittenGenerations,
+    /// Bounds stdio starts for preparations and calls (not the warm-up's).
+    pub starts: Semaphore,
+    pub sessions: Sessions,
+}
+
+impl Core {
+    /// The server configuration in force now.
+    pub fn config(&self) -> Arc<CatalogConfig> {
+        self.servers.read().expect("config lock").clone()
+    }
+
+    /// Publishes committed events on `<prefix>.events.catalog.<kind>`; a
+    /// failure is logged (the events are stored either way).
+    pub async fn publish(&self, events: &[StoredEvent]) {
+        for event in events {
+            let subject = self.subjects.catalog_event(event.event.kind);
+            let payload = event.to_proto().encode_to_vec();
+            if let Err(error) = self.nats.publish(subject, payload.into()).await {
+                tracing::warn!(%error, kind = event.event.kind, "cannot publish a catalog event");
+            }
+        }
+    }
+}
+
+pub(crate) fn error(code: &str, message: impl Into<String>) -> Option<CatalogError> {
+    Some(CatalogError {
+        code: code.to_owned(),
+        message: message.into(),
+    })
+}
+
+/// Replaces a running catalog's server configuration.
+#[derive(Clone)]
+pub struct Reloader(Arc<Core>);
+
+impl Reloader {
+    pub fn reload(&self, servers: CatalogConfig) {
+        let count = servers.all_enabled_servers().len();
+        *self.0.servers.write().expect("config lock") = Arc::new(servers);
+        tracing::info!(servers = count, "catalog config reloaded");
+    }
+}
+
+/// A running catalog.
+pub struct Running {
+    http: HttpServer,
+    servers: Vec<rpc::Server>,
+    tasks: Vec<JoinHandle<()>>,
+    nats: nats::NatsConnection,
+    core: Arc<Core>,
+    ready_at: SystemTime,
+    warmup: watch::Receiver<WarmupStatus>,
+    grace: Duration,
+}
+
+impl Running {
+    pub fn http_addr(&self) -> std::net::SocketAddr {
+        self.http.local_addr()
+    }
+
+    /// When the HTTP port was bound and every subscription was up; the
+    /// warm-up starts after this.
+    pub fn ready_at(&self) -> SystemTime {
+        self.ready_at
+    }
+
+    /// The warm-up's progress.
+    pub fn warmup(&self) -> watch::Receiver<WarmupStatus> {
+        self.warmup.clone()
+    }
+
+    /// Servers remembered in the discovery memory.
+    pub fn remembered(&self) -> usize {
+        self.core.memory.len()
+    }
+
+    /// Replaces the server configuration (e.g. on SIGHUP). Sessions keep
+    /// their pins; a changed server is a different memory entry, and entries
+    /// of the old configuration stay (a change back finds them again).
+    pub fn reload(&self, servers: CatalogConfig) {
+        self.reloader().reload(servers);
+    }
+
+    /// A handle that reloads the configuration while `join` runs.
+    pub fn reloader(&self) -> Reloader {
+        Reloader(self.core.clone())
+    }
+
+    /// Transports open for sessions.
+    pub fn open_transports(&self) -> usize {
+        self.core.sessions.open_transports()
+    }
+
+    /// Waits for shutdown: stops taking requests, finishes those in flight,
+    /// closes every transport, drains NATS.
+    pub async fn join(self) {
+        for server in self.servers {
+            server.join().await;
+        }
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        let released = self.core.sessions.release_all().await;
+        tracing::info!(released, "session transports closed");
+        nats::drain(&self.nats, self.grace).await;
+        self.http.join().await;
+    }
+}
+
+pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error> {
+    let subjects = config.common.subjects()?;
+    let pool = db::connect(&config.database).await?;
+    store::migrate(&pool).await?;
+    let connection = nats::connect(&config.common.nats_url, "catalog").await?;
+    let grace = config.common.shutdown_grace;
+    let core = Arc::new(Core {
+        servers: std::sync::RwLock::new(Arc::new(config.servers)),
+        memory: Memory::new(config.settings.discovery_reuse),
+        starts: Semaphore::new(config.settings.max_concurrent_starts.max(1)),
+        settings: config.settings,
+        pool: pool.clone(),
+        nats: connection.client.clone(),
+        subjects: subjects.clone(),
+        written: WrittenGenerations::default(),
+        sessions: Sessions::default(),
+    });
+
+    let subscribe_error = |subject: String| {
+        move |e: async_nats::SubscribeError| Error::Subscribe {
+            subject,
+            reason: e.to_string(),
+        }
+    };
+    let mut servers = Vec::new();
+    let handler_core = core.clone();
+    servers.push(
+        rpc::serve(
+            connection.client.clone(),
+            subjects.catalog_prepare(),
+            CATALOG_QUEUE_GROUP,
+            shutdown.clone(),
+            grace,
+            |message| CatalogPrepareReply {
+                error: error(codes::REQUEST_INVALID, message),
+                ..Default::default()
+            },
+            move |request: CatalogPrepareRequest, _| {
+                let core = handler_core.clone();
+                async move { core.prepare(request).await }
+            },
+        )
+        .await
+        .map_err(subscribe_error(subjects.catalog_prepare()))?,
+    );
+    let handler_core = core.clone();
+    servers.push(
+        rpc::serve(
+            connection.client.clone(),
+            subjects.catalog_call(),
+            CATALOG_QUEUE_GROUP,
+            shutdown.clone(),
+            grace,
+            |message| CatalogCallReply {
+                error: error(codes::REQUEST_INVALID, message),
+                ..Default::default()
+            },
+            move |request: CatalogCallRequest, _| {
+                let core = handler_core.clone();
+                async move { core.call(request).await }
+            },
+        )
+        .await
+        .map_err(subscribe_error(subjects.catalog_call()))?,
+    );
+    let handler_core = core.clone();
+    let end_subject = crate::session_end_subject(&subjects);
+    servers.push(
+        rpc::serve(
+            connection.client.clone(),
+            end_subject.clone(),
+            CATALOG_QUEUE_GROUP,
+            shutdown.clone(),
+            grace,
+            |message| CatalogEndSessionReply {
+                error: error(codes::REQUEST_INVALID, message),
+                ..Default::default()
+            },
+            move |request: CatalogEndSessionRequest, _| {
+                let core = handler_core.clone();
+                async move { core.end_session(request).await }
+            },
+        )
+        .await
+        .map_err(subscribe_error(end_subject.clone()))?,
+    );
+    // The server has the subscriptions once a flush round trip is done.
+    connection
+        .client
+        .flush()
+        .await
+        .map_err(|e| Error::Subscribe {
+            subject: subjects.catalog_prepare(),
+            reason: e.to_string(),
+        })?;
+
+    let readiness = Readiness::new().with_nats(&connection).with_postgres(&pool);
+    let http = HttpServer::start(
+        config.common.http_addr,
+        axum::Router::new(),
+        readiness,
+        shutdown.clone(),
+    )
+    .await?;
+    let ready_at = SystemTime::now();
+    let ready_instant = Instant::now();
+    tracing::info!(
+        tenants = core.config().tenants.len(),
+        servers = core.config().all_enabled_servers().len(),
+        "catalog serving"
+    );
+
+    // Only now, with the port bound and the subscriptions up: no server
+    // startup competes with becoming ready, and readiness never waits on one.
+    let (warmup_task, warmup) = warmup::spawn(core.clone(), shutdown.clone(), ready_instant);
+    let reaper = crate::sessions::spawn_reaper(core.clone(), shutdown.clone());
+    Ok(Running {
+        http,
+        servers,
+        tasks: vec![warmup_task, reaper],
+        nats: connection,
+        core,
+        ready_at,
+        warmup,
+        grace,
+    })
+}
+
+/// `start`, then wait for shutdown.
+pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), Error> {
+    let running = start(config, shutdown).await?;
+    running.join().await;
+    Ok(())
+}

@@ -1,0 +1,353 @@
+//! Postgres schema `catalog`: generations (a history of each server's
+//! catalogs, each written once), sessions and their pins, and events.
+//!
+//! Migrations are tracked in `catalog._sqlx_migrations`, apart from the other
+//! services' migration tables in the same database.
+
+use std::borrow::Cow;
+use std::collections::HashSet;
+use std::sync::Mutex;
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::{PgConnection, PgPool, Row, SqlSafeStr};
+
+use crate::config::{ServerKey, TransportKind};
+use crate::tools::{Catalog, Tool};
+
+/// Payload version of every event this build writes. New fields are additive.
+pub const PAYLOAD_VERSION: i32 = 1;
+
+pub mod kinds {
+    pub const SERVER_PINNED: &str = "mcp.server.pinned";
+    pub const SERVER_CONNECTED: &str = "mcp.server.connected";
+    pub const SERVER_CONNECT_FAILED: &str = "mcp.server.connect_failed";
+    pub const CATALOG_CHANGED: &str = "mcp.catalog.changed";
+    pub const TOOL_CALLED: &str = "mcp.tool.called";
+    pub const SESSION_PREPARED: &str = "catalog.session.prepared";
+}
+
+pub fn migrator() -> Migrator {
+    let mut migrator = Migrator::with_migrations(vec![Migration::new(
+        1,
+        Cow::Borrowed("catalog schema"),
+        MigrationType::Simple,
+        include_str!("../migrations/0001_catalog.sql").into_sql_str(),
+        false,
+    )]);
+    migrator.create_schema("catalog");
+    migrator.dangerous_set_table_name("catalog._sqlx_migrations");
+    migrator
+}
+
+pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
+    migrator().run(pool).await
+}
+
+/// An event to write.
+#[derive(Debug, Clone)]
+pub struct NewEvent {
+    pub kind: &'static str,
+    pub tenant: String,
+    pub session_id: Option<String>,
+    pub server_id: Option<String>,
+    pub payload: Value,
+}
+
+/// A written event.
+#[derive(Debug, Clone)]
+pub struct StoredEvent {
+    pub id: i64,
+    pub occurred_at: DateTime<Utc>,
+    pub event: NewEvent,
+}
+
+impl StoredEvent {
+    pub fn to_proto(&self) -> ctxsync_proto::v1::CatalogEvent {
+        ctxsync_proto::v1::CatalogEvent {
+            id: self.id,
+            kind: self.event.kind.to_owned(),
+            tenant: self.event.tenant.clone(),
+            session_id: self.event.session_id.clone().unwrap_or_default(),
+            server_id: self.event.server_id.clone().unwrap_or_default(),
+            payload_version: PAYLOAD_VERSION as u32,
+            payload_json: self.event.payload.to_string(),
+            occurred_at: Some(pbjson_types::Timestamp {
+                seconds: self.occurred_at.timestamp(),
+                nanos: self.occurred_at.timestamp_subsec_nanos() as i32,
+            }),
+        }
+    }
+}
+
+/// Inserts `events` in order, in one statement.
+pub async fn insert_events(
+    conn: &mut PgConnection,
+    events: Vec<NewEvent>,
+) -> Result<Vec<StoredEvent>, sqlx::Error> {
+    if events.is_empty() {
+        return Ok(Vec::new());
+    }
+    let kinds: Vec<&str> = events.iter().map(|e| e.kind).collect();
+    let tenants: Vec<&str> = events.iter().map(|e| e.tenant.as_str()).collect();
+    let sessions: Vec<Option<&str>> = events.iter().map(|e| e.session_id.as_deref()).collect();
+    let servers: Vec<Option<&str>> = events.iter().map(|e| e.server_id.as_deref()).collect();
+    let payloads: Vec<Value> = events.iter().map(|e| e.payload.clone()).collect();
+    let rows = sqlx::query(
+        "INSERT INTO catalog.events (kind, tenant, session_id, server_id, payload_version, payload)
+         SELECT e.kind, e.tenant, e.session_id, e.server_id, $6, e.payload
+         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::jsonb[])
+              WITH ORDINALITY AS e(kind, tenant, session_id, server_id, payload, ord)
+         ORDER BY e.ord
+         RETURNING id, occurred_at",
+    )
+    .bind(&kinds)
+    .bind(&tenants)
+    .bind(&sessions)
+    .bind(&servers)
+    .bind(&payloads)
+    .bind(PAYLOAD_VERSION)
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut written: Vec<(i64, DateTime<Utc>)> = rows
+        .iter()
+        .map(|r| Ok((r.try_get("id")?, r.try_get("occurred_at")?)))
+        .collect::<Result<_, sqlx::Error>>()?;
+    written.sort_by_key(|(id, _)| *id);
+    Ok(events
+        .into_iter()
+        .zip(written)
+        .map(|(event, (id, occurred_at))| StoredEvent {
+            id,
+            occurred_at,
+            event,
+        })
+        .collect())
+}
+
+/// A generation to write if the history lacks it.
+#[derive(Debug, Clone)]
+pub struct GenerationRef<'a> {
+    pub key: &'a ServerKey,
+    pub tenant: &'a str,
+    pub server_id: &'a str,
+    pub transport: TransportKind,
+    pub catalog: &'a Catalog,
+}
+
+/// Writes a generation once: the row with `ON CONFLICT DO NOTHING`, and if
+/// this call created it, all its tools in one statement. Returns whether it
+/// was new.
+pub async fn write_generation(
+    conn: &mut PgConnection,
+    generation: &GenerationRef<'_>,
+) -> Result<bool, sqlx::Error> {
+    let inserted = sqlx::query(
+        "INSERT INTO catalog.generations (server_key, catalog_hash, tenant, server_id, transport, tool_count)
+         VALUES ($1, $2, $3, $4, $5, $6)
+         ON CONFLICT (server_key, catalog_hash) DO NOTHING",
+    )
+    .bind(generation.key.as_str())
+    .bind(&generation.catalog.hash)
+    .bind(generation.tenant)
+    .bind(generation.server_id)
+    .bind(generation.transport.as_str())
+    .bind(generation.catalog.tools.len() as i32)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected()
+        == 1;
+    if inserted && !generation.catalog.tools.is_empty() {
+        let tools = &generation.catalog.tools;
+        let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
+        let descriptions: Vec<&str> = tools.iter().map(|t| t.description.as_str()).collect();
+        let schemas: Vec<&str> = tools.iter().map(|t| t.input_schema_json.as_str()).collect();
+        sqlx::query(
+            "INSERT INTO catalog.generation_tools
+                 (server_key, catalog_hash, position, name, description, input_schema_json)
+             SELECT $1, $2, (t.ord - 1)::integer, t.name, t.description, t.schema
+             FROM UNNEST($3::text[], $4::text[], $5::text[])
+                  WITH ORDINALITY AS t(name, description, schema, ord)",
+        )
+        .bind(generation.key.as_str())
+        .bind(&generation.catalog.hash)
+        .bind(&names)
+        .bind(&descriptions)
+        .bind(&schemas)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(inserted)
+}
+
+/// Generations this process knows are in the history, so a preparation
+/// skips even the no-op insert. Filled only after a commit.
+#[derive(Debug, Default)]
+pub struct WrittenGenerations(Mutex<HashSet<(ServerKey, String)>>);
+
+impl WrittenGenerations {
+    pub fn contains(&self, key: &ServerKey, hash: &str) -> bool {
+        self.0
+            .lock()
+            .expect("generations lock")
+            .contains(&(key.clone(), hash.to_owned()))
+    }
+
+    pub fn insert(&self, key: ServerKey, hash: String) {
+        self.0.lock().expect("generations lock").insert((key, hash));
+    }
+}
+
+/// A pin to write.
+#[derive(Debug, Clone)]
+pub struct NewPin<'a> {
+    pub server_id: &'a str,
+    pub key: &'a ServerKey,
+    pub catalog_hash: &'a str,
+    pub transport: TransportKind,
+    pub source: PinSource,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PinSource {
+    Pinned,
+    Connected,
+}
+
+impl PinSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pinned => "pinned",
+            Self::Connected => "connected",
+        }
+    }
+
+    fn parse(text: &str) -> Self {
+        if text == "connected" {
+            Self::Connected
+        } else {
+            Self::Pinned
+        }
+    }
+}
+
+/// Creates the session row; false if it already exists (prepared before, or
+/// by a concurrent request).
+pub async fn insert_session(
+    conn: &mut PgConnection,
+    tenant: &str,
+    session_id: &str,
+) -> Result<bool, sqlx::Error> {
+    Ok(sqlx::query(
+        "INSERT INTO catalog.sessions (tenant, session_id) VALUES ($1, $2)
+         ON CONFLICT (tenant, session_id) DO NOTHING",
+    )
+    .bind(tenant)
+    .bind(session_id)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected()
+        == 1)
+}
+
+/// Writes a session's pins in order, in one statement.
+pub async fn insert_pins(
+    conn: &mut PgConnection,
+    tenant: &str,
+    session_id: &str,
+    pins: &[NewPin<'_>],
+) -> Result<(), sqlx::Error> {
+    if pins.is_empty() {
+        return Ok(());
+    }
+    let servers: Vec<&str> = pins.iter().map(|p| p.server_id).collect();
+    let keys: Vec<&str> = pins.iter().map(|p| p.key.as_str()).collect();
+    let hashes: Vec<&str> = pins.iter().map(|p| p.catalog_hash).collect();
+    let transports: Vec<&str> = pins.iter().map(|p| p.transport.as_str()).collect();
+    let sources: Vec<&str> = pins.iter().map(|p| p.source.as_str()).collect();
+    sqlx::query(
+        "INSERT INTO catalog.pins
+             (tenant, session_id, position, server_id, server_key, catalog_hash, transport, source)
+         SELECT $1, $2, (p.ord - 1)::integer, p.server_id, p.server_key, p.catalog_hash, p.transport, p.source
+         FROM UNNEST($3::text[], $4::text[], $5::text[], $6::text[], $7::text[])
+              WITH ORDINALITY AS p(server_id, server_key, catalog_hash, transport, source, ord)
+         ORDER BY p.ord",
+    )
+    .bind(tenant)
+    .bind(session_id)
+    .bind(&servers)
+    .bind(&keys)
+    .bind(&hashes)
+    .bind(&transports)
+    .bind(&sources)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// A stored pin with its generation's tools.
+#[derive(Debug, Clone)]
+pub struct StoredPin {
+    pub server_id: String,
+    pub server_key: String,
+    pub transport: String,
+    pub source: PinSource,
+    pub catalog: Catalog,
+}
+
+/// The session's pins in configured order; `None` if the session was never prepared.
+pub async fn load_pins(
+    pool: &PgPool,
+    tenant: &str,
+    session_id: &str,
+) -> Result<Option<Vec<StoredPin>>, sqlx::Error> {
+    let exists =
+        sqlx::query("SELECT 1 FROM catalog.sessions WHERE tenant = $1 AND session_id = $2")
+            .bind(tenant)
+            .bind(session_id)
+            .fetch_optional(pool)
+            .await?
+            .is_some();
+    if !exists {
+        return Ok(None);
+    }
+    let rows = sqlx::query(
+        "SELECT p.server_id, p.server_key, p.catalog_hash, p.transport, p.source,
+                t.name, t.description, t.input_schema_json
+         FROM catalog.pins p
+         LEFT JOIN catalog.generation_tools t
+           ON t.server_key = p.server_key AND t.catalog_hash = p.catalog_hash
+         WHERE p.tenant = $1 AND p.session_id = $2
+         ORDER BY p.position, t.position",
+    )
+    .bind(tenant)
+    .bind(session_id)
+    .fetch_all(pool)
+    .await?;
+    let mut pins: Vec<StoredPin> = Vec::new();
+    for row in rows {
+        let server_id: String = row.try_get("server_id")?;
+        if pins.last().is_none_or(|p| p.server_id != server_id) {
+            pins.push(StoredPin {
+                server_id,
+                server_key: row.try_get("server_key")?,
+                transport: row.try_get("transport")?,
+                source: PinSource::parse(row.try_get::<&str, _>("source")?),
+                catalog: Catalog {
+                    tools: Vec::new(),
+                    hash: row.try_get("catalog_hash")?,
+                },
+            });
+        }
+        let name: Option<String> = row.try_get("name")?;
+        if let (Some(name), Some(pin)) = (name, pins.last_mut()) {
+            pin.catalog.tools.push(Tool {
+                name,
+                description: row.try_get("description")?,
+                input_schema_json: row.try_get("input_schema_json")?,
+            });
+        }
+    }
+    Ok(Some(pins))
+}

@@ -1,0 +1,276 @@
+//! A catalog under test: its own nats-server, its own Postgres database, and
+//! servers configured from fixture or reference-server specs.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use catalog::config::{CatalogConfig, Limits, ServerConfig, TenantConfig, Transport};
+use catalog::{Config, Running, Settings, WarmupSettings};
+use ctxsync_mcp::{ServerSpec, TransportSpec};
+use ctxsync_proto::Message;
+use ctxsync_proto::subjects::Subjects;
+use ctxsync_proto::v1::{
+    CatalogCallReply, CatalogCallRequest, CatalogEndSessionReply, CatalogEndSessionRequest,
+    CatalogPrepareReply, CatalogPrepareRequest,
+};
+use ctxsync_runtime::{CommonArgs, DatabaseArgs, Shutdown};
+use sqlx::PgPool;
+use testkit::{NatsServer, TestDatabase};
+
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A server config from an MCP client spec.
+pub fn server(id: &str, spec: &ServerSpec) -> ServerConfig {
+    let transport = match &spec.transport {
+        TransportSpec::Stdio {
+            command,
+            args,
+            env,
+            cwd,
+        } => Transport::Stdio {
+            command: command.clone(),
+            args: args.clone(),
+            env: env.clone(),
+            cwd: cwd.clone(),
+        },
+        TransportSpec::StreamableHttp { url, headers } => Transport::StreamableHttp {
+            url: url.clone(),
+            headers: headers.clone(),
+        },
+    };
+    ServerConfig {
+        id: id.to_owned(),
+        transport,
+        credential_ref: None,
+        classification: None,
+        limits: Limits::default(),
+        enabled: true,
+    }
+}
+
+/// The fixture on stdio with `args`, recording its starts in `record_dir`.
+pub fn fixture(id: &str, record_dir: &Path, args: &[&str]) -> ServerConfig {
+    let record = record_dir.display().to_string();
+    let mut all = vec!["--record-dir", record.as_str()];
+    all.extend_from_slice(args);
+    server(id, &mcp_fixture::fixture_spec(id, &all, &[]))
+}
+
+pub fn http(id: &str, url: &str) -> ServerConfig {
+    ServerConfig {
+        id: id.to_owned(),
+        transport: Transport::StreamableHttp {
+            url: url.to_owned(),
+            headers: BTreeMap::new(),
+        },
+        credential_ref: None,
+        classification: None,
+        limits: Limits::default(),
+        enabled: true,
+    }
+}
+
+pub fn tenants(tenants: Vec<(&str, Vec<ServerConfig>)>) -> CatalogConfig {
+    CatalogConfig {
+        tenants: tenants
+            .into_iter()
+            .map(|(id, servers)| TenantConfig {
+                id: id.to_owned(),
+                servers,
+            })
+            .collect(),
+    }
+}
+
+/// Test settings: no warm-up unless a test turns it on.
+pub fn settings() -> Settings {
+    Settings {
+        discovery_reuse: Duration::from_secs(3600),
+        connect_timeout: Duration::from_secs(20),
+        max_concurrent_starts: 2,
+        session_idle_timeout: Duration::from_secs(600),
+        warmup: WarmupSettings {
+            enabled: false,
+            connect_timeout: Duration::from_secs(20),
+            retry_interval: Duration::from_millis(100),
+            attempts: 3,
+        },
+    }
+}
+
+pub struct Harness {
+    pub nats: NatsServer,
+    pub db: TestDatabase,
+    pub subjects: Subjects,
+    pub client: async_nats::Client,
+    pub pool: PgPool,
+    pub shutdown: Shutdown,
+    pub running: Option<Running>,
+}
+
+impl Harness {
+    pub async fn start(servers: CatalogConfig, settings: Settings) -> Self {
+        testkit::init_logs();
+        let nats = NatsServer::start();
+        let db = TestDatabase::create().await;
+        let prefix = testkit::unique_prefix();
+        let shutdown = Shutdown::new();
+        let config = Config {
+            common: CommonArgs::for_nats(nats.url(), prefix.clone()),
+            database: DatabaseArgs::new(db.url()),
+            servers,
+            settings,
+        };
+        let running = catalog::start(config, shutdown.clone())
+            .await
+            .expect("catalog starts");
+        let client = async_nats::connect(nats.url()).await.expect("test client");
+        let pool = PgPool::connect(db.url()).await.expect("test pool");
+        Self {
+            nats,
+            db,
+            subjects: Subjects::new(&prefix).unwrap(),
+            client,
+            pool,
+            shutdown,
+            running: Some(running),
+        }
+    }
+
+    pub fn running(&self) -> &Running {
+        self.running.as_ref().expect("running")
+    }
+
+    async fn request<Req: Message, Resp: Message + Default>(
+        &self,
+        subject: String,
+        request: &Req,
+    ) -> Resp {
+        ctxsync_runtime::rpc::request(&self.client, subject, request, None, REQUEST_TIMEOUT)
+            .await
+            .expect("catalog answers")
+    }
+
+    pub async fn prepare(&self, tenant: &str, session: &str) -> CatalogPrepareReply {
+        self.request(
+            self.subjects.catalog_prepare(),
+            &CatalogPrepareRequest {
+                tenant: tenant.into(),
+                session_id: session.into(),
+            },
+        )
+        .await
+    }
+
+    pub async fn call(
+        &self,
+        tenant: &str,
+        session: &str,
+        server: &str,
+        tool: &str,
+        arguments: serde_json::Value,
+    ) -> CatalogCallReply {
+        self.request(
+            self.subjects.catalog_call(),
+            &CatalogCallRequest {
+                tenant: tenant.into(),
+                session_id: session.into(),
+                server_id: server.into(),
+                tool: tool.into(),
+                arguments_json: arguments.to_string(),
+            },
+        )
+        .await
+    }
+
+    /// A call with `arguments_json` exactly as given.
+    pub async fn call_raw(
+        &self,
+        tenant: &str,
+        session: &str,
+        server: &str,
+        tool: &str,
+        arguments_json: &str,
+    ) -> CatalogCallReply {
+        self.request(
+            self.subjects.catalog_call(),
+            &CatalogCallRequest {
+                tenant: tenant.into(),
+                session_id: session.into(),
+                server_id: server.into(),
+                tool: tool.into(),
+                arguments_json: arguments_json.into(),
+            },
+        )
+        .await
+    }
+
+    pub async fn end_session(&self, tenant: &str, session: &str) -> CatalogEndSessionReply {
+        self.request(
+            catalog::session_end_subject(&self.subjects),
+            &CatalogEndSessionRequest {
+                tenant: tenant.into(),
+                session_id: session.into(),
+            },
+        )
+        .await
+    }
+
+    /// `SELECT count(*) ...`
+    pub async fn count(&self, sql: &'static str) -> i64 {
+        sqlx::query_scalar::<_, i64>(sql)
+            .fetch_one(&self.pool)
+            .await
+            .expect("count query")
+    }
+
+    pub async fn events_of(
+        &self,
+        kind: &str,
+    ) -> Vec<(Option<String>, Option<String>, serde_json::Value)> {
+        sqlx::query_as::<_, (Option<String>, Option<String>, serde_json::Value)>(
+            "SELECT session_id, server_id, payload FROM catalog.events WHERE kind = $1 ORDER BY id",
+        )
+        .bind(kind)
+        .fetch_all(&self.pool)
+        .await
+        .expect("events query")
+    }
+
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        if let Some(running) = self.running.take() {
+            tokio::time::timeout(Duration::from_secs(30), running.join())
+                .await
+                .expect("catalog stops within 30 s");
+        }
+    }
+}
+
+pub fn error_code(error: &Option<ctxsync_proto::v1::CatalogError>) -> &str {
+    error.as_ref().map_or("", |e| e.code.as_str())
+}
+
+pub fn sources(reply: &CatalogPrepareReply) -> Vec<(String, i32)> {
+    reply
+        .pins
+        .iter()
+        .map(|p| (p.server_id.clone(), p.source))
+        .collect()
+}
+
+/// Waits until `condition` holds, checking every 20 ms, up to `bound`.
+pub async fn eventually<F: FnMut() -> bool>(bound: Duration, mut condition: F) -> bool {
+    let deadline = tokio::time::Instant::now() + bound;
+    loop {
+        if condition() {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
