@@ -81,38 +81,51 @@ impl Harness {
     }
 
     async fn register(&self, token: &str) -> String {
-        let reply: RegisterAgentReply = rpc::request(
-            &self.client,
-            self.subjects.store_register_agent(),
-            &RegisterAgentRequest {
-                tenant: "acme".into(),
-                workspace: "ws".into(),
-                name: format!("agent-{}", uuid::Uuid::new_v4().simple()),
-                token_sha256: sha2::Sha256::digest(token.as_bytes()).to_vec(),
-            },
-            None,
-            RPC_TIMEOUT,
-        )
-        .await
-        .unwrap();
+        let request = RegisterAgentRequest {
+            tenant: "acme".into(),
+            workspace: "ws".into(),
+            name: format!("agent-{}", uuid::Uuid::new_v4().simple()),
+            token_sha256: sha2::Sha256::digest(token.as_bytes()).to_vec(),
+        };
+        let reply: RegisterAgentReply = self
+            .request(self.subjects.store_register_agent(), &request)
+            .await;
         assert_eq!(reply.error, None);
         reply.agent_id
     }
 
     async fn state(&self, agent_id: &str) -> AgentState {
-        let reply: GetAgentStateReply = rpc::request(
-            &self.client,
-            self.subjects.store_get_agent_state(),
-            &GetAgentStateRequest {
-                agent_id: agent_id.into(),
-            },
-            None,
-            RPC_TIMEOUT,
-        )
-        .await
-        .unwrap();
+        let request = GetAgentStateRequest {
+            agent_id: agent_id.into(),
+        };
+        let reply: GetAgentStateReply = self
+            .request(self.subjects.store_get_agent_state(), &request)
+            .await;
         assert_eq!(reply.error, None);
         reply.state.unwrap()
+    }
+
+    /// A store request. `snapshot_store::start` returns once its SUBs are
+    /// written to the socket, not once nats-server has processed them, so right
+    /// after a (re)start a request can meet "no responders": retried, bounded.
+    async fn request<Req: Message, Resp: Message + Default>(
+        &self,
+        subject: String,
+        request: &Req,
+    ) -> Resp {
+        let deadline = Instant::now() + RPC_TIMEOUT;
+        loop {
+            match rpc::request(&self.client, subject.clone(), request, None, RPC_TIMEOUT).await {
+                Ok(reply) => return reply,
+                Err(error)
+                    if Instant::now() < deadline
+                        && format!("{error:?}").contains("NoResponders") =>
+                {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(error) => panic!("store request on {subject} failed: {error:?}"),
+            }
+        }
     }
 
     fn agent_config(
