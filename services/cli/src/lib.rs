@@ -1,7 +1,10 @@
 //! The `ctxsync` operator commands, as a library the binary and tests share.
 
 pub mod agent;
+pub mod bench;
+pub mod demo;
 pub mod deps;
+pub mod up;
 
 use std::time::Duration;
 

@@ -14,6 +14,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run agent-ingest, snapshot-store and chat-gate in one process (`--demo`: and show a first turn).
+    Up(ctxsync_cli::up::UpArgs),
+    /// Measure wake, gate, push and catalog latency against raw NATS and Postgres (DESIGN §7).
+    Bench(ctxsync_cli::bench::BenchArgs),
     /// Apply every service's database migrations and exit (run once before the services start).
     Migrate {
         #[command(flatten)]
@@ -52,6 +56,22 @@ enum AgentCommand {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Command::Bench(args) = &cli.command {
+        ctxsync_runtime::telemetry::init(ctxsync_runtime::LogFormat::Text, "warn")?;
+        let progress = ctxsync_cli::bench::Progress::default();
+        let report = ctxsync_cli::bench::run(args, &progress).await?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            print!("{}", report.render());
+        }
+        return Ok(());
+    }
+    if let Command::Up(args) = cli.command {
+        ctxsync_runtime::telemetry::init(ctxsync_runtime::LogFormat::Text, &args.log_filter)?;
+        let shutdown = ctxsync_runtime::shutdown::on_signals();
+        return ctxsync_cli::up::run(args, shutdown).await;
+    }
     ctxsync_runtime::telemetry::init(ctxsync_runtime::LogFormat::Text, "warn")?;
     if let Command::Migrate { database } = &cli.command {
         let pool = ctxsync_runtime::db::connect(database).await?;
@@ -66,7 +86,9 @@ async fn main() -> anyhow::Result<()> {
     let nats = ctxsync_runtime::nats::connect(&cli.connection.nats_url, "ctxsync-cli").await?;
     let timeout = cli.connection.timeout;
     match cli.command {
-        Command::Migrate { .. } => unreachable!("handled before connecting to NATS"),
+        Command::Migrate { .. } | Command::Up(_) | Command::Bench(_) => {
+            unreachable!("handled before connecting to NATS")
+        }
         Command::Agent { command } => match command {
             AgentCommand::Register {
                 tenant,

@@ -16,6 +16,7 @@ const MAX_RECONNECT_DELAY: Duration = Duration::from_millis(500);
 pub struct NatsConnection {
     pub client: Client,
     reconnects: watch::Receiver<u64>,
+    closed: watch::Receiver<bool>,
 }
 
 impl NatsConnection {
@@ -40,6 +41,7 @@ pub struct NatsConnectError {
 /// reconnects forever with a short backoff.
 pub async fn connect(url: &str, client_name: &str) -> Result<NatsConnection, NatsConnectError> {
     let (reconnect_tx, reconnects) = watch::channel(0u64);
+    let (closed_tx, closed) = watch::channel(false);
     let name = client_name.to_owned();
     let options = ConnectOptions::new()
         .name(client_name)
@@ -51,6 +53,7 @@ pub async fn connect(url: &str, client_name: &str) -> Result<NatsConnection, Nat
         })
         .event_callback(move |event| {
             let tx = reconnect_tx.clone();
+            let closed_tx = closed_tx.clone();
             let name = name.clone();
             async move {
                 match event {
@@ -61,6 +64,10 @@ pub async fn connect(url: &str, client_name: &str) -> Result<NatsConnection, Nat
                         tx.send_modify(|n| *n += 1);
                     }
                     Event::Disconnected => tracing::warn!(client = %name, "nats disconnected"),
+                    Event::Closed => {
+                        tracing::debug!(client = %name, "nats connection closed");
+                        closed_tx.send_replace(true);
+                    }
                     Event::ClientError(error) => {
                         tracing::debug!(client = %name, %error, "nats client error")
                     }
@@ -72,11 +79,15 @@ pub async fn connect(url: &str, client_name: &str) -> Result<NatsConnection, Nat
         url: redact_url(url),
         reason: e.to_string(),
     })?;
-    Ok(NatsConnection { client, reconnects })
+    Ok(NatsConnection {
+        client,
+        reconnects,
+        closed,
+    })
 }
 
 /// Flushes pending publishes and drains the connection, waiting (bounded) for
-/// the drain to finish: `drain()` itself returns before it has.
+/// the Closed event: `drain()` itself returns before draining has finished.
 pub async fn drain(connection: &NatsConnection, deadline: Duration) {
     let client = &connection.client;
     let _ = tokio::time::timeout(deadline, client.flush()).await;
@@ -84,12 +95,11 @@ pub async fn drain(connection: &NatsConnection, deadline: Duration) {
         tracing::warn!(%error, "nats drain failed");
         return;
     }
-    let closed = async {
-        while client.connection_state() != async_nats::connection::State::Disconnected {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    };
-    if tokio::time::timeout(deadline, closed).await.is_err() {
+    let mut closed = connection.closed.clone();
+    if tokio::time::timeout(deadline, closed.wait_for(|closed| *closed))
+        .await
+        .is_err()
+    {
         tracing::warn!("nats drain did not finish before the deadline");
     }
 }

@@ -1,0 +1,266 @@
+//! Catalog preparation: 8 operator-configured real MCP servers discovered
+//! live (cold memory) versus pinned from the catalog's memory.
+//!
+//! The servers are the public reference servers `tests/mcp-servers/install.sh`
+//! installs into `CTXSYNC_MCP_SERVERS_DIR` (default `~/.cache/ctxsync/mcp-servers`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use catalog::config::{CatalogConfig, Limits, ServerConfig, TenantConfig, Transport};
+use ctxsync_proto::v1::{
+    CatalogEndSessionReply, CatalogEndSessionRequest, CatalogPrepareReply, CatalogPrepareRequest,
+    catalog_pin::Source,
+};
+use ctxsync_runtime::{DatabaseArgs, rpc};
+use serde::Serialize;
+
+use super::env::Env;
+use super::stats::Latency;
+use super::{BenchError, Progress, Sizes, Step};
+
+const TENANT: &str = "bench";
+const PREPARE_TIMEOUT: Duration = Duration::from_secs(120);
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CatalogPreparation {
+    /// Set when the section did not run, and why.
+    pub skipped: Option<String>,
+    pub servers: Vec<String>,
+    pub note: Option<String>,
+    /// One preparation with a cold memory: every server started and handshaken.
+    pub live_ms: f64,
+    /// The catalog's own measure of that preparation.
+    pub live_service_ms: u64,
+    pub max_concurrent_starts: usize,
+    /// Preparations of new sessions pinned from memory.
+    pub warm: Latency,
+    pub warm_all_pinned: bool,
+}
+
+fn servers_dir() -> Option<PathBuf> {
+    match std::env::var_os("CTXSYNC_MCP_SERVERS_DIR") {
+        Some(dir) if !dir.is_empty() => Some(PathBuf::from(dir)),
+        _ => std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/ctxsync/mcp-servers")),
+    }
+}
+
+fn stdio(
+    id: String,
+    command: PathBuf,
+    args: Vec<String>,
+    env: BTreeMap<String, String>,
+) -> ServerConfig {
+    ServerConfig {
+        id,
+        transport: Transport::Stdio {
+            command: command.display().to_string(),
+            args,
+            env,
+            cwd: None,
+        },
+        credential_ref: None,
+        classification: None,
+        limits: Limits::default(),
+        enabled: true,
+    }
+}
+
+/// Two of each installed reference server (everything, filesystem, memory, time).
+fn reference_servers(dir: &Path, scratch: &Path) -> Vec<ServerConfig> {
+    let mut servers = Vec::new();
+    for n in 1..=2 {
+        let bin = dir.join("node_modules/.bin/mcp-server-everything");
+        if bin.is_file() {
+            servers.push(stdio(
+                format!("everything-{n}"),
+                bin,
+                vec!["stdio".into()],
+                BTreeMap::new(),
+            ));
+        }
+        let bin = dir.join("node_modules/.bin/mcp-server-filesystem");
+        if bin.is_file() {
+            servers.push(stdio(
+                format!("files-{n}"),
+                bin,
+                vec![scratch.display().to_string()],
+                BTreeMap::new(),
+            ));
+        }
+        let bin = dir.join("node_modules/.bin/mcp-server-memory");
+        if bin.is_file() {
+            let file = scratch.join(format!("memory-{n}.json"));
+            servers.push(stdio(
+                format!("memory-{n}"),
+                bin,
+                Vec::new(),
+                BTreeMap::from([("MEMORY_FILE_PATH".to_owned(), file.display().to_string())]),
+            ));
+        }
+        let bin = dir.join("venv/bin/mcp-server-time");
+        if bin.is_file() {
+            servers.push(stdio(
+                format!("time-{n}"),
+                bin,
+                vec!["--local-timezone".into(), "UTC".into()],
+                BTreeMap::new(),
+            ));
+        }
+    }
+    servers.sort_by(|a, b| a.id.cmp(&b.id));
+    servers
+}
+
+async fn prepare(env: &Env, session: &str) -> Result<CatalogPrepareReply, BenchError> {
+    let reply: CatalogPrepareReply = rpc::request(
+        &env.client,
+        env.subjects.catalog_prepare(),
+        &CatalogPrepareRequest {
+            tenant: TENANT.into(),
+            session_id: session.into(),
+        },
+        None,
+        PREPARE_TIMEOUT,
+    )
+    .await
+    .step("catalog prepare")?;
+    if let Some(error) = &reply.error {
+        return Err(BenchError::new(
+            "catalog prepare",
+            format!("{}: {}", error.code, error.message),
+        ));
+    }
+    Ok(reply)
+}
+
+async fn end_session(env: &Env, session: &str) {
+    let _: Result<CatalogEndSessionReply, _> = rpc::request(
+        &env.client,
+        catalog::session_end_subject(&env.subjects),
+        &CatalogEndSessionRequest {
+            tenant: TENANT.into(),
+            session_id: session.into(),
+        },
+        None,
+        PREPARE_TIMEOUT,
+    )
+    .await;
+}
+
+pub async fn measure(
+    env: &Env,
+    sizes: &Sizes,
+    progress: &Progress,
+) -> Result<CatalogPreparation, BenchError> {
+    let Some(dir) = servers_dir() else {
+        return Ok(CatalogPreparation {
+            skipped: Some("HOME is not set and CTXSYNC_MCP_SERVERS_DIR is empty".into()),
+            ..Default::default()
+        });
+    };
+    let scratch = std::env::temp_dir().join(format!("{}-mcp", env.subjects.prefix()));
+    std::fs::create_dir_all(&scratch).step("catalog scratch directory")?;
+    let servers = reference_servers(&dir, &scratch);
+    if servers.is_empty() {
+        let _ = std::fs::remove_dir_all(&scratch);
+        return Ok(CatalogPreparation {
+            skipped: Some(format!(
+                "no reference MCP server installed in {} (run tests/mcp-servers/install.sh; \
+                 CTXSYNC_MCP_SERVERS_DIR selects the directory)",
+                dir.display()
+            )),
+            ..Default::default()
+        });
+    }
+    let result = run_catalog(env, sizes, progress, servers).await;
+    let _ = std::fs::remove_dir_all(&scratch);
+    result
+}
+
+async fn run_catalog(
+    env: &Env,
+    sizes: &Sizes,
+    progress: &Progress,
+    servers: Vec<ServerConfig>,
+) -> Result<CatalogPreparation, BenchError> {
+    let count = servers.len();
+    let ids: Vec<String> = servers.iter().map(|s| s.id.clone()).collect();
+    let mut settings = catalog::Settings::default();
+    // Nothing may fill the memory behind the measurement's back.
+    settings.warmup.enabled = false;
+    settings.connect_timeout = Duration::from_secs(60);
+    let max_concurrent_starts = settings.max_concurrent_starts;
+    let config = catalog::Config {
+        common: env.common(),
+        database: DatabaseArgs::new(env.database_url.clone()),
+        servers: CatalogConfig {
+            tenants: vec![TenantConfig {
+                id: TENANT.into(),
+                servers,
+            }],
+        },
+        settings,
+    };
+    let shutdown = env.child_shutdown();
+    let running = catalog::start(config, shutdown.clone())
+        .await
+        .step("catalog")?;
+
+    let measured = async {
+        progress.step(format!("catalog: live discovery of {count} real MCP servers"));
+        let started = Instant::now();
+        let live = prepare(env, "bench-live").await?;
+        let live_elapsed = started.elapsed();
+        let failed: Vec<String> = live
+            .pins
+            .iter()
+            .filter(|p| p.source() != Source::Connected)
+            .map(|p| format!("{}: {:?} {}", p.server_id, p.source(), p.error))
+            .collect();
+        if !failed.is_empty() {
+            return Err(BenchError::new(
+                "catalog live discovery",
+                format!("not every server was discovered live: {failed:?}"),
+            ));
+        }
+        end_session(env, "bench-live").await;
+
+        progress.step(format!(
+            "catalog: {} preparations from memory",
+            sizes.warm_preparations
+        ));
+        let mut warm = Vec::with_capacity(sizes.warm_preparations);
+        let mut all_pinned = true;
+        for n in 0..sizes.warm_preparations {
+            let session = format!("bench-warm-{n}");
+            let started = Instant::now();
+            let reply = prepare(env, &session).await?;
+            warm.push(started.elapsed());
+            all_pinned &= reply.pins.len() == count
+                && reply.pins.iter().all(|p| p.source() == Source::Pinned)
+                && reply
+                    .pins
+                    .iter()
+                    .zip(&live.pins)
+                    .all(|(w, l)| w.catalog_hash == l.catalog_hash);
+        }
+        Ok(CatalogPreparation {
+            skipped: None,
+            note: (count < 8).then(|| {
+                format!("only {count} reference servers are installed (8 wanted): run tests/mcp-servers/install.sh")
+            }),
+            servers: ids,
+            live_ms: live_elapsed.as_secs_f64() * 1000.0,
+            live_service_ms: live.duration_ms,
+            max_concurrent_starts,
+            warm: Latency::of(warm),
+            warm_all_pinned: all_pinned,
+        })
+    }
+    .await;
+    shutdown.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(20), running.join()).await;
+    measured
+}

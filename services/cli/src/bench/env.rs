@@ -1,0 +1,383 @@
+//! The bench's world: NATS and Postgres (given, found or private), a fresh
+//! database and subject prefix, the services started in this process, and
+//! the calls a chat or an agent makes.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ctxsync_proto::subjects::Subjects;
+use ctxsync_proto::v1::{
+    AgentState, GetAgentStateReply, GetAgentStateRequest, PushContextStateRequest,
+    PushContextStateResponse, StartupRequest, StorePushReply, StorePushRequest, TurnReply,
+    TurnRequest, UpdateStartupReply, UpdateStartupRequest,
+};
+use ctxsync_runtime::{CommonArgs, DatabaseArgs, Shutdown, rpc};
+use futures::StreamExt;
+use rand::RngCore;
+use serde::Serialize;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{Connection, PgConnection, PgPool};
+
+use super::{BenchArgs, BenchError, Step};
+use crate::deps::{self, Dependency};
+
+/// Bound of one call the bench makes to a service (waits included).
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Where the bench ran, for the report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Environment {
+    pub build: &'static str,
+    pub cores: usize,
+    pub nats: String,
+    pub postgres: String,
+    pub subject_prefix: String,
+    pub database: String,
+}
+
+/// A registered agent and its token.
+#[derive(Debug, Clone)]
+pub struct BenchAgent {
+    pub id: String,
+    pub token: String,
+}
+
+pub struct Env {
+    pub subjects: Subjects,
+    pub nats_url: String,
+    pub database_url: String,
+    /// The chats' and agents' side of NATS (the services have their own connections).
+    pub client: async_nats::Client,
+    /// For the raw Postgres floor.
+    pub pool: PgPool,
+    pub gate: chat_gate::RunningGate,
+    pub ingest_addr: std::net::SocketAddr,
+    admin_url: String,
+    database: String,
+    shutdown: Shutdown,
+    store: snapshot_store::RunningStore,
+    ingest: agent_ingest::RunningIngest,
+    nats_dep: Dependency,
+    postgres_dep: Dependency,
+    data_dir: PathBuf,
+}
+
+fn random_hex(bytes: usize) -> String {
+    let mut buf = vec![0u8; bytes];
+    rand::rng().fill_bytes(&mut buf);
+    buf.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `url` with its database replaced by `name`.
+pub fn with_database(url: &str, name: &str) -> String {
+    let (base, query) = url
+        .split_once('?')
+        .map_or((url, None), |(b, q)| (b, Some(q)));
+    let scheme_end = base.find("://").map_or(0, |i| i + 3);
+    let path_start = base[scheme_end..]
+        .find('/')
+        .map_or(base.len(), |i| scheme_end + i);
+    let mut out = format!("{}/{name}", &base[..path_start]);
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    out
+}
+
+async fn admin_execute(admin_url: &str, sql: String) -> Result<(), sqlx::Error> {
+    let mut admin = PgConnection::connect(admin_url).await?;
+    let result = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(&mut admin)
+        .await;
+    let _ = admin.close().await;
+    result.map(|_| ())
+}
+
+impl Env {
+    pub async fn start(args: &BenchArgs) -> Result<Self, BenchError> {
+        let suffix = random_hex(4);
+        let data_dir = std::env::temp_dir().join(format!("ctxsync-bench-{suffix}"));
+        let nats_dep = deps::nats(args.nats_url.as_deref(), &data_dir)
+            .await
+            .step("nats")?;
+        let postgres_dep = deps::postgres(args.database_url.as_deref(), &data_dir)
+            .await
+            .step("postgres")?;
+        let admin_url = postgres_dep.url.clone();
+        let database = format!("ctxsync_bench_{suffix}");
+        admin_execute(&admin_url, format!("CREATE DATABASE {database}"))
+            .await
+            .map_err(|e| {
+                BenchError::new(
+                    format!(
+                        "cannot create the bench database at {} (DATABASE_URL)",
+                        ctxsync_runtime::nats::redact_url(&admin_url)
+                    ),
+                    e,
+                )
+            })?;
+        let database_url = with_database(&admin_url, &database);
+        let prefix = format!("bench{suffix}");
+        let subjects = Subjects::new(&prefix).step("subject prefix")?;
+        let common = CommonArgs::for_nats(nats_dep.url.clone(), prefix);
+        let shutdown = Shutdown::new();
+
+        let store = snapshot_store::start(
+            snapshot_store::Config {
+                common: common.clone(),
+                database: DatabaseArgs::new(database_url.clone()),
+            },
+            shutdown.child_token(),
+        )
+        .await
+        .step("snapshot-store")?;
+        let ingest = agent_ingest::start(
+            agent_ingest::Config::new(common.clone()),
+            shutdown.child_token(),
+        )
+        .await
+        .step("agent-ingest")?;
+        let mut gate_config = chat_gate::Config::new(common.clone());
+        // Waits end on the commit, never on a deadline, however long 10,000 chats take to line up.
+        gate_config.pending_timeout = CALL_TIMEOUT;
+        gate_config.stale_grace = CALL_TIMEOUT;
+        gate_config.sweep_interval = Duration::ZERO;
+        let gate = chat_gate::start(gate_config, shutdown.child_token())
+            .await
+            .step("chat-gate")?;
+
+        let client = ctxsync_runtime::nats::connect(&nats_dep.url, "ctxsync-bench")
+            .await
+            .step("nats")?
+            .client;
+        let pool = PgPoolOptions::new()
+            .max_connections(9)
+            .connect(&database_url)
+            .await
+            .step("postgres (bench pool)")?;
+        let ingest_addr = ingest.http_addr();
+        Ok(Self {
+            subjects,
+            nats_url: nats_dep.url.clone(),
+            database_url,
+            client,
+            pool,
+            gate,
+            ingest_addr,
+            admin_url,
+            database,
+            shutdown,
+            store,
+            ingest,
+            nats_dep,
+            postgres_dep,
+            data_dir,
+        })
+    }
+
+    pub fn describe(&self) -> Environment {
+        Environment {
+            build: if cfg!(debug_assertions) {
+                "debug"
+            } else {
+                "release"
+            },
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            nats: format!(
+                "{} ({})",
+                ctxsync_runtime::nats::redact_url(&self.nats_dep.url),
+                self.nats_dep.origin
+            ),
+            postgres: format!(
+                "{} ({})",
+                ctxsync_runtime::nats::redact_url(&self.postgres_dep.url),
+                self.postgres_dep.origin
+            ),
+            subject_prefix: self.subjects.prefix().to_owned(),
+            database: self.database.clone(),
+        }
+    }
+
+    pub fn common(&self) -> CommonArgs {
+        CommonArgs::for_nats(self.nats_url.clone(), self.subjects.prefix())
+    }
+
+    pub fn child_shutdown(&self) -> Shutdown {
+        self.shutdown.child_token()
+    }
+
+    /// Stops the services, drops the bench database, removes private data.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        self.pool.close().await;
+        let grace = Duration::from_secs(15);
+        let _ = tokio::time::timeout(grace, self.gate.join()).await;
+        let _ = tokio::time::timeout(grace, self.ingest.join()).await;
+        let _ = tokio::time::timeout(grace, self.store.join()).await;
+        if let Err(error) = admin_execute(
+            &self.admin_url,
+            format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.database),
+        )
+        .await
+        {
+            eprintln!(
+                "[bench] cannot drop the bench database {}: {error}",
+                self.database
+            );
+        }
+        drop(self.nats_dep);
+        drop(self.postgres_dep);
+        let _ = std::fs::remove_dir_all(&self.data_dir);
+    }
+
+    /// Registers `n` agents (tenant `bench`, names `<name>-<i>`) through snapshot-store.
+    pub async fn register_agents(
+        &self,
+        name: &str,
+        n: usize,
+    ) -> Result<Vec<BenchAgent>, BenchError> {
+        let results: Vec<_> = futures::stream::iter(0..n)
+            .map(|i| async move {
+                crate::agent::register(
+                    &self.client,
+                    &self.subjects,
+                    CALL_TIMEOUT,
+                    "bench",
+                    "bench",
+                    &format!("{name}-{i}"),
+                )
+                .await
+            })
+            .buffered(16)
+            .collect()
+            .await;
+        results
+            .into_iter()
+            .map(|r| {
+                r.map(|registered| BenchAgent {
+                    id: registered.agent_id,
+                    token: registered.token,
+                })
+                .step("register agent")
+            })
+            .collect()
+    }
+
+    /// UpdateStartup with a new run id, straight to snapshot-store.
+    pub async fn startup(&self, agent_id: &str, run_id: &str) -> Result<(), BenchError> {
+        let reply: UpdateStartupReply = rpc::request(
+            &self.client,
+            self.subjects.store_update_startup(),
+            &UpdateStartupRequest {
+                agent_id: agent_id.to_owned(),
+                startup: Some(StartupRequest {
+                    agent_run_id: run_id.to_owned(),
+                    agent_version: "bench".into(),
+                }),
+            },
+            None,
+            CALL_TIMEOUT,
+        )
+        .await
+        .step("startup")?;
+        match reply.error {
+            Some(error) => Err(BenchError::new("startup", error.message)),
+            None => Ok(()),
+        }
+    }
+
+    /// A push straight to snapshot-store; an unaccepted push is an error.
+    pub async fn push(
+        &self,
+        agent_id: &str,
+        push: PushContextStateRequest,
+    ) -> Result<(), BenchError> {
+        let reply: StorePushReply = rpc::request(
+            &self.client,
+            self.subjects.store_push(),
+            &StorePushRequest {
+                agent_id: agent_id.to_owned(),
+                push: Some(push),
+            },
+            None,
+            CALL_TIMEOUT,
+        )
+        .await
+        .step("push")?;
+        if let Some(error) = reply.error {
+            return Err(BenchError::new("push", error.message));
+        }
+        let response: PushContextStateResponse = reply.response.unwrap_or_default();
+        if !response.accepted {
+            return Err(BenchError::new("push", response.message));
+        }
+        Ok(())
+    }
+
+    /// The agent's state as snapshot-store's read API returns it.
+    pub async fn read(&self, agent_id: &str) -> Result<AgentState, BenchError> {
+        let reply: GetAgentStateReply = rpc::request(
+            &self.client,
+            self.subjects.store_get_agent_state(),
+            &GetAgentStateRequest {
+                agent_id: agent_id.to_owned(),
+            },
+            None,
+            CALL_TIMEOUT,
+        )
+        .await
+        .step("read agent state")?;
+        match (reply.error, reply.state) {
+            (Some(error), _) => Err(BenchError::new("read agent state", error.message)),
+            (None, Some(state)) => Ok(state),
+            (None, None) => Err(BenchError::new("read agent state", "no state")),
+        }
+    }
+
+    /// A chat's first turn over NATS `gate.turn`.
+    pub async fn first_turn(&self, chat_id: String, agent_id: String) -> Result<TurnReply, String> {
+        rpc::request(
+            &self.client,
+            self.subjects.gate_turn(),
+            &TurnRequest {
+                chat_id,
+                agent_id,
+                first_turn: true,
+                tenant: String::new(),
+            },
+            None,
+            CALL_TIMEOUT,
+        )
+        .await
+        .map_err(|e| e.to_string())
+    }
+}
+
+/// Resident set size of this process, from /proc/self/status.
+pub fn rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// A fresh run id.
+pub fn run_id() -> String {
+    format!("bench-{}", random_hex(8))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn database_is_swapped() {
+        assert_eq!(
+            super::with_database("postgres://u@h:5432/postgres?sslmode=disable", "x"),
+            "postgres://u@h:5432/x?sslmode=disable"
+        );
+        assert_eq!(
+            super::with_database("postgres://u@h:5432", "x"),
+            "postgres://u@h:5432/x"
+        );
+    }
+}

@@ -1,0 +1,286 @@
+//! The floors every ratio is taken against: raw NATS publish→subscribe, raw
+//! NATS request/reply, and a raw Postgres transaction of the same shape as a
+//! push commit (no service code in the loop).
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde::Serialize;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::env::Env;
+use super::stats::Latency;
+use super::{BenchError, Sizes, Step};
+
+const WARMUP: usize = 50;
+const PAYLOAD: &[u8] = &[b'x'; 128];
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Floors {
+    pub nats_pub_sub: Latency,
+    pub nats_request_reply: Latency,
+    pub postgres: PostgresFloor,
+    /// snapshot-store's read API round trip (what the gate does once per wake), for the breakdown.
+    pub store_read: Latency,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PostgresFloor {
+    pub single_client: Latency,
+    pub clients: usize,
+    pub transactions: u64,
+    pub per_second: f64,
+}
+
+async fn connect(env: &Env, name: &str) -> Result<async_nats::Client, BenchError> {
+    Ok(ctxsync_runtime::nats::connect(&env.nats_url, name)
+        .await
+        .step("nats")?
+        .client)
+}
+
+/// One message at a time from one connection to a subscriber on another.
+pub async fn pub_sub(env: &Env, samples: usize) -> Result<Latency, BenchError> {
+    let publisher = connect(env, "bench-floor-pub").await?;
+    let subscriber = connect(env, "bench-floor-sub").await?;
+    let subject = format!("{}.bench.floor.pubsub", env.subjects.prefix());
+    let mut messages = subscriber
+        .subscribe(subject.clone())
+        .await
+        .step("subscribe")?;
+    subscriber.flush().await.step("flush")?;
+    let mut latencies = Vec::with_capacity(samples);
+    for i in 0..WARMUP + samples {
+        let started = Instant::now();
+        publisher
+            .publish(subject.clone(), PAYLOAD.into())
+            .await
+            .step("publish")?;
+        tokio::time::timeout(Duration::from_secs(5), messages.next())
+            .await
+            .map_err(|_| BenchError::new("pub→sub", "a message did not arrive within 5 s"))?
+            .ok_or_else(|| BenchError::new("pub→sub", "subscription closed"))?;
+        if i >= WARMUP {
+            latencies.push(started.elapsed());
+        }
+    }
+    Ok(Latency::of(latencies))
+}
+
+/// One request at a time to a responder on another connection.
+pub async fn request_reply(env: &Env, samples: usize) -> Result<Latency, BenchError> {
+    let requester = connect(env, "bench-floor-req").await?;
+    let responder = connect(env, "bench-floor-rep").await?;
+    let subject = format!("{}.bench.floor.echo", env.subjects.prefix());
+    let mut requests = responder
+        .subscribe(subject.clone())
+        .await
+        .step("subscribe")?;
+    responder.flush().await.step("flush")?;
+    let echo = tokio::spawn(async move {
+        while let Some(message) = requests.next().await {
+            if let Some(reply) = message.reply {
+                let _ = responder.publish(reply, message.payload).await;
+            }
+        }
+    });
+    let mut latencies = Vec::with_capacity(samples);
+    for i in 0..WARMUP + samples {
+        let started = Instant::now();
+        requester
+            .request(subject.clone(), PAYLOAD.into())
+            .await
+            .step("request/reply")?;
+        if i >= WARMUP {
+            latencies.push(started.elapsed());
+        }
+    }
+    echo.abort();
+    Ok(Latency::of(latencies))
+}
+
+const SCRATCH_SCHEMA: &str = "
+CREATE SCHEMA bench_raw;
+CREATE TABLE bench_raw.agents (
+    agent_id      uuid PRIMARY KEY,
+    agent_run_id  text NOT NULL DEFAULT '' CHECK (octet_length(agent_run_id) <= 64)
+);
+CREATE TABLE bench_raw.snapshots (
+    agent_id       uuid PRIMARY KEY REFERENCES bench_raw.agents (agent_id) ON DELETE CASCADE,
+    agent_run_id   text NOT NULL CHECK (octet_length(agent_run_id) <= 64),
+    version        bigint NOT NULL,
+    phase          text NOT NULL CHECK (phase IN ('unspecified', 'pending', 'complete')),
+    hash           text NOT NULL,
+    context_config bytea NOT NULL,
+    received_at    timestamptz NOT NULL
+);
+CREATE TABLE bench_raw.resources (
+    agent_id  uuid NOT NULL REFERENCES bench_raw.agents (agent_id) ON DELETE CASCADE,
+    source    text NOT NULL CHECK (octet_length(source) <= 1024),
+    position  integer NOT NULL,
+    kind      smallint NOT NULL,
+    status    smallint NOT NULL,
+    error     text NOT NULL DEFAULT '',
+    warning   text NOT NULL DEFAULT '',
+    body      bytea NOT NULL,
+    PRIMARY KEY (agent_id, source)
+);
+";
+
+/// The rows of one raw push: the same resources a bench push sends.
+struct RawRows {
+    sources: Vec<String>,
+    positions: Vec<i32>,
+    kinds: Vec<i16>,
+    statuses: Vec<i16>,
+    errors: Vec<String>,
+    warnings: Vec<String>,
+    bodies: Vec<Vec<u8>>,
+}
+
+fn raw_rows(counter: u64) -> RawRows {
+    use prost::Message;
+    let resources = super::push::resources(counter);
+    RawRows {
+        sources: resources.iter().map(|r| r.source.clone()).collect(),
+        positions: (0..resources.len() as i32).collect(),
+        kinds: resources.iter().map(|r| r.kind as i16).collect(),
+        statuses: resources.iter().map(|r| r.status as i16).collect(),
+        errors: resources.iter().map(|r| r.error.clone()).collect(),
+        warnings: resources.iter().map(|r| r.warning.clone()).collect(),
+        bodies: resources
+            .into_iter()
+            .map(|r| {
+                ctxsync_proto::v1::ContextResource {
+                    body: r.body,
+                    ..Default::default()
+                }
+                .encode_to_vec()
+            })
+            .collect(),
+    }
+}
+
+/// The statements of snapshot-store's push transaction, on the scratch schema:
+/// lock the agent row (its own statement), read the snapshot, upsert it,
+/// replace the resources (DELETE + UNNEST insert), commit.
+async fn raw_push(
+    pool: &PgPool,
+    agent_id: Uuid,
+    version: i64,
+    rows: &RawRows,
+) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let run_id: String = sqlx::query_scalar(
+        "SELECT agent_run_id FROM bench_raw.agents WHERE agent_id = $1 FOR UPDATE",
+    )
+    .bind(agent_id)
+    .fetch_one(&mut *tx)
+    .await?;
+    let _snapshot = sqlx::query(
+        "SELECT agent_run_id AS snapshot_run_id, version, phase, hash
+         FROM bench_raw.snapshots WHERE agent_id = $1",
+    )
+    .bind(agent_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let _received_at: chrono::DateTime<chrono::Utc> = sqlx::query_scalar(
+        "INSERT INTO bench_raw.snapshots
+             (agent_id, agent_run_id, version, phase, hash, context_config, received_at)
+         VALUES ($1, $2, $3, 'complete', $4, $5, clock_timestamp())
+         ON CONFLICT (agent_id) DO UPDATE SET
+             agent_run_id = EXCLUDED.agent_run_id, version = EXCLUDED.version,
+             phase = EXCLUDED.phase, hash = EXCLUDED.hash,
+             context_config = EXCLUDED.context_config, received_at = EXCLUDED.received_at
+         RETURNING received_at",
+    )
+    .bind(agent_id)
+    .bind(&run_id)
+    .bind(version)
+    .bind(format!("{version:064x}"))
+    .bind(&[0u8; 64][..])
+    .fetch_one(&mut *tx)
+    .await?;
+    sqlx::query("DELETE FROM bench_raw.resources WHERE agent_id = $1")
+        .bind(agent_id)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(
+        "INSERT INTO bench_raw.resources
+             (agent_id, source, position, kind, status, error, warning, body)
+         SELECT $1, * FROM UNNEST($2::text[], $3::int4[], $4::int2[], $5::int2[],
+                                  $6::text[], $7::text[], $8::bytea[])",
+    )
+    .bind(agent_id)
+    .bind(&rows.sources)
+    .bind(&rows.positions)
+    .bind(&rows.kinds)
+    .bind(&rows.statuses)
+    .bind(&rows.errors)
+    .bind(&rows.warnings)
+    .bind(&rows.bodies)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await
+}
+
+pub async fn postgres(env: &Env, sizes: &Sizes) -> Result<PostgresFloor, BenchError> {
+    let pool = &env.pool;
+    sqlx::raw_sql(SCRATCH_SCHEMA)
+        .execute(pool)
+        .await
+        .step("raw postgres: scratch schema")?;
+    let clients = sizes.throughput_clients;
+    let agents: Vec<Uuid> = (0..clients).map(|_| Uuid::new_v4()).collect();
+    for agent in &agents {
+        sqlx::query("INSERT INTO bench_raw.agents (agent_id, agent_run_id) VALUES ($1, 'raw')")
+            .bind(agent)
+            .execute(pool)
+            .await
+            .step("raw postgres: agents")?;
+    }
+
+    let single_samples = (sizes.floor_samples / 3).max(50);
+    let mut latencies = Vec::with_capacity(single_samples);
+    for i in 0..WARMUP + single_samples {
+        let rows = raw_rows(i as u64);
+        let started = Instant::now();
+        raw_push(pool, agents[0], i as i64, &rows)
+            .await
+            .step("raw postgres transaction")?;
+        if i >= WARMUP {
+            latencies.push(started.elapsed());
+        }
+    }
+
+    let window = sizes.throughput_window;
+    let started = Instant::now();
+    let workers = agents.iter().enumerate().map(|(n, &agent)| {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            let mut done = 0u64;
+            let mut version = 1_000_000;
+            while started.elapsed() < window {
+                version += 1;
+                let rows = raw_rows((n as u64) << 32 | version as u64);
+                raw_push(&pool, agent, version, &rows).await?;
+                done += 1;
+            }
+            Ok::<u64, sqlx::Error>(done)
+        })
+    });
+    let mut transactions = 0;
+    for worker in futures::future::join_all(workers).await {
+        transactions += worker
+            .step("raw postgres worker")?
+            .step("raw postgres transaction")?;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    Ok(PostgresFloor {
+        single_client: Latency::of(latencies),
+        clients,
+        transactions,
+        per_second: transactions as f64 / elapsed,
+    })
+}

@@ -1,0 +1,549 @@
+//! The chats' side: wake latency from the store's commit to a waiting chat's
+//! answer (1 to 10,000 chats waiting), the gate's answer when discovery is
+//! already complete, the polling baseline, and memory held per waiting chat.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant, SystemTime};
+
+use ctxsync_proto::v1::{
+    AgentState, DiscoveryChanged, GateDecision, GetAgentStateReply, GetAgentStateRequest,
+    TurnReply, TurnRequest, discovery_changed::Cause, mcp_discovery::Phase,
+};
+use ctxsync_runtime::rpc;
+use futures::StreamExt;
+use prost::Message;
+use serde::Serialize;
+
+use super::env::{BenchAgent, CALL_TIMEOUT, Env, rss_bytes, run_id};
+use super::push::{push_request, resources, server};
+use super::stats::Latency;
+use super::{BenchError, Progress, Sizes, Step};
+
+/// The waiters' count stops growing for this long: no more chats will line up.
+const STALL: Duration = Duration::from_millis(1500);
+/// At most this many wrong answers are quoted in the report.
+const QUOTED_ERRORS: usize = 5;
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct WakeCase {
+    pub chats: usize,
+    pub agents: usize,
+    /// Rounds measured (the single-chat case repeats; the others run once).
+    pub rounds: usize,
+    /// Chats the gate held waiting when discovery completed (summed over rounds).
+    pub waiting_at_commit: usize,
+    pub answered: usize,
+    /// Answers with decision READY, the agent's current run and exactly its tools.
+    pub correct: usize,
+    pub wrong: Vec<String>,
+    pub latency: Latency,
+    /// RSS of the process before the chats asked and while they waited.
+    pub rss_before_bytes: Option<u64>,
+    pub rss_waiting_bytes: Option<u64>,
+    /// Agents the gate watched while the chats waited.
+    pub gate_watches: usize,
+    pub note: Option<String>,
+    #[serde(skip)]
+    samples: Vec<Duration>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Memory {
+    pub chats: usize,
+    pub waiting_in_gate: usize,
+    pub rss_delta_bytes: i64,
+    /// RSS delta over the chats: an upper bound (it includes the bench's own
+    /// request futures and the NATS buffers on both sides).
+    pub bytes_per_chat: f64,
+    pub note: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Polling {
+    pub rounds: usize,
+    pub interval_ms: u64,
+    /// From the commit to the polling waiter seeing it.
+    pub polling_latency: Latency,
+    /// Our wake of a chat waiting on the same commits.
+    pub wake_latency: Latency,
+}
+
+fn system_time(seconds: i64, nanos: i32) -> SystemTime {
+    SystemTime::UNIX_EPOCH
+        + Duration::from_secs(u64::try_from(seconds).unwrap_or_default())
+        + Duration::from_nanos(u64::try_from(nanos).unwrap_or_default())
+}
+
+fn since(commit: SystemTime, at: SystemTime) -> Duration {
+    at.duration_since(commit).unwrap_or_default()
+}
+
+/// The tool an agent offers once its discovery of this round completes.
+fn tool_of(round_run_id: &str) -> String {
+    format!("t_{}", round_run_id.trim_start_matches("bench-"))
+}
+
+/// Why an answer is not the right one for an agent whose run `run_id` completed with `tool`.
+fn check(reply: &TurnReply, run_id: &str, tool: &str) -> Result<(), String> {
+    if let Some(error) = &reply.error {
+        return Err(format!("error: {}", error.message));
+    }
+    if reply.decision() != GateDecision::Ready {
+        return Err(format!("decision {}", reply.decision().as_str_name()));
+    }
+    let projection = reply.projection.as_ref().ok_or("no projection")?;
+    if projection.agent_run_id != run_id {
+        return Err(format!(
+            "run {} instead of {run_id}",
+            projection.agent_run_id
+        ));
+    }
+    let tools: Vec<&str> = projection
+        .servers
+        .iter()
+        .flat_map(|s| s.tools.iter().map(|t| t.name.as_str()))
+        .collect();
+    let expected = format!("bench__{tool}");
+    if tools != [expected.as_str()] {
+        return Err(format!("tools {tools:?} instead of [{expected}]"));
+    }
+    Ok(())
+}
+
+async fn first_turn(
+    client: async_nats::Client,
+    subject: String,
+    chat_id: String,
+    agent_id: String,
+) -> (Result<TurnReply, String>, SystemTime) {
+    let reply = rpc::request(
+        &client,
+        subject,
+        &TurnRequest {
+            chat_id,
+            agent_id,
+            first_turn: true,
+            tenant: String::new(),
+        },
+        None,
+        CALL_TIMEOUT,
+    )
+    .await
+    .map_err(|e| e.to_string());
+    (reply, SystemTime::now())
+}
+
+async fn read_state(
+    client: &async_nats::Client,
+    subject: String,
+    agent_id: &str,
+) -> Result<AgentState, String> {
+    let reply: GetAgentStateReply = rpc::request(
+        client,
+        subject,
+        &GetAgentStateRequest {
+            agent_id: agent_id.to_owned(),
+        },
+        None,
+        CALL_TIMEOUT,
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    match (reply.error, reply.state) {
+        (Some(error), _) => Err(error.message),
+        (None, Some(state)) => Ok(state),
+        (None, None) => Err("no state".into()),
+    }
+}
+
+/// Waits until `extra` more chats wait in the gate than `baseline`, or the
+/// count stops growing; returns how many wait.
+async fn until_waiting(env: &Env, baseline: usize, extra: usize) -> usize {
+    let gate = env.gate.gate();
+    let deadline = Instant::now() + CALL_TIMEOUT;
+    let mut last = 0;
+    let mut last_change = Instant::now();
+    loop {
+        let waiting = gate.waiters_held().saturating_sub(baseline);
+        if waiting >= extra || Instant::now() > deadline {
+            return waiting;
+        }
+        if waiting != last {
+            last = waiting;
+            last_change = Instant::now();
+        } else if waiting > 0 && last_change.elapsed() > STALL {
+            return waiting;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Puts each agent in a new run whose discovery is PENDING.
+async fn new_pending_runs(env: &Env, agents: &[BenchAgent]) -> Result<Vec<String>, BenchError> {
+    let runs: Vec<Result<String, BenchError>> = futures::stream::iter(agents)
+        .map(|agent| async move {
+            let run = run_id();
+            env.startup(&agent.id, &run).await?;
+            let mut pending = resources(0);
+            pending.truncate(1);
+            env.push(&agent.id, push_request(&run, 1, Phase::Pending, pending))
+                .await?;
+            Ok(run)
+        })
+        .buffered(16)
+        .collect()
+        .await;
+    runs.into_iter().collect()
+}
+
+/// Completes each agent's run: its discovery found one server with one tool.
+async fn complete_runs(
+    env: &Env,
+    agents: &[BenchAgent],
+    runs: &[String],
+) -> Result<(), BenchError> {
+    let pushes: Vec<Result<(), BenchError>> = futures::stream::iter(agents.iter().zip(runs))
+        .map(|(agent, run)| async move {
+            let mut complete = resources(1);
+            complete.truncate(1);
+            complete.push(server("bench", &[tool_of(run)]));
+            env.push(&agent.id, push_request(run, 2, Phase::Complete, complete))
+                .await
+        })
+        .buffer_unordered(8)
+        .collect()
+        .await;
+    pushes.into_iter().collect()
+}
+
+/// One round: `chats` chats over `agents` wait for a PENDING discovery; the
+/// discovery completes; every chat's answer is checked and timed from the commit.
+async fn round(
+    env: &Env,
+    agents: &[BenchAgent],
+    chats: usize,
+    label: &str,
+    progress: Option<&Progress>,
+) -> Result<WakeCase, BenchError> {
+    let runs = new_pending_runs(env, agents).await?;
+    let mut events = env
+        .client
+        .subscribe(env.subjects.discovery_changed_all())
+        .await
+        .step("subscribe to discovery events")?;
+    env.client.flush().await.step("flush")?;
+    let gate = env.gate.gate();
+    let baseline = gate.waiters_held();
+    let rss_before = rss_bytes();
+
+    let subject = env.subjects.gate_turn();
+    let tasks: Vec<_> = (0..chats)
+        .map(|c| {
+            let index = c % agents.len();
+            let task = tokio::spawn(first_turn(
+                env.client.clone(),
+                subject.clone(),
+                format!("{label}-chat-{c}"),
+                agents[index].id.clone(),
+            ));
+            (index, task)
+        })
+        .collect();
+    if let Some(progress) = progress {
+        progress.step(format!("wake: {chats} chats lining up in the gate"));
+    }
+    let waiting = until_waiting(env, baseline, chats).await;
+    let rss_waiting = rss_bytes();
+    let gate_watches = gate.watches().len();
+    if let Some(progress) = progress {
+        progress.step(format!(
+            "wake: {waiting} of {chats} chats waiting; completing discovery of {} agents",
+            agents.len()
+        ));
+    }
+
+    complete_runs(env, agents, &runs).await?;
+    let mut commits: HashMap<String, SystemTime> = HashMap::new();
+    let wanted: HashMap<&str, &str> = agents
+        .iter()
+        .zip(&runs)
+        .map(|(a, r)| (a.id.as_str(), r.as_str()))
+        .collect();
+    let collect = async {
+        while commits.len() < agents.len() {
+            let Some(message) = events.next().await else {
+                break;
+            };
+            let Ok(event) = DiscoveryChanged::decode(message.payload) else {
+                continue;
+            };
+            if event.cause() == Cause::Push
+                && event.phase() == Phase::Complete
+                && wanted.get(event.agent_id.as_str())
+                    == Some(&event.snapshot_agent_run_id.as_str())
+                && let Some(at) = &event.committed_at
+            {
+                commits.insert(event.agent_id.clone(), system_time(at.seconds, at.nanos));
+            }
+        }
+    };
+    if tokio::time::timeout(Duration::from_secs(60), collect)
+        .await
+        .is_err()
+    {
+        return Err(BenchError::new(
+            "wake",
+            format!(
+                "only {} of {} discovery events arrived within 60 s",
+                commits.len(),
+                agents.len()
+            ),
+        ));
+    }
+    let _ = events.unsubscribe().await;
+
+    let mut case = WakeCase {
+        chats,
+        agents: agents.len(),
+        rounds: 1,
+        waiting_at_commit: waiting,
+        rss_before_bytes: rss_before,
+        rss_waiting_bytes: rss_waiting,
+        gate_watches,
+        ..Default::default()
+    };
+    let mut latencies = Vec::with_capacity(chats);
+    for (index, task) in tasks {
+        let (reply, at) = task.await.step("chat task")?;
+        let agent = &agents[index];
+        let outcome = reply.and_then(|reply| {
+            case.answered += 1;
+            check(&reply, &runs[index], &tool_of(&runs[index]))
+        });
+        match outcome {
+            Ok(()) => {
+                case.correct += 1;
+                latencies.push(since(commits[&agent.id], at));
+            }
+            Err(why) if case.wrong.len() < QUOTED_ERRORS => {
+                case.wrong.push(format!("agent {}: {why}", agent.id));
+            }
+            Err(_) => {}
+        }
+    }
+    case.latency = Latency::of(latencies.clone());
+    case.samples = latencies;
+    Ok(case)
+}
+
+fn in_front_note(waiting: usize, chats: usize) -> Option<String> {
+    (waiting < chats).then(|| {
+        format!(
+            "only {waiting} of {chats} chats were held waiting by the gate when discovery completed; \
+             the others were still queued in front of it (chat-gate serves at most {} turns at once: \
+             ctxsync_runtime::rpc::DEFAULT_MAX_IN_FLIGHT), so their answers include that queue",
+            rpc::DEFAULT_MAX_IN_FLIGHT
+        )
+    })
+}
+
+pub async fn all_cases(
+    env: &Env,
+    agents: &[BenchAgent],
+    sizes: &Sizes,
+    progress: &Progress,
+) -> Result<Vec<WakeCase>, BenchError> {
+    let mut cases = Vec::new();
+    for (n, &chats) in sizes.wake_chats.iter().enumerate() {
+        if chats == 1 {
+            let mut latencies = Vec::new();
+            let mut total = WakeCase {
+                chats: 1,
+                agents: 1,
+                ..Default::default()
+            };
+            for r in 0..sizes.single_wake_rounds {
+                if r.is_multiple_of(10) {
+                    progress.step(format!(
+                        "wake: 1 chat, round {} of {}",
+                        r + 1,
+                        sizes.single_wake_rounds
+                    ));
+                }
+                let agent = &agents[r % agents.len()..][..1];
+                let one = round(env, agent, 1, &format!("w{n}r{r}"), None).await?;
+                total.rounds += 1;
+                total.waiting_at_commit += one.waiting_at_commit;
+                total.answered += one.answered;
+                total.correct += one.correct;
+                total.wrong.extend(one.wrong);
+                total.wrong.truncate(QUOTED_ERRORS);
+                latencies.extend(one.samples);
+            }
+            total.latency = Latency::of(latencies);
+            cases.push(total);
+        } else {
+            let used = &agents[..agents.len().min(chats)];
+            let mut case = round(env, used, chats, &format!("w{n}"), Some(progress)).await?;
+            case.note = in_front_note(case.waiting_at_commit, chats);
+            cases.push(case);
+        }
+    }
+    Ok(cases)
+}
+
+/// Memory held per waiting chat, from the largest wake case.
+pub fn memory(cases: &[WakeCase]) -> Memory {
+    let Some(case) = cases.iter().max_by_key(|c| c.chats) else {
+        return Memory::default();
+    };
+    let delta = match (case.rss_before_bytes, case.rss_waiting_bytes) {
+        (Some(before), Some(waiting)) => waiting as i64 - before as i64,
+        _ => 0,
+    };
+    Memory {
+        chats: case.chats,
+        waiting_in_gate: case.waiting_at_commit,
+        rss_delta_bytes: delta,
+        bytes_per_chat: delta as f64 / case.chats.max(1) as f64,
+        note: format!(
+            "VmRSS delta of the whole process while {} chats waited, over {} chats: an upper bound \
+             (it includes the bench's own request futures, the chats' NATS inboxes and the \
+             services' buffers; the allocator may also keep freed memory)",
+            case.chats, case.chats
+        ),
+    }
+}
+
+/// First turns of new chats on an agent whose discovery is complete, one at
+/// a time; and, for the breakdown, the store read the gate makes for each.
+pub async fn gate_ready(
+    env: &Env,
+    agents: &[BenchAgent],
+    sizes: &Sizes,
+) -> Result<(Latency, GateReady), BenchError> {
+    let agent = &agents[0];
+    // The agent's last wake round completed its run.
+    let state = env.read(&agent.id).await?;
+    let run = state.agent.map(|a| a.agent_run_id).unwrap_or_default();
+    let tool = tool_of(&run);
+
+    let mut reads = Vec::with_capacity(sizes.gate_ready_samples);
+    for _ in 0..sizes.gate_ready_samples {
+        let started = Instant::now();
+        read_state(&env.client, env.subjects.store_get_agent_state(), &agent.id)
+            .await
+            .map_err(|e| BenchError::new("store read", e))?;
+        reads.push(started.elapsed());
+    }
+
+    let mut latencies = Vec::with_capacity(sizes.gate_ready_samples);
+    let mut ready = GateReady::default();
+    for i in 0..sizes.gate_ready_samples {
+        let started = Instant::now();
+        let reply = env
+            .first_turn(format!("ready-chat-{i}"), agent.id.clone())
+            .await;
+        let elapsed = started.elapsed();
+        match reply.and_then(|r| check(&r, &run, &tool)) {
+            Ok(()) => {
+                ready.correct += 1;
+                latencies.push(elapsed);
+            }
+            Err(why) if ready.wrong.len() < QUOTED_ERRORS => ready.wrong.push(why),
+            Err(_) => {}
+        }
+    }
+    ready.asked = sizes.gate_ready_samples;
+    ready.latency = Latency::of(latencies);
+    Ok((Latency::of(reads), ready))
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct GateReady {
+    pub asked: usize,
+    pub correct: usize,
+    pub wrong: Vec<String>,
+    pub latency: Latency,
+}
+
+fn ready_in(state: &AgentState, run: &str) -> Option<SystemTime> {
+    let agent_run = state.agent.as_ref().map(|a| a.agent_run_id.as_str());
+    let snapshot = state.snapshot.as_ref()?;
+    (agent_run == Some(run) && snapshot.agent_run_id == run && snapshot.phase() == Phase::Complete)
+        .then(|| {
+            snapshot
+                .received_at
+                .as_ref()
+                .map(|t| system_time(t.seconds, t.nanos))
+        })
+        .flatten()
+}
+
+/// A peer system's waiter: read the store every `interval` until the run is
+/// complete. A gate chat waits on the same commit, for the head-to-head ratio.
+pub async fn polling(
+    env: &Env,
+    agents: &[BenchAgent],
+    sizes: &Sizes,
+    progress: &Progress,
+) -> Result<Polling, BenchError> {
+    let interval = sizes.polling_interval;
+    let mut polled = Vec::new();
+    let mut woken = Vec::new();
+    for r in 0..sizes.polling_rounds {
+        progress.step(format!(
+            "polling baseline: round {} of {}",
+            r + 1,
+            sizes.polling_rounds
+        ));
+        // Agents the wake rounds did not just use.
+        let agent = &agents[agents.len() - 1 - r % agents.len()..][..1];
+        let runs = new_pending_runs(env, agent).await?;
+        let run = runs[0].clone();
+        let baseline = env.gate.gate().waiters_held();
+        let chat = tokio::spawn(first_turn(
+            env.client.clone(),
+            env.subjects.gate_turn(),
+            format!("poll-chat-{r}"),
+            agent[0].id.clone(),
+        ));
+        until_waiting(env, baseline, 1).await;
+
+        let client = env.client.clone();
+        let subject = env.subjects.store_get_agent_state();
+        let agent_id = agent[0].id.clone();
+        let poll_run = run.clone();
+        let poller = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval);
+            loop {
+                tick.tick().await;
+                let state = read_state(&client, subject.clone(), &agent_id).await?;
+                if let Some(commit) = ready_in(&state, &poll_run) {
+                    return Ok::<_, String>((commit, SystemTime::now()));
+                }
+            }
+        });
+        // The commit lands anywhere in the poller's period.
+        let offset = rand::random_range(0..interval.as_millis() as u64);
+        tokio::time::sleep(Duration::from_millis(offset)).await;
+        complete_runs(env, agent, &runs).await?;
+
+        let (commit, seen) = poller
+            .await
+            .step("poller")?
+            .map_err(|e| BenchError::new("poller", e))?;
+        polled.push(since(commit, seen));
+        let (reply, at) = chat.await.step("chat task")?;
+        let reply = reply.map_err(|e| BenchError::new("polling round chat", e))?;
+        check(&reply, &run, &tool_of(&run))
+            .map_err(|e| BenchError::new("polling round chat", e))?;
+        woken.push(since(commit, at));
+    }
+    Ok(Polling {
+        rounds: sizes.polling_rounds,
+        interval_ms: interval.as_millis() as u64,
+        polling_latency: Latency::of(polled),
+        wake_latency: Latency::of(woken),
+    })
+}

@@ -1,0 +1,276 @@
+//! The `ctxsync up --demo` walkthrough: register an agent, run a real
+//! workspace-agent process against a copy of the demo workspace, ask the gate
+//! for a chat's first turn while discovery is still pending, and print the
+//! timeline and the context the chat gets.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use ctxsync_proto::subjects::Subjects;
+use ctxsync_proto::v1::{
+    DiscoveryChanged, TurnReply, TurnRequest, discovery_changed::Cause, mcp_discovery::Phase,
+};
+use ctxsync_runtime::{Shutdown, rpc};
+use futures::StreamExt;
+use prost::Message;
+use serde_json::json;
+
+use crate::deps::Dependency;
+use crate::up::{copy_tree, sibling_binary};
+
+pub struct DemoSetup<'a> {
+    pub nats: &'a Dependency,
+    pub subjects: &'a Subjects,
+    pub ingest_url: String,
+    pub data_dir: &'a Path,
+    pub workspace: &'a Path,
+}
+
+/// How long the demo waits for each step before it gives up.
+const STEP_TIMEOUT: Duration = Duration::from_secs(60);
+
+struct Timeline {
+    start: Instant,
+}
+
+impl Timeline {
+    fn mark(&self, event: &str, detail: &str) {
+        println!(
+            "  {:>8.1} ms  {event:<22} {detail}",
+            self.start.elapsed().as_secs_f64() * 1000.0
+        );
+    }
+}
+
+fn reference_servers_dir() -> PathBuf {
+    std::env::var_os("CTXSYNC_MCP_SERVERS_DIR")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/ctxsync/mcp-servers"))
+        })
+        .unwrap_or_default()
+}
+
+/// The demo's `.mcp.json`: our fixture server, whichever reference servers
+/// are installed, and one server that cannot start (to show a failed outcome).
+fn demo_mcp_config(demo_dir: &Path) -> (serde_json::Value, Vec<String>) {
+    let mut servers = serde_json::Map::new();
+    let mut notes = Vec::new();
+    match sibling_binary("mcp-fixture") {
+        Some(fixture) => {
+            servers.insert(
+                "notes".into(),
+                json!({ "command": fixture, "args": ["--mode", "normal"] }),
+            );
+        }
+        None => notes.push("mcp-fixture not found next to ctxsync or on PATH".to_owned()),
+    }
+    let refs = reference_servers_dir();
+    let bin = refs.join("node_modules/.bin");
+    let candidates: [(&str, PathBuf, serde_json::Value); 3] = [
+        (
+            "memory",
+            bin.join("mcp-server-memory"),
+            json!({ "MEMORY_FILE_PATH": demo_dir.join("memory.jsonl") }),
+        ),
+        ("everything", bin.join("mcp-server-everything"), json!({})),
+        ("time", refs.join("venv/bin/mcp-server-time"), json!({})),
+    ];
+    for (name, command, env) in candidates {
+        if command.is_file() {
+            servers.insert(name.into(), json!({ "command": command, "env": env }));
+        } else {
+            notes.push(format!(
+                "reference server {name} not installed (bash tests/mcp-servers/install.sh)"
+            ));
+        }
+    }
+    servers.insert(
+        "broken".into(),
+        json!({
+            "command": demo_dir.join("no-such-mcp-server"),
+            "env": { "BROKEN_API_TOKEN": "demo-secret-never-shown" }
+        }),
+    );
+    (json!({ "mcpServers": servers }), notes)
+}
+
+async fn next_event(events: &mut async_nats::Subscriber) -> anyhow::Result<DiscoveryChanged> {
+    let message = tokio::time::timeout(STEP_TIMEOUT, events.next())
+        .await
+        .context("no discovery event within 60 s")?
+        .context("event subscription closed")?;
+    Ok(DiscoveryChanged::decode(message.payload)?)
+}
+
+pub async fn run(setup: &DemoSetup<'_>, shutdown: Shutdown) -> anyhow::Result<()> {
+    let timeline = Timeline {
+        start: Instant::now(),
+    };
+    let nats = ctxsync_runtime::nats::connect(&setup.nats.url, "ctxsync-demo").await?;
+    let client = &nats.client;
+    println!("demo");
+
+    let name = format!("demo-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let registered = crate::agent::register(
+        client,
+        setup.subjects,
+        Duration::from_secs(5),
+        "demo",
+        "demo",
+        &name,
+    )
+    .await?;
+    let agent_id = registered.agent_id.clone();
+    timeline.mark("registered", &format!("agent {agent_id} ({name})"));
+
+    let demo_dir = setup.data_dir.join("demo").join(&name);
+    let workspace = demo_dir.join("workspace");
+    copy_tree(setup.workspace, &workspace).with_context(|| {
+        format!(
+            "cannot copy the demo workspace {} (CTXSYNC_DEMO_WORKSPACE; run from the repository root)",
+            setup.workspace.display()
+        )
+    })?;
+    let (mcp_config, notes) = demo_mcp_config(&demo_dir);
+    std::fs::write(
+        workspace.join(".mcp.json"),
+        serde_json::to_vec_pretty(&mcp_config)?,
+    )?;
+    for note in notes {
+        println!("  note: {note}");
+    }
+    let token_file = demo_dir.join("token");
+    std::fs::write(&token_file, &registered.token)?;
+
+    let mut events = client
+        .subscribe(setup.subjects.discovery_changed(&agent_id))
+        .await?;
+    client.flush().await?;
+
+    let agent_binary = sibling_binary("workspace-agent")
+        .context("workspace-agent not found next to ctxsync or on PATH: build it (cargo build)")?;
+    let mut env: BTreeMap<&str, &std::ffi::OsStr> = BTreeMap::new();
+    env.insert("CTXSYNC_INGEST_URL", setup.ingest_url.as_ref());
+    env.insert("CTXSYNC_AGENT_TOKEN_FILE", token_file.as_os_str());
+    env.insert("CTXSYNC_WORKDIR", workspace.as_os_str());
+    env.insert("CTXSYNC_INSTRUCTIONS_DIRS", demo_dir.as_os_str());
+    env.insert("CTXSYNC_LOG", "warn".as_ref());
+    let mut agent = tokio::process::Command::new(agent_binary)
+        .envs(env)
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("cannot start workspace-agent")?;
+
+    let mut gate_answer = None;
+    let answer = loop {
+        let event = tokio::select! {
+            event = next_event(&mut events) => event?,
+            reply = async { gate_answer.as_mut().expect("guarded").await }, if gate_answer.is_some() => {
+                break reply?;
+            }
+        };
+        match (event.cause(), event.phase()) {
+            (Cause::Startup, _) => timeline.mark("startup", &format!("run {}", event.agent_run_id)),
+            (Cause::Push, Phase::Pending) => {
+                timeline.mark(
+                    "pending",
+                    "first report committed, MCP servers still starting",
+                );
+                let (client, subjects, agent_id) =
+                    (client.clone(), setup.subjects.clone(), agent_id.clone());
+                timeline.mark("chat asks first turn", "chat demo-chat-1 waits on the gate");
+                gate_answer = Some(Box::pin(async move {
+                    rpc::request::<_, TurnReply>(
+                        &client,
+                        subjects.gate_turn(),
+                        &TurnRequest {
+                            chat_id: "demo-chat-1".into(),
+                            agent_id,
+                            first_turn: true,
+                            tenant: "demo".into(),
+                        },
+                        None,
+                        STEP_TIMEOUT,
+                    )
+                    .await
+                    .map_err(anyhow::Error::from)
+                }));
+            }
+            (Cause::Push, Phase::Complete) => {
+                timeline.mark("complete", "initial MCP discovery finished");
+            }
+            (_, phase) => timeline.mark("event", phase.as_str_name()),
+        }
+    };
+    if let Some(error) = &answer.error {
+        bail!("the gate refused the turn: {}", error.message);
+    }
+    timeline.mark(
+        "gate answered",
+        &format!(
+            "{} after waiting {} ms",
+            answer.decision().as_str_name(),
+            answer.waited_ms
+        ),
+    );
+    print_projection(&answer);
+
+    if shutdown.is_cancelled() {
+        let _ = agent.start_kill();
+    } else {
+        // The agent keeps publishing changes until ctxsync stops.
+        tokio::spawn(async move {
+            shutdown.cancelled().await;
+            if let Some(pid) = agent.id() {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+            }
+            let _ = tokio::time::timeout(Duration::from_secs(10), agent.wait()).await;
+        });
+    }
+    Ok(())
+}
+
+fn print_projection(reply: &TurnReply) {
+    let Some(projection) = &reply.projection else {
+        println!("  (no projection)");
+        return;
+    };
+    println!("context for the first turn");
+    println!("  summary: {}", projection.summary);
+    for server in &projection.servers {
+        let names: Vec<&str> = server.tools.iter().map(|t| t.name.as_str()).collect();
+        let shown = names.iter().take(6).copied().collect::<Vec<_>>().join(", ");
+        let more = names.len().saturating_sub(6);
+        println!(
+            "  server {:<12} {} tools: {shown}{}",
+            server.name,
+            names.len(),
+            if more > 0 {
+                format!(", … (+{more})")
+            } else {
+                String::new()
+            }
+        );
+    }
+    for failed in &projection.failed_servers {
+        println!("  failed {:<12} {}", failed.name, failed.error);
+    }
+    for file in &projection.instruction_files {
+        println!(
+            "  instructions {} ({} bytes)",
+            file.path,
+            file.content.len()
+        );
+    }
+    for skill in &projection.skills {
+        println!("  skill {}: {}", skill.name, skill.description);
+    }
+}

@@ -1,0 +1,182 @@
+//! `ctxsync up`: every service in one process (still talking over NATS), with
+//! defaults that work on a fresh machine; `--demo` also runs a workspace agent
+//! against a demo workspace and shows a chat's first turn being held and woken.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::Context as _;
+use ctxsync_proto::subjects::Subjects;
+use ctxsync_runtime::{CommonArgs, DatabaseArgs, Shutdown};
+
+use crate::deps;
+
+/// `ctxsync up` options.
+#[derive(Debug, Clone, clap::Args)]
+pub struct UpArgs {
+    /// NATS server URL; when unset, 127.0.0.1:4222 if it answers, else a private nats-server.
+    #[arg(long, env = "NATS_URL")]
+    pub nats_url: Option<String>,
+
+    /// Postgres URL; when unset, 127.0.0.1:5432 if it answers (database `ctxsync`), else a private Postgres.
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: Option<String>,
+
+    /// Where private servers and demo files live.
+    #[arg(long, env = "CTXSYNC_DATA_DIR", default_value = ".ctxsync")]
+    pub data_dir: PathBuf,
+
+    /// Prefix of every NATS subject.
+    #[arg(long, env = "CTXSYNC_SUBJECT_PREFIX", default_value = ctxsync_proto::subjects::DEFAULT_PREFIX)]
+    pub subject_prefix: String,
+
+    /// agent-ingest's listener (the agent API, health, metrics).
+    #[arg(long, env = "CTXSYNC_INGEST_ADDR", default_value = "127.0.0.1:8080")]
+    pub ingest_addr: SocketAddr,
+
+    /// snapshot-store's listener (health, metrics).
+    #[arg(long, env = "CTXSYNC_STORE_ADDR", default_value = "127.0.0.1:8081")]
+    pub store_addr: SocketAddr,
+
+    /// chat-gate's listener (the gate API, health, metrics).
+    #[arg(long, env = "CTXSYNC_GATE_ADDR", default_value = "127.0.0.1:8082")]
+    pub gate_addr: SocketAddr,
+
+    /// Also run a workspace agent against the demo workspace and show a first turn.
+    #[arg(long)]
+    pub demo: bool,
+
+    /// The demo workspace to copy and discover.
+    #[arg(
+        long,
+        env = "CTXSYNC_DEMO_WORKSPACE",
+        default_value = "deploy/demo/workspace"
+    )]
+    pub demo_workspace: PathBuf,
+
+    /// Stop after the demo instead of serving until SIGTERM.
+    #[arg(long)]
+    pub exit_after_demo: bool,
+
+    /// Log filter for the services.
+    #[arg(long, env = "CTXSYNC_LOG", default_value = "warn")]
+    pub log_filter: String,
+}
+
+/// Runs every service until `shutdown`.
+pub async fn run(args: UpArgs, shutdown: Shutdown) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("cannot create CTXSYNC_DATA_DIR {}", args.data_dir.display()))?;
+    let data_dir = args
+        .data_dir
+        .canonicalize()
+        .context("cannot resolve CTXSYNC_DATA_DIR")?;
+    let nats = deps::nats(args.nats_url.as_deref(), &data_dir).await?;
+    let postgres = deps::postgres(args.database_url.as_deref(), &data_dir).await?;
+    println!("dependencies");
+    println!("  nats      {}  ({})", nats.url, nats.origin);
+    println!(
+        "  postgres  {}  ({})",
+        ctxsync_runtime::nats::redact_url(&postgres.url),
+        postgres.origin
+    );
+
+    let common = |addr: SocketAddr| CommonArgs {
+        http_addr: addr,
+        ..CommonArgs::for_nats(nats.url.clone(), args.subject_prefix.clone())
+    };
+    let store = snapshot_store::start(
+        snapshot_store::Config {
+            common: common(args.store_addr),
+            database: DatabaseArgs::new(postgres.url.clone()),
+        },
+        shutdown.clone(),
+    )
+    .await
+    .context("snapshot-store did not start")?;
+    let ingest = agent_ingest::start(
+        agent_ingest::Config::new(common(args.ingest_addr)),
+        shutdown.clone(),
+    )
+    .await
+    .context("agent-ingest did not start")?;
+    let gate = chat_gate::start(
+        chat_gate::Config::new(common(args.gate_addr)),
+        shutdown.clone(),
+    )
+    .await
+    .context("chat-gate did not start")?;
+
+    println!("services");
+    println!(
+        "  agent-ingest    http://{}  (POST /api/v1/agent/startup, /api/v1/agent/context-state)",
+        ingest.http_addr()
+    );
+    println!(
+        "  snapshot-store  http://{}  (health, metrics)",
+        store.http_addr()
+    );
+    println!(
+        "  chat-gate       http://{}  (POST /api/v1/gate, GET /api/v1/agents/{{id}}/context)",
+        gate.http_addr()
+    );
+    println!("  subjects        {}.>", args.subject_prefix);
+
+    let mut demo_result = Ok(());
+    if args.demo {
+        let subjects = Subjects::new(&args.subject_prefix)?;
+        demo_result = crate::demo::run(
+            &crate::demo::DemoSetup {
+                nats: &nats,
+                subjects: &subjects,
+                ingest_url: format!("http://{}", ingest.http_addr()),
+                data_dir: &data_dir,
+                workspace: &args.demo_workspace,
+            },
+            shutdown.clone(),
+        )
+        .await;
+        if args.exit_after_demo || demo_result.is_err() {
+            shutdown.cancel();
+        }
+    }
+    if !shutdown.is_cancelled() {
+        println!("ready; stop with Ctrl-C or SIGTERM");
+    }
+    shutdown.cancelled().await;
+    let stopping = Instant::now();
+    tokio::join!(store.join(), ingest.join(), gate.join());
+    eprintln!("stopped in {:?}", stopping.elapsed());
+    drop(postgres);
+    drop(nats);
+    demo_result
+}
+
+/// A file next to the running binary, else on PATH.
+pub fn sibling_binary(name: &str) -> Option<PathBuf> {
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join(name)))
+        .filter(|p| p.is_file());
+    beside.or_else(|| {
+        std::env::split_paths(&std::env::var_os("PATH")?)
+            .map(|dir| dir.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+/// Copies a directory tree (small: the demo workspace).
+pub fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_tree(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
+}
