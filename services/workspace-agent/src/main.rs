@@ -89,6 +89,13 @@ async fn main() -> anyhow::Result<()> {
         .log_filter
         .clone()
         .unwrap_or_else(|| if inspect { "warn" } else { "info" }.to_owned());
+    // rmcp logs transport failures with the full request URL (credentials,
+    // path, query): silenced unless the operator asks for rmcp explicitly.
+    let filter = if filter.contains("rmcp") {
+        filter
+    } else {
+        format!("{filter},rmcp=off")
+    };
     ctxsync_runtime::telemetry::init(cli.common.log_format, &filter)?;
     let settings = discovery_settings(&cli.common)?;
 

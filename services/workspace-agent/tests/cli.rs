@@ -73,6 +73,25 @@ fn inspect_json_redacts_inherited_secret_env_values() {
 }
 
 #[test]
+fn logs_never_carry_url_credentials() {
+    let ws = Workspace::new();
+    let url = format!(
+        "http://alice:log-pw-1234@127.0.0.1:{}/private-path/mcp?token=log-query-secret",
+        testkit::free_port()
+    );
+    ws.write_servers(&[("gone", serde_json::json!({"url": url}))]);
+    // Debug logs of the agent itself included.
+    let output = run(agent(&ws).args(["inspect", "--json", "--log", "debug"]));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("mcp_server:gone"), "{stdout}");
+    for secret in ["log-pw-1234", "private-path", "log-query-secret"] {
+        assert!(!stderr.contains(secret), "{secret} in logs: {stderr}");
+        assert!(!stdout.contains(secret), "{secret} in output: {stdout}");
+    }
+}
+
+#[test]
 fn inspect_prints_the_resolved_config_and_every_source() {
     let ws = Workspace::new();
     std::fs::write(ws.work().join("AGENTS.md"), "rules").unwrap();
