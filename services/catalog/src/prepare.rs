@@ -64,6 +64,11 @@ fn ms(duration: Duration) -> u64 {
     duration.as_millis().min(u64::MAX as u128) as u64
 }
 
+/// Milliseconds with microsecond precision, for phases that take less than one.
+pub(crate) fn ms_precise(duration: Duration) -> f64 {
+    duration.as_micros() as f64 / 1000.0
+}
+
 fn transport_proto(text: &str) -> McpTransport {
     match text {
         "stdio" => McpTransport::Stdio,
@@ -96,7 +101,12 @@ impl Core {
         };
         let spec = mcp::spec_of(server);
         let started = Instant::now();
-        let result = ctxsync_mcp::discover(&spec, timeout).await;
+        let result = if cause == Cause::Warmup {
+            // Closed before the next server starts: one at a time, strictly.
+            ctxsync_mcp::discover(&spec, timeout).await
+        } else {
+            self.discover_closing_later(&spec, timeout).await
+        };
         match result {
             Ok(discovery) => {
                 let catalog = Arc::new(mcp::catalog_of(discovery.tools));
@@ -130,6 +140,44 @@ impl Core {
                 Err(failure)
             }
         }
+    }
+
+    /// Connect and list within `timeout`, then close in the background: a
+    /// user waits for the tools, not for the server to exit.
+    async fn discover_closing_later(
+        &self,
+        spec: &ctxsync_mcp::ServerSpec,
+        timeout: Duration,
+    ) -> Result<ctxsync_mcp::Discovery, ctxsync_mcp::McpError> {
+        let started = Instant::now();
+        let connection = ctxsync_mcp::Connection::connect(
+            spec,
+            ctxsync_mcp::ConnectOptions {
+                handshake_timeout: timeout,
+                tools_changed: None,
+            },
+        )
+        .await?;
+        let remaining = timeout.saturating_sub(started.elapsed());
+        let tools = match tokio::time::timeout(remaining, connection.list_tools()).await {
+            Ok(Ok(tools)) => tools,
+            Ok(Err(error)) => {
+                connection.kill().await;
+                return Err(error);
+            }
+            Err(_) => {
+                connection.kill().await;
+                return Err(ctxsync_mcp::McpError::Timeout { after: timeout });
+            }
+        };
+        let duration = started.elapsed();
+        let server_info = connection.server_info();
+        self.closing.spawn(connection.close());
+        Ok(ctxsync_mcp::Discovery {
+            tools,
+            server_info,
+            duration,
+        })
     }
 
     pub(crate) async fn prepare(&self, request: CatalogPrepareRequest) -> CatalogPrepareReply {
@@ -384,10 +432,10 @@ impl Core {
             server_id: None,
             payload: json!({
                 "follow_up": false,
-                "duration_ms": ms(started.elapsed()),
-                "lookup_ms": ms(lookup),
-                "discovery_ms": ms(discovery),
-                "write_ms": ms(write_started.elapsed()),
+                "duration_ms": ms_precise(started.elapsed()),
+                "lookup_ms": ms_precise(lookup),
+                "discovery_ms": ms_precise(discovery),
+                "write_ms": ms_precise(write_started.elapsed()),
                 "servers": servers.len(),
                 "pinned": pinned,
                 "connected": connected,
@@ -418,7 +466,7 @@ impl Core {
             server_id: None,
             payload: json!({
                 "follow_up": true,
-                "duration_ms": ms(duration),
+                "duration_ms": ms_precise(duration),
                 "servers": pins.len(),
             }),
         };

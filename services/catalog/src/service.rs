@@ -48,6 +48,8 @@ pub(crate) struct Core {
     /// Bounds stdio starts for preparations and calls (not the warm-up's).
     pub starts: Semaphore,
     pub sessions: Sessions,
+    /// Servers closing after a discovery; shutdown waits for them.
+    pub closing: tokio_util::task::TaskTracker,
 }
 
 impl Core {
@@ -149,6 +151,13 @@ impl Running {
         }
         let released = self.core.sessions.release_all().await;
         tracing::info!(released, "session transports closed");
+        self.core.closing.close();
+        if tokio::time::timeout(self.grace, self.core.closing.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("servers still closing after the shutdown grace are killed");
+        }
         nats::drain(&self.nats, self.grace).await;
         self.http.join().await;
     }
@@ -170,6 +179,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
         subjects: subjects.clone(),
         written: WrittenGenerations::default(),
         sessions: Sessions::default(),
+        closing: tokio_util::task::TaskTracker::new(),
     });
 
     let subscribe_error = |subject: String| {

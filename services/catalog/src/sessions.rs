@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use crate::codes;
 use crate::config::{ConfiguredServer, TransportKind};
 use crate::mcp::{self, Failure};
-use crate::prepare::{Cause, valid_request_id};
+use crate::prepare::{Cause, ms_precise, valid_request_id};
 use crate::service::{Core, error};
 use crate::store::{self, GenerationRef, NewEvent, StoredPin, kinds};
 use crate::tools::{Catalog, CatalogDiff};
@@ -572,8 +572,8 @@ impl Core {
                 "outcome": outcome,
                 "first_call": first_call,
                 "connected": setup.connected,
-                "setup_ms": ms(setup.duration),
-                "duration_ms": ms(duration),
+                "setup_ms": ms_precise(setup.duration),
+                "duration_ms": ms_precise(duration),
             }),
         }
     }

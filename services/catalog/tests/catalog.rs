@@ -325,8 +325,12 @@ async fn the_first_call_starts_a_pinned_server_and_its_transport_stays_open() {
     );
     assert_eq!(mcp_fixture::read_starts(record.path()).len(), 1);
     assert!(
-        mcp_fixture::live_pids(record.path()).is_empty(),
-        "discovery closed its server"
+        eventually(Duration::from_secs(10), || mcp_fixture::live_pids(
+            record.path()
+        )
+        .is_empty())
+        .await,
+        "discovery closed its server (in the background)"
     );
 
     let reply = harness
@@ -360,7 +364,11 @@ async fn the_first_call_starts_a_pinned_server_and_its_transport_stays_open() {
         2,
         "later calls reuse the transport"
     );
-    assert_eq!(mcp_fixture::live_pids(record.path()).len(), 1);
+    assert_eq!(
+        mcp_fixture::live_pids(record.path()).len(),
+        1,
+        "the session's server runs"
+    );
     assert_eq!(harness.running().open_transports(), 1);
 
     // The preparation's connect and the call's connect, both published.
