@@ -2,6 +2,8 @@
 //! observable (reconnects are counted and announced to whoever needs to
 //! re-check state they may have missed while disconnected).
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_nats::{Client, ConnectOptions, Event};
@@ -42,6 +44,7 @@ pub struct NatsConnectError {
 pub async fn connect(url: &str, client_name: &str) -> Result<NatsConnection, NatsConnectError> {
     let (reconnect_tx, reconnects) = watch::channel(0u64);
     let (closed_tx, closed) = watch::channel(false);
+    let seen_connect = Arc::new(AtomicBool::new(false));
     let name = client_name.to_owned();
     let options = ConnectOptions::new()
         .name(client_name)
@@ -54,9 +57,14 @@ pub async fn connect(url: &str, client_name: &str) -> Result<NatsConnection, Nat
         .event_callback(move |event| {
             let tx = reconnect_tx.clone();
             let closed_tx = closed_tx.clone();
+            let seen_connect = seen_connect.clone();
             let name = name.clone();
             async move {
                 match event {
+                    // The first Connected is the initial connect, not a reconnect.
+                    Event::Connected if !seen_connect.swap(true, Ordering::SeqCst) => {
+                        tracing::debug!(client = %name, "nats connected");
+                    }
                     Event::Connected => {
                         metrics::counter!("ctxsync_nats_reconnects_total", "client" => name.clone())
                             .increment(1);
@@ -129,3 +137,30 @@ mod tests {
         );
     }
 }
+
+/// Returns once the server has processed everything this client sent before
+/// (subscriptions included): `flush()` only writes to the socket, so a
+/// message to ourselves is the round trip that proves it.
+pub async fn sync_with_server(client: &Client) -> Result<(), SyncError> {
+    use futures::StreamExt;
+    let inbox = client.new_inbox();
+    let mut echo = client
+        .subscribe(inbox.clone())
+        .await
+        .map_err(|e| SyncError(e.to_string()))?;
+    client
+        .publish(inbox, Default::default())
+        .await
+        .map_err(|e| SyncError(e.to_string()))?;
+    let answered = tokio::time::timeout(Duration::from_secs(10), echo.next()).await;
+    let _ = echo.unsubscribe().await;
+    match answered {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(SyncError("subscription closed".into())),
+        Err(_) => Err(SyncError("no round trip within 10 s".into())),
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("nats server did not confirm the subscriptions: {0}")]
+pub struct SyncError(String);

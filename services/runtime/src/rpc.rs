@@ -110,9 +110,8 @@ where
     let mut subscriber = client
         .queue_subscribe(subject.clone(), queue_group.to_owned())
         .await?;
-    // The server has the subscription once it answered a ping: only then may
-    // the service call itself ready.
-    client.flush().await.map_err(|e| {
+    // Only once the server has the subscription may the service call itself ready.
+    crate::nats::sync_with_server(&client).await.map_err(|e| {
         async_nats::SubscribeError::with_source(async_nats::SubscribeErrorKind::Other, e)
     })?;
     let handler = Arc::new(handler);

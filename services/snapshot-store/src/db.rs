@@ -41,7 +41,7 @@ pub enum StoreError {
 pub enum PushOutcome {
     Accepted {
         /// The phase-or-run-id-changed event to publish, if either changed.
-        discovery_changed: Option<DiscoveryChanged>,
+        discovery_changed: Option<Box<DiscoveryChanged>>,
         /// The every-commit event, if the content changed.
         snapshot_committed: Option<SnapshotCommitted>,
     },
@@ -336,17 +336,19 @@ impl Store {
         let committed_at = Some(timestamp(received_at));
         let discovery_changed = (stored_phase != Some(phase)
             || stored_run_id.as_deref() != Some(push.agent_run_id.as_str()))
-        .then(|| DiscoveryChanged {
-            agent_id: agent_id.to_string(),
-            cause: Cause::Push as i32,
-            agent_run_id: agent_run_id.clone(),
-            previous_agent_run_id: agent_run_id.clone(),
-            has_snapshot: true,
-            snapshot_agent_run_id: push.agent_run_id.clone(),
-            phase: phase as i32,
-            previous_phase: stored_phase.unwrap_or(Phase::Unspecified) as i32,
-            snapshot_version: push.version,
-            committed_at,
+        .then(|| {
+            Box::new(DiscoveryChanged {
+                agent_id: agent_id.to_string(),
+                cause: Cause::Push as i32,
+                agent_run_id: agent_run_id.clone(),
+                previous_agent_run_id: agent_run_id.clone(),
+                has_snapshot: true,
+                snapshot_agent_run_id: push.agent_run_id.clone(),
+                phase: phase as i32,
+                previous_phase: stored_phase.unwrap_or(Phase::Unspecified) as i32,
+                snapshot_version: push.version,
+                committed_at,
+            })
         });
         let snapshot_committed = content_changed.then(|| SnapshotCommitted {
             agent_id: agent_id.to_string(),

@@ -6,9 +6,11 @@
 //! the test with a message that says what to install or start: tests never
 //! skip silently.
 
+mod binary;
 mod nats;
 mod postgres;
 
+pub use binary::workspace_binary;
 pub use nats::NatsServer;
 pub use postgres::TestDatabase;
 

@@ -1,0 +1,326 @@
+//! The whole path across real processes: the `snapshot-store`, `agent-ingest`,
+//! `chat-gate`, `ctxsync` and `workspace-agent` binaries, a real nats-server,
+//! a real Postgres database and a real npm MCP server.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ctxsync_mcp::TransportSpec;
+use ctxsync_proto::subjects::Subjects;
+use ctxsync_proto::v1::{DiscoveryChanged, discovery_changed::Cause, mcp_discovery::Phase};
+use futures::StreamExt;
+use prost::Message;
+use serde_json::{Value, json};
+use testkit::{NatsServer, TestDatabase, workspace_binary};
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// A child process killed when the test ends.
+struct Process {
+    name: &'static str,
+    child: Child,
+}
+
+impl Process {
+    fn spawn(package: &str, bin: &'static str, env: &[(&str, String)]) -> Self {
+        let child = Command::new(workspace_binary(package, bin))
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .env("CTXSYNC_LOG", "info")
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
+        Self { name: bin, child }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then the exit status (bounded).
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .expect("signal");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "{} ignored SIGTERM", self.name);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn addr() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], testkit::free_port()))
+}
+
+/// Waits until a service's `/readyz` answers 200.
+async fn wait_ready(http: &reqwest::Client, addr: SocketAddr, name: &str) {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        if let Ok(response) = http.get(format!("http://{addr}/readyz")).send().await
+            && response.status().is_success()
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} not ready within {DEADLINE:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn next_event(events: &mut async_nats::Subscriber) -> DiscoveryChanged {
+    let message = tokio::time::timeout(DEADLINE, events.next())
+        .await
+        .expect("a discovery event within the deadline")
+        .expect("subscription open");
+    DiscoveryChanged::decode(message.payload).unwrap()
+}
+
+/// Events until one matches.
+async fn event_where(
+    events: &mut async_nats::Subscriber,
+    matches: impl Fn(&DiscoveryChanged) -> bool,
+) -> DiscoveryChanged {
+    loop {
+        let event = next_event(events).await;
+        if matches(&event) {
+            return event;
+        }
+    }
+}
+
+fn stdio_entry(spec: &ctxsync_mcp::ServerSpec) -> Value {
+    let TransportSpec::Stdio {
+        command, args, env, ..
+    } = &spec.transport
+    else {
+        panic!("a stdio server");
+    };
+    json!({ "command": command, "args": args, "env": env })
+}
+
+/// A workspace with an instruction file, the real npm memory server, and our
+/// fixture starting slowly, so discovery stays PENDING for a while.
+fn write_workspace(dir: &Path) {
+    std::fs::write(dir.join("AGENTS.md"), "Use the memory server for notes.\n").unwrap();
+    let memory = mcp_fixture::reference::memory(&dir.join("memory.jsonl"));
+    let slow =
+        mcp_fixture::fixture_spec("slow", &["--mode", "slow-start", "--delay-ms", "1500"], &[]);
+    let config =
+        json!({ "mcpServers": { "memory": stdio_entry(&memory), "slow": stdio_entry(&slow) } });
+    std::fs::write(
+        dir.join(".mcp.json"),
+        serde_json::to_vec_pretty(&config).unwrap(),
+    )
+    .unwrap();
+}
+
+fn tool_names(answer: &Value) -> Vec<String> {
+    answer["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["tools"].as_array().unwrap().iter())
+        .map(|t| t["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+async fn first_turn(
+    http: reqwest::Client,
+    gate: SocketAddr,
+    chat: &'static str,
+    agent: String,
+) -> Value {
+    let response = http
+        .post(format!("http://{gate}/api/v1/gate"))
+        .json(&json!({ "chat_id": chat, "agent_id": agent, "first_turn": true }))
+        .timeout(DEADLINE)
+        .send()
+        .await
+        .expect("gate answers");
+    assert!(response.status().is_success(), "{}", response.status());
+    response.json().await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_turn_waits_for_discovery_and_a_restart_withholds_old_tools_until_the_new_run_completes()
+ {
+    testkit::init_logs();
+    let nats = NatsServer::start();
+    let db = TestDatabase::create().await;
+    let prefix = testkit::unique_prefix();
+    let subjects = Subjects::new(&prefix).unwrap();
+    let http = reqwest::Client::new();
+    let (store_addr, ingest_addr, gate_addr) = (addr(), addr(), addr());
+    let base = |http_addr: SocketAddr| {
+        vec![
+            ("NATS_URL", nats.url()),
+            ("CTXSYNC_SUBJECT_PREFIX", prefix.clone()),
+            ("CTXSYNC_HTTP_ADDR", http_addr.to_string()),
+        ]
+    };
+    let mut store_env = base(store_addr);
+    store_env.push(("DATABASE_URL", db.url().to_owned()));
+    let mut store = Process::spawn("snapshot-store", "snapshot-store", &store_env);
+    let mut ingest = Process::spawn("agent-ingest", "agent-ingest", &base(ingest_addr));
+    let mut gate_env = base(gate_addr);
+    gate_env.push(("CTXSYNC_GATE_PENDING_TIMEOUT", "60s".into()));
+    gate_env.push(("CTXSYNC_GATE_STALE_GRACE", "60s".into()));
+    let mut gate = Process::spawn("chat-gate", "chat-gate", &gate_env);
+    wait_ready(&http, store_addr, "snapshot-store").await;
+    wait_ready(&http, ingest_addr, "agent-ingest").await;
+    wait_ready(&http, gate_addr, "chat-gate").await;
+
+    // Register through the operator CLI.
+    let registered = Command::new(workspace_binary("ctxsync-cli", "ctxsync"))
+        .args([
+            "agent",
+            "register",
+            "--tenant",
+            "acme",
+            "--workspace",
+            "w",
+            "--name",
+            "dev",
+            "--json",
+        ])
+        .env("NATS_URL", nats.url())
+        .env("CTXSYNC_SUBJECT_PREFIX", &prefix)
+        .output()
+        .unwrap();
+    assert!(
+        registered.status.success(),
+        "{}",
+        String::from_utf8_lossy(&registered.stderr)
+    );
+    let registered: Value = serde_json::from_slice(&registered.stdout).unwrap();
+    let agent_id = registered["agent_id"].as_str().unwrap().to_owned();
+
+    let workspace = tempfile::tempdir().unwrap();
+    write_workspace(workspace.path());
+    let home = tempfile::tempdir().unwrap();
+    let token_file = home.path().join("token");
+    std::fs::write(&token_file, registered["token"].as_str().unwrap()).unwrap();
+    let agent_env = vec![
+        ("CTXSYNC_INGEST_URL", format!("http://{ingest_addr}")),
+        ("CTXSYNC_AGENT_TOKEN_FILE", token_file.display().to_string()),
+        ("CTXSYNC_WORKDIR", workspace.path().display().to_string()),
+        ("HOME", home.path().display().to_string()),
+    ];
+
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let mut events = client
+        .subscribe(subjects.discovery_changed(&agent_id))
+        .await
+        .unwrap();
+    client.flush().await.unwrap();
+
+    // 1. A first turn asked while discovery is pending is answered with the
+    //    tools right after discovery completes.
+    let mut agent = Process::spawn("workspace-agent", "workspace-agent", &agent_env);
+    let startup = event_where(&mut events, |e| e.cause() == Cause::Startup).await;
+    let run_1 = startup.agent_run_id.clone();
+    event_where(&mut events, |e| e.phase() == Phase::Pending).await;
+    let turn = tokio::spawn(first_turn(
+        http.clone(),
+        gate_addr,
+        "chat-1",
+        agent_id.clone(),
+    ));
+    event_where(&mut events, |e| e.phase() == Phase::Complete).await;
+    let completed_at = Instant::now();
+    let answer = turn.await.unwrap();
+    let answered_after = completed_at.elapsed();
+    assert_eq!(answer["decision"], "ready", "{answer}");
+    assert!(answer["waited_ms"].as_u64().unwrap() >= 500, "{answer}");
+    assert!(
+        answered_after < Duration::from_secs(2),
+        "answered {answered_after:?} after completion"
+    );
+    let projection = &answer["projection"];
+    assert_eq!(projection["agent_run_id"], run_1.as_str());
+    assert_eq!(projection["stale"], false);
+    let tools = tool_names(projection);
+    assert!(
+        tools.contains(&"memory__create_entities".to_owned()),
+        "{tools:?}"
+    );
+    assert!(tools.contains(&"slow__echo".to_owned()), "{tools:?}");
+    let tool_count = tools.len();
+
+    // 2. The agent process dies and a new one starts: its Startup makes the
+    //    stored report stale; no answer offers the old process's tools, and a
+    //    first turn waits until the new run completes.
+    agent.kill();
+    let mut agent = Process::spawn("workspace-agent", "workspace-agent", &agent_env);
+    let restart = event_where(&mut events, |e| e.cause() == Cause::Startup).await;
+    let run_2 = restart.agent_run_id.clone();
+    assert_ne!(run_1, run_2);
+    let context: Value = http
+        .get(format!(
+            "http://{gate_addr}/api/v1/agents/{agent_id}/context"
+        ))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    if context["snapshot_agent_run_id"] == run_1.as_str() {
+        // Still the old process's report: its tools are withheld.
+        assert_eq!(context["stale"], true, "{context}");
+        assert!(tool_names(&context).is_empty(), "{context}");
+        assert_eq!(context["counts"]["tools_withheld"], tool_count);
+        assert!(
+            context["summary"].as_str().unwrap().contains("withheld"),
+            "{context}"
+        );
+    } else {
+        // The new process already reported: only its own (pending) outcomes show.
+        assert_eq!(
+            context["snapshot_agent_run_id"],
+            run_2.as_str(),
+            "{context}"
+        );
+        assert_eq!(context["stale"], false);
+    }
+    let turn = tokio::spawn(first_turn(
+        http.clone(),
+        gate_addr,
+        "chat-2",
+        agent_id.clone(),
+    ));
+    event_where(&mut events, |e| {
+        e.snapshot_agent_run_id == run_2 && e.phase() == Phase::Complete
+    })
+    .await;
+    let answer = turn.await.unwrap();
+    assert_eq!(answer["decision"], "ready", "{answer}");
+    let projection = &answer["projection"];
+    assert_eq!(projection["agent_run_id"], run_2.as_str());
+    assert_eq!(projection["snapshot_agent_run_id"], run_2.as_str());
+    assert_eq!(projection["stale"], false);
+    assert_eq!(tool_names(projection).len(), tool_count);
+
+    // 3. Every process stops cleanly on SIGTERM.
+    for process in [&mut agent, &mut gate, &mut ingest, &mut store] {
+        let status = process.terminate();
+        assert!(status.success(), "{} exited with {status}", process.name);
+    }
+}
