@@ -57,7 +57,8 @@ enum AgentCommand {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     if let Command::Bench(args) = &cli.command {
-        ctxsync_runtime::telemetry::init(ctxsync_runtime::LogFormat::Text, "warn")?;
+        // sqlx's slow-statement warnings (CREATE/DROP DATABASE) would break the progress line.
+        ctxsync_runtime::telemetry::init(ctxsync_runtime::LogFormat::Text, "warn,sqlx=error")?;
         let progress = ctxsync_cli::bench::Progress::default();
         let report = ctxsync_cli::bench::run(args, &progress).await?;
         if args.json {

@@ -62,6 +62,15 @@ pub struct Env {
     data_dir: PathBuf,
 }
 
+struct Services {
+    subjects: Subjects,
+    store: snapshot_store::RunningStore,
+    ingest: agent_ingest::RunningIngest,
+    gate: chat_gate::RunningGate,
+    client: async_nats::Client,
+    pool: PgPool,
+}
+
 fn random_hex(bytes: usize) -> String {
     let mut buf = vec![0u8; bytes];
     rand::rng().fill_bytes(&mut buf);
@@ -119,14 +128,63 @@ impl Env {
             })?;
         let database_url = with_database(&admin_url, &database);
         let prefix = format!("bench{suffix}");
-        let subjects = Subjects::new(&prefix).step("subject prefix")?;
-        let common = CommonArgs::for_nats(nats_dep.url.clone(), prefix);
         let shutdown = Shutdown::new();
+        let started = Self::start_services(&nats_dep.url, &prefix, &database_url, &shutdown).await;
+        let Services {
+            subjects,
+            store,
+            ingest,
+            gate,
+            client,
+            pool,
+        } = match started {
+            Ok(services) => services,
+            Err(error) => {
+                // Nothing of the bench may stay behind.
+                shutdown.cancel();
+                let _ = admin_execute(
+                    &admin_url,
+                    format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)"),
+                )
+                .await;
+                drop((nats_dep, postgres_dep));
+                let _ = std::fs::remove_dir_all(&data_dir);
+                return Err(error);
+            }
+        };
+        let ingest_addr = ingest.http_addr();
+        Ok(Self {
+            subjects,
+            nats_url: nats_dep.url.clone(),
+            database_url,
+            client,
+            pool,
+            gate,
+            ingest_addr,
+            admin_url,
+            database,
+            shutdown,
+            store,
+            ingest,
+            nats_dep,
+            postgres_dep,
+            data_dir,
+        })
+    }
+
+    async fn start_services(
+        nats_url: &str,
+        prefix: &str,
+        database_url: &str,
+        shutdown: &Shutdown,
+    ) -> Result<Services, BenchError> {
+        let subjects = Subjects::new(prefix).step("subject prefix")?;
+        let common = CommonArgs::for_nats(nats_url, prefix);
 
         let store = snapshot_store::start(
             snapshot_store::Config {
                 common: common.clone(),
-                database: DatabaseArgs::new(database_url.clone()),
+                database: DatabaseArgs::new(database_url.to_owned()),
             },
             shutdown.child_token(),
         )
@@ -147,32 +205,22 @@ impl Env {
             .await
             .step("chat-gate")?;
 
-        let client = ctxsync_runtime::nats::connect(&nats_dep.url, "ctxsync-bench")
+        let client = ctxsync_runtime::nats::connect(nats_url, "ctxsync-bench")
             .await
             .step("nats")?
             .client;
         let pool = PgPoolOptions::new()
             .max_connections(9)
-            .connect(&database_url)
+            .connect(database_url)
             .await
             .step("postgres (bench pool)")?;
-        let ingest_addr = ingest.http_addr();
-        Ok(Self {
+        Ok(Services {
             subjects,
-            nats_url: nats_dep.url.clone(),
-            database_url,
-            client,
-            pool,
-            gate,
-            ingest_addr,
-            admin_url,
-            database,
-            shutdown,
             store,
             ingest,
-            nats_dep,
-            postgres_dep,
-            data_dir,
+            gate,
+            client,
+            pool,
         })
     }
 

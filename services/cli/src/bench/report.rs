@@ -159,8 +159,9 @@ impl Report {
         for case in &self.wake {
             targets.push(at_most(
                 format!(
-                    "wake p50, {} chats / raw pub→sub p50",
-                    thousands(case.chats)
+                    "wake p50, {} chat{} / raw pub→sub p50",
+                    thousands(case.chats),
+                    if case.chats == 1 { "" } else { "s" }
                 ),
                 ratio(case.latency.p50_us, pub_sub),
                 3.0,
@@ -282,6 +283,12 @@ impl Report {
                 ratio(case.latency.p50_us, f.nats_pub_sub.p50_us)
             );
             row(&mut out, &label, &case.latency, &extra);
+            row(
+                &mut out,
+                "  of which commit → event at a subscriber",
+                &case.event_latency,
+                "",
+            );
             for wrong in &case.wrong {
                 let _ = writeln!(out, "    WRONG {wrong}");
             }

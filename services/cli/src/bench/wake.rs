@@ -37,6 +37,9 @@ pub struct WakeCase {
     pub correct: usize,
     pub wrong: Vec<String>,
     pub latency: Latency,
+    /// For the breakdown: from the commit to a plain subscriber (the bench)
+    /// receiving the discovery event, per agent.
+    pub event_latency: Latency,
     /// RSS of the process before the chats asked and while they waited.
     pub rss_before_bytes: Option<u64>,
     pub rss_waiting_bytes: Option<u64>,
@@ -45,6 +48,8 @@ pub struct WakeCase {
     pub note: Option<String>,
     #[serde(skip)]
     samples: Vec<Duration>,
+    #[serde(skip)]
+    event_samples: Vec<Duration>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -264,6 +269,7 @@ async fn round(
 
     complete_runs(env, agents, &runs).await?;
     let mut commits: HashMap<String, SystemTime> = HashMap::new();
+    let mut event_samples = Vec::with_capacity(agents.len());
     let wanted: HashMap<&str, &str> = agents
         .iter()
         .zip(&runs)
@@ -283,7 +289,9 @@ async fn round(
                     == Some(&event.snapshot_agent_run_id.as_str())
                 && let Some(at) = &event.committed_at
             {
-                commits.insert(event.agent_id.clone(), system_time(at.seconds, at.nanos));
+                let commit = system_time(at.seconds, at.nanos);
+                event_samples.push(since(commit, SystemTime::now()));
+                commits.insert(event.agent_id.clone(), commit);
             }
         }
     };
@@ -333,6 +341,8 @@ async fn round(
     }
     case.latency = Latency::of(latencies.clone());
     case.samples = latencies;
+    case.event_latency = Latency::of(event_samples.clone());
+    case.event_samples = event_samples;
     Ok(case)
 }
 
@@ -357,6 +367,7 @@ pub async fn all_cases(
     for (n, &chats) in sizes.wake_chats.iter().enumerate() {
         if chats == 1 {
             let mut latencies = Vec::new();
+            let mut event_latencies = Vec::new();
             let mut total = WakeCase {
                 chats: 1,
                 agents: 1,
@@ -379,8 +390,10 @@ pub async fn all_cases(
                 total.wrong.extend(one.wrong);
                 total.wrong.truncate(QUOTED_ERRORS);
                 latencies.extend(one.samples);
+                event_latencies.extend(one.event_samples);
             }
             total.latency = Latency::of(latencies);
+            total.event_latency = Latency::of(event_latencies);
             cases.push(total);
         } else {
             let used = &agents[..agents.len().min(chats)];

@@ -1,0 +1,161 @@
+//! `ctxsync bench --quick --json`, run as the real binary against a real
+//! nats-server and Postgres, so the benchmark cannot rot: every section must
+//! report sane numbers and every chat the right answer.
+
+use std::process::Command;
+
+use serde_json::Value;
+use sqlx::Connection;
+use testkit::NatsServer;
+
+fn admin_url() -> String {
+    std::env::var("CTXSYNC_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+}
+
+fn number(value: &Value, path: &str) -> f64 {
+    let mut current = value;
+    for key in path.split('.') {
+        current = match key.parse::<usize>() {
+            Ok(index) => &current[index],
+            Err(_) => &current[key],
+        };
+    }
+    current
+        .as_f64()
+        .unwrap_or_else(|| panic!("{path} is not a number: {current}"))
+}
+
+/// A latency section: samples taken, 0 < p50 ≤ p99 ≤ max.
+fn assert_latency(report: &Value, path: &str) {
+    let samples = number(report, &format!("{path}.samples"));
+    let p50 = number(report, &format!("{path}.p50_us"));
+    let p99 = number(report, &format!("{path}.p99_us"));
+    let max = number(report, &format!("{path}.max_us"));
+    assert!(samples >= 1.0, "{path}: no samples");
+    assert!(p50 > 0.0, "{path}: p50 {p50}");
+    assert!(p99 >= p50, "{path}: p99 {p99} < p50 {p50}");
+    assert!(max >= p99, "{path}: max {max} < p99 {p99}");
+    assert!(p99 < 60e6, "{path}: p99 {p99} µs is over a minute");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quick_bench_reports_every_section_with_sane_numbers() {
+    testkit::init_logs();
+    let nats = NatsServer::start();
+    let nats_url = nats.url();
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_ctxsync"))
+            .args(["bench", "--quick", "--json"])
+            .args(["--nats-url", &nats_url])
+            .args(["--database-url", &admin_url()])
+            .env_remove("NATS_URL")
+            .env_remove("DATABASE_URL")
+            .output()
+            .expect("ctxsync runs")
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "bench failed: {stderr}");
+    assert!(
+        stderr.contains("[bench] wake"),
+        "no progress lines: {stderr}"
+    );
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not JSON ({e}): {}",
+            String::from_utf8_lossy(&output.stdout)
+        )
+    });
+
+    assert_eq!(report["mode"], "quick");
+    for floor in [
+        "floors.nats_pub_sub",
+        "floors.nats_request_reply",
+        "floors.postgres.single_client",
+        "floors.store_read",
+    ] {
+        assert_latency(&report, floor);
+    }
+    assert!(number(&report, "floors.postgres.per_second") > 0.0);
+    assert_eq!(number(&report, "floors.postgres.clients"), 8.0);
+
+    let wake = report["wake"].as_array().expect("wake cases");
+    let chats: Vec<f64> = wake.iter().map(|c| number(c, "chats")).collect();
+    assert_eq!(chats, [1.0, 100.0, 1000.0]);
+    for (i, case) in wake.iter().enumerate() {
+        let expected = number(case, "chats") * number(case, "rounds");
+        assert!(expected >= 1.0);
+        assert_eq!(number(case, "answered"), expected, "wake case {i}: {case}");
+        assert_eq!(number(case, "correct"), expected, "wake case {i}: {case}");
+        assert_eq!(case["wrong"].as_array().map(Vec::len), Some(0), "{case}");
+        assert_latency(&report, &format!("wake.{i}.latency"));
+        assert_latency(&report, &format!("wake.{i}.event_latency"));
+        assert!(number(case, "waiting_at_commit") >= 1.0, "{case}");
+    }
+
+    assert_eq!(
+        number(&report, "gate_ready.correct"),
+        number(&report, "gate_ready.asked")
+    );
+    assert_latency(&report, "gate_ready.latency");
+
+    assert!(number(&report, "push.pushes") > 0.0);
+    assert!(number(&report, "push.per_second") > 0.0);
+    assert_latency(&report, "push.latency");
+
+    assert!(
+        report["catalog"]["skipped"].is_null(),
+        "the catalog section needs the reference MCP servers (tests/mcp-servers/install.sh): {}",
+        report["catalog"]
+    );
+    assert!(number(&report, "catalog.live_ms") > 0.0);
+    assert_latency(&report, "catalog.warm");
+    assert_eq!(report["catalog"]["warm_all_pinned"], true);
+    assert!(
+        number(&report, "catalog.live_ms") * 1000.0 > number(&report, "catalog.warm.p50_us"),
+        "live discovery is not slower than pinning from memory: {}",
+        report["catalog"]
+    );
+
+    assert_latency(&report, "polling.polling_latency");
+    assert_latency(&report, "polling.wake_latency");
+    assert_eq!(
+        number(&report, "polling.wake_latency.samples"),
+        number(&report, "polling.rounds")
+    );
+
+    assert!(number(&report, "memory.bytes_per_chat") > 0.0);
+    assert_eq!(number(&report, "memory.chats"), 1000.0);
+
+    let targets = report["targets"].as_array().expect("targets");
+    assert_eq!(targets.len(), 3 + 1 + 1 + 1 + 1, "{targets:?}");
+    for target in targets {
+        let ratio = number(target, "ratio");
+        assert!(ratio.is_finite() && ratio > 0.0, "{target}");
+        assert!(target["met"].is_boolean(), "{target}");
+    }
+    assert_eq!(report["all_answers_correct"], true);
+    assert_eq!(
+        report["metrics"]["missing"].as_array().map(Vec::len),
+        Some(0),
+        "{}",
+        report["metrics"]
+    );
+
+    // The bench dropped its database.
+    let database = report["environment"]["database"]
+        .as_str()
+        .expect("database name")
+        .to_owned();
+    assert!(database.starts_with("ctxsync_bench_"), "{database}");
+    let mut admin = sqlx::PgConnection::connect(&admin_url()).await.unwrap();
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+            .bind(&database)
+            .fetch_one(&mut admin)
+            .await
+            .unwrap();
+    assert!(!exists, "the bench database {database} was not dropped");
+}
