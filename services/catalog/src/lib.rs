@@ -50,6 +50,8 @@ pub mod codes {
     pub const TENANT_UNKNOWN: &str = "tenant.unknown";
     pub const REQUEST_INVALID: &str = "request.invalid";
     pub const INTERNAL: &str = "catalog.internal";
+    /// The answer does not fit in one NATS message (`max_payload`).
+    pub const REPLY_TOO_LARGE: &str = "catalog.reply_too_large";
 }
 
 /// Longest tenant or session id accepted in a request, in bytes.

@@ -58,6 +58,21 @@ impl Core {
         self.servers.read().expect("config lock").clone()
     }
 
+    /// A reply NATS would refuse to carry becomes an error naming the limit
+    /// (the requester would otherwise only see a timeout).
+    pub fn fit_reply<R: Message>(&self, reply: R, too_large: impl FnOnce(String) -> R) -> R {
+        let max = self.nats.server_info().max_payload;
+        let size = reply.encoded_len();
+        if max > 0 && size > max {
+            metrics::counter!("ctxsync_catalog_replies_too_large_total").increment(1);
+            too_large(format!(
+                "the answer is {size} bytes, over the NATS server's max_payload of {max} bytes"
+            ))
+        } else {
+            reply
+        }
+    }
+
     /// Publishes committed events on `<prefix>.events.catalog.<kind>`; a
     /// failure is logged (the events are stored either way).
     pub async fn publish(&self, events: &[StoredEvent]) {
@@ -203,7 +218,13 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
             },
             move |request: CatalogPrepareRequest, _| {
                 let core = handler_core.clone();
-                async move { core.prepare(request).await }
+                async move {
+                    let reply = core.prepare(request).await;
+                    core.fit_reply(reply, |message| CatalogPrepareReply {
+                        error: error(codes::REPLY_TOO_LARGE, message),
+                        ..Default::default()
+                    })
+                }
             },
         )
         .await
@@ -223,7 +244,13 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
             },
             move |request: CatalogCallRequest, _| {
                 let core = handler_core.clone();
-                async move { core.call(request).await }
+                async move {
+                    let reply = core.call(request).await;
+                    core.fit_reply(reply, |message| CatalogCallReply {
+                        error: error(codes::REPLY_TOO_LARGE, message),
+                        ..Default::default()
+                    })
+                }
             },
         )
         .await

@@ -825,3 +825,37 @@ async fn bad_requests_are_answered_with_reasons() {
     );
     harness.stop().await;
 }
+
+#[tokio::test]
+async fn a_result_over_the_servers_limit_is_refused_by_name() {
+    let record = tempfile::tempdir().unwrap();
+    let mut small = fixture("fx", record.path(), &[]);
+    small.limits.max_content_bytes = 64;
+    let harness = Harness::start(tenants(vec![("acme", vec![small])]), settings()).await;
+    harness.prepare("acme", "s1").await;
+    let fits = harness
+        .call(
+            "acme",
+            "s1",
+            "fx",
+            "echo",
+            serde_json::json!({"text": "short"}),
+        )
+        .await;
+    assert!(fits.ok, "{fits:?}");
+    let long = "x".repeat(200);
+    let refused = harness
+        .call(
+            "acme",
+            "s1",
+            "fx",
+            "echo",
+            serde_json::json!({ "text": long }),
+        )
+        .await;
+    assert_eq!(error_code(&refused.error), "tool.result_too_large");
+    let message = &refused.error.as_ref().unwrap().message;
+    assert!(message.contains("max_content_bytes = 64"), "{message}");
+    assert!(!message.contains(&long));
+    harness.stop().await;
+}
