@@ -131,6 +131,8 @@ impl Expectation {
 
 #[derive(Default)]
 struct ReadState {
+    /// A read was asked for and has not started: anything asking now is covered by it.
+    requested: bool,
     reading: bool,
     /// Events that arrived during the read in flight: re-read unless its result shows them.
     recheck: Vec<Expectation>,
@@ -152,14 +154,17 @@ pub struct AgentWatch {
 }
 
 impl AgentWatch {
-    /// Asks for a read that starts after this call.
+    /// Asks for a read that starts after this call. Asks made before the
+    /// reader picks a request up share that one read.
     fn request_read(&self) {
         let mut state = self.state.lock().expect("watch state lock");
         if state.reading {
             state.force = true;
+        } else if !state.requested {
+            state.requested = true;
+            drop(state);
+            self.refresh.notify_one();
         }
-        drop(state);
-        self.refresh.notify_one();
     }
 
     fn on_event(&self, expectation: Expectation, commit_at: Option<SystemTime>) {
@@ -181,10 +186,11 @@ impl AgentWatch {
             } else {
                 state.force = true;
             }
-            return;
+        } else if !state.requested {
+            state.requested = true;
+            drop(state);
+            self.refresh.notify_one();
         }
-        drop(state);
-        self.refresh.notify_one();
     }
 
     async fn reader(self: Arc<Self>, store: StoreReader) {
@@ -200,6 +206,7 @@ impl AgentWatch {
             retry_at = None;
             let commit_at = {
                 let mut state = self.state.lock().expect("watch state lock");
+                state.requested = false;
                 state.reading = true;
                 state.force = false;
                 state.recheck.clear();
@@ -237,7 +244,7 @@ impl AgentWatch {
                 result: Some(result),
             });
             if again {
-                self.refresh.notify_one();
+                self.request_read();
             }
         }
     }
@@ -359,8 +366,10 @@ impl Interest {
         timeout: Duration,
     ) -> Result<(Arc<View>, watch::Receiver<Published>), ReadError> {
         let mut views = self.watch.views.subscribe();
+        // The ticket is taken before asking: the read asked for (or one
+        // already asked for and not yet started) has a sequence number at least this.
         let ticket = self.watch.started.load(Ordering::SeqCst) + 1;
-        self.watch.refresh.notify_one();
+        self.watch.request_read();
         let published =
             match tokio::time::timeout(timeout, views.wait_for(|p| p.seq >= ticket)).await {
                 Ok(Ok(published)) => published.clone(),

@@ -1,0 +1,513 @@
+//! A chat-gate and a snapshot-store on their own nats-server and database.
+//! Agents are registered and report through the store's NATS API, as
+//! agent-ingest would; chats ask the gate over NATS, HTTP or in process.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::time::{Duration, Instant, SystemTime};
+
+use chat_gate::{Config, RunningGate};
+use ctxsync_proto::subjects::Subjects;
+use ctxsync_proto::v1::mcp_discovery::Phase;
+use ctxsync_proto::v1::*;
+use ctxsync_runtime::{CommonArgs, DatabaseArgs, Shutdown, rpc};
+use snapshot_store::RunningStore;
+use testkit::{NatsServer, TestDatabase};
+
+pub const TIMEOUT: Duration = Duration::from_secs(30);
+pub const RUN_A: &str = "0b7f2c1e-7d1a-4c59-9d2f-4a1b2c3d4e5f";
+pub const RUN_B: &str = "5e4d3c2b-1a4b-4f9d-a1c7-e1d7c2f7b0aa";
+
+pub struct Harness {
+    pub nats: NatsServer,
+    pub db: TestDatabase,
+    pub subjects: Subjects,
+    /// The test's own client (quick to reconnect, like the services').
+    pub client: async_nats::Client,
+    pub store_shutdown: Shutdown,
+    pub store: Option<RunningStore>,
+    pub gate_shutdown: Shutdown,
+    pub gate: Option<RunningGate>,
+    pub http: reqwest::Client,
+    /// Between the gate and NATS, for [`Harness::spawn_behind_proxy`].
+    pub proxy: Option<Proxy>,
+}
+
+/// Gate settings for tests: waits long enough that only an event ends them,
+/// and a safety sweep that never runs within a test.
+pub fn gate_config(nats_url: &str, prefix: &str) -> Config {
+    let mut config = Config::new(CommonArgs::for_nats(nats_url, prefix));
+    config.pending_timeout = Duration::from_secs(20);
+    config.stale_grace = Duration::from_secs(20);
+    config.sweep_interval = Duration::from_secs(600);
+    config
+}
+
+impl Harness {
+    pub async fn spawn() -> Self {
+        Self::spawn_with(|_| {}).await
+    }
+
+    pub async fn spawn_with(configure: impl FnOnce(&mut Config)) -> Self {
+        Self::spawn_inner(configure, false).await
+    }
+
+    /// The gate reaches NATS through a proxy the test can cut, while the store
+    /// and the test's client stay connected.
+    pub async fn spawn_behind_proxy(configure: impl FnOnce(&mut Config)) -> Self {
+        Self::spawn_inner(configure, true).await
+    }
+
+    async fn spawn_inner(configure: impl FnOnce(&mut Config), behind_proxy: bool) -> Self {
+        testkit::init_logs();
+        let nats = NatsServer::start();
+        let proxy = if behind_proxy {
+            Some(Proxy::start(nats.port()).await)
+        } else {
+            None
+        };
+        let db = TestDatabase::create().await;
+        let prefix = testkit::unique_prefix();
+        let store_shutdown = Shutdown::new();
+        let store = snapshot_store::start(
+            snapshot_store::Config {
+                common: CommonArgs::for_nats(nats.url(), &prefix),
+                database: DatabaseArgs::new(db.url()),
+            },
+            store_shutdown.clone(),
+        )
+        .await
+        .expect("snapshot-store starts");
+        let gate_nats_url = match &proxy {
+            Some(proxy) => format!("nats://127.0.0.1:{}", proxy.port),
+            None => nats.url(),
+        };
+        let mut config = gate_config(&gate_nats_url, &prefix);
+        configure(&mut config);
+        let gate_shutdown = Shutdown::new();
+        let gate = chat_gate::start(config, gate_shutdown.clone())
+            .await
+            .expect("chat-gate starts");
+        let client = ctxsync_runtime::nats::connect(&nats.url(), "test")
+            .await
+            .expect("test client connects")
+            .client;
+        Self {
+            nats,
+            db,
+            subjects: Subjects::new(&prefix).unwrap(),
+            client,
+            store_shutdown,
+            store: Some(store),
+            gate_shutdown,
+            gate: Some(gate),
+            http: reqwest::Client::new(),
+            proxy,
+        }
+    }
+
+    pub fn gate(&self) -> &chat_gate::Gate {
+        self.gate.as_ref().expect("gate running").gate()
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!(
+            "http://{}{path}",
+            self.gate.as_ref().expect("gate running").http_addr()
+        )
+    }
+
+    /// Stops snapshot-store (its subjects then have no responders).
+    pub async fn stop_store(&mut self) {
+        self.store_shutdown.cancel();
+        if let Some(store) = self.store.take() {
+            store.join().await;
+        }
+    }
+
+    pub async fn register(&self, name: &str) -> String {
+        let reply: RegisterAgentReply = rpc::request(
+            &self.client,
+            self.subjects.store_register_agent(),
+            &RegisterAgentRequest {
+                tenant: "acme".into(),
+                workspace: "ws1".into(),
+                name: name.into(),
+                token_sha256: sha(name),
+            },
+            None,
+            TIMEOUT,
+        )
+        .await
+        .expect("register answers");
+        assert_eq!(reply.error, None);
+        reply.agent_id
+    }
+
+    pub async fn startup(&self, agent_id: &str, run_id: &str) {
+        let reply: UpdateStartupReply = rpc::request(
+            &self.client,
+            self.subjects.store_update_startup(),
+            &UpdateStartupRequest {
+                agent_id: agent_id.into(),
+                startup: Some(StartupRequest {
+                    agent_run_id: run_id.into(),
+                    agent_version: "test".into(),
+                }),
+            },
+            None,
+            TIMEOUT,
+        )
+        .await
+        .expect("startup answers");
+        assert_eq!(reply.error, None);
+    }
+
+    /// Pushes and asserts the store accepted it.
+    pub async fn push_ok(&self, agent_id: &str, push: PushContextStateRequest) {
+        let reply: StorePushReply = rpc::request(
+            &self.client,
+            self.subjects.store_push(),
+            &StorePushRequest {
+                agent_id: agent_id.into(),
+                push: Some(push),
+            },
+            None,
+            TIMEOUT,
+        )
+        .await
+        .expect("push answers");
+        assert_eq!(reply.error, None);
+        assert!(reply.response.unwrap().accepted, "push was dropped");
+    }
+
+    /// A turn over the gate's NATS API.
+    pub async fn turn(&self, chat_id: &str, agent_id: &str, first_turn: bool) -> TurnReply {
+        rpc::request(
+            &self.client,
+            self.subjects.gate_turn(),
+            &TurnRequest {
+                chat_id: chat_id.into(),
+                agent_id: agent_id.into(),
+                first_turn,
+                tenant: String::new(),
+            },
+            None,
+            TIMEOUT,
+        )
+        .await
+        .expect("gate answers")
+    }
+
+    /// A first turn in the background; the answer comes with the time it arrived.
+    pub fn spawn_turn(
+        &self,
+        chat_id: &str,
+        agent_id: &str,
+    ) -> tokio::task::JoinHandle<(TurnReply, SystemTime)> {
+        let gate = self.gate().clone();
+        let request = TurnRequest {
+            chat_id: chat_id.into(),
+            agent_id: agent_id.into(),
+            first_turn: true,
+            tenant: String::new(),
+        };
+        tokio::spawn(async move {
+            let reply = gate.turn(request).await;
+            (reply, SystemTime::now())
+        })
+    }
+
+    /// Waits (bounded) until the gate holds `n` waits.
+    pub async fn until_waiting(&self, n: usize) {
+        let gate = self.gate().clone();
+        until(format!("the gate holds {n} waits"), move || {
+            let held = gate.waiters_held();
+            async move { held == n }
+        })
+        .await;
+    }
+
+    /// Counts the store reads of this test's prefix, as the store sees them.
+    pub async fn count_store_reads(&self) -> ReadCounter {
+        let mut subscriber = self
+            .client
+            .subscribe(self.subjects.store_get_agent_state())
+            .await
+            .expect("subscribe to store reads");
+        self.client.flush().await.expect("flush");
+        let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = count.clone();
+        let task = tokio::spawn(async move {
+            use futures::StreamExt;
+            while subscriber.next().await.is_some() {
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+        ReadCounter { count, task }
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.gate_shutdown.cancel();
+        self.store_shutdown.cancel();
+    }
+}
+
+pub struct ReadCounter {
+    count: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ReadCounter {
+    pub fn get(&self) -> usize {
+        self.count.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for ReadCounter {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Re-checks `condition` until it holds, failing the test after `TIMEOUT`.
+pub async fn until<F, Fut>(what: String, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + TIMEOUT;
+    while !condition().await {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The answer of a background turn, bounded.
+pub async fn answer(
+    turn: tokio::task::JoinHandle<(TurnReply, SystemTime)>,
+) -> (TurnReply, SystemTime) {
+    tokio::time::timeout(TIMEOUT, turn)
+        .await
+        .expect("the turn answers in time")
+        .expect("the turn task does not panic")
+}
+
+pub fn sha(token: &str) -> Vec<u8> {
+    use sha2::Digest;
+    sha2::Sha256::digest(token.as_bytes()).to_vec()
+}
+
+pub fn instruction(path: &str, content: &str) -> ContextResource {
+    ContextResource {
+        source: format!("instruction_file:{path}"),
+        kind: ResourceKind::InstructionFile as i32,
+        status: ResourceStatus::Ok as i32,
+        body: Some(context_resource::Body::InstructionFile(InstructionFile {
+            path: path.into(),
+            content: content.into(),
+            truncated: false,
+        })),
+        ..Default::default()
+    }
+}
+
+pub fn skill(dir: &str, name: &str, description: &str) -> ContextResource {
+    ContextResource {
+        source: format!("skill:{dir}"),
+        kind: ResourceKind::Skill as i32,
+        status: ResourceStatus::Ok as i32,
+        body: Some(context_resource::Body::Skill(Skill {
+            dir: dir.into(),
+            name: name.into(),
+            description: description.into(),
+        })),
+        ..Default::default()
+    }
+}
+
+pub fn server(name: &str, tools: &[&str]) -> ContextResource {
+    ContextResource {
+        source: format!("mcp_server:{name}"),
+        kind: ResourceKind::McpServer as i32,
+        status: ResourceStatus::Ok as i32,
+        body: Some(context_resource::Body::McpServer(McpServer {
+            name: name.into(),
+            transport: McpTransport::Stdio as i32,
+            config_path: "/w/.mcp.json".into(),
+            tools: tools
+                .iter()
+                .map(|t| McpTool {
+                    name: (*t).into(),
+                    description: format!("the {t} tool"),
+                    input_schema_json: r#"{"type":"object","properties":{"q":{"type":"string"}}}"#
+                        .into(),
+                })
+                .collect(),
+        })),
+        ..Default::default()
+    }
+}
+
+pub fn failed_server(name: &str, error: &str) -> ContextResource {
+    ContextResource {
+        source: format!("mcp_server:{name}"),
+        kind: ResourceKind::McpServer as i32,
+        status: ResourceStatus::Unreadable as i32,
+        error: error.into(),
+        body: Some(context_resource::Body::McpServer(McpServer {
+            name: name.into(),
+            transport: McpTransport::Stdio as i32,
+            config_path: "/w/.mcp.json".into(),
+            tools: vec![],
+        })),
+        ..Default::default()
+    }
+}
+
+pub fn invalid_config(path: &str, error: &str) -> ContextResource {
+    ContextResource {
+        source: format!("mcp_config:{path}"),
+        kind: ResourceKind::McpConfig as i32,
+        status: ResourceStatus::Invalid as i32,
+        error: error.into(),
+        body: Some(context_resource::Body::McpConfig(McpConfig {
+            path: path.into(),
+            server_names: vec![],
+        })),
+        ..Default::default()
+    }
+}
+
+pub fn push(
+    run_id: &str,
+    version: u64,
+    initial: bool,
+    phase: Option<Phase>,
+    resources: Vec<ContextResource>,
+) -> PushContextStateRequest {
+    PushContextStateRequest {
+        agent_run_id: run_id.into(),
+        version,
+        initial,
+        mcp_discovery: phase.map(|p| McpDiscovery { phase: p as i32 }),
+        resources,
+        context_config: Some(ContextConfig {
+            working_dir: "/w".into(),
+            ..Default::default()
+        }),
+    }
+}
+
+pub fn pending(
+    run_id: &str,
+    version: u64,
+    resources: Vec<ContextResource>,
+) -> PushContextStateRequest {
+    push(
+        run_id,
+        version,
+        version == 1,
+        Some(Phase::Pending),
+        resources,
+    )
+}
+
+pub fn complete(
+    run_id: &str,
+    version: u64,
+    resources: Vec<ContextResource>,
+) -> PushContextStateRequest {
+    push(
+        run_id,
+        version,
+        version == 1,
+        Some(Phase::Complete),
+        resources,
+    )
+}
+
+pub fn tool_names(reply: &TurnReply) -> Vec<String> {
+    reply
+        .projection
+        .as_ref()
+        .expect("projection")
+        .servers
+        .iter()
+        .flat_map(|s| s.tools.iter().map(|t| t.name.clone()))
+        .collect()
+}
+
+pub fn projection(reply: &TurnReply) -> &ChatProjection {
+    reply.projection.as_ref().expect("projection")
+}
+
+pub fn millis_since(since: SystemTime, at: SystemTime) -> f64 {
+    at.duration_since(since).unwrap_or_default().as_secs_f64() * 1000.0
+}
+
+pub fn committed_at(event: &DiscoveryChanged) -> SystemTime {
+    let ts = event.committed_at.as_ref().expect("committed_at");
+    SystemTime::UNIX_EPOCH + Duration::new(ts.seconds as u64, ts.nanos as u32)
+}
+
+/// A TCP proxy to the nats-server that can cut every connection through it.
+pub struct Proxy {
+    pub port: u16,
+    open: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    connections: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    pub async fn start(target_port: u16) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let open = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let connections: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>> =
+            Default::default();
+        let (accept_open, accept_connections) = (open.clone(), connections.clone());
+        let accept = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if !accept_open.load(std::sync::atomic::Ordering::SeqCst) {
+                    continue; // dropped: the client sees the connection fail
+                }
+                let task = tokio::spawn(async move {
+                    if let Ok(mut outbound) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", target_port)).await
+                    {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+                accept_connections.lock().unwrap().push(task);
+            }
+        });
+        Self {
+            port,
+            open,
+            connections,
+            accept,
+        }
+    }
+
+    /// Closes every connection and refuses new ones.
+    pub fn cut(&self) {
+        self.open.store(false, std::sync::atomic::Ordering::SeqCst);
+        for task in self.connections.lock().unwrap().drain(..) {
+            task.abort();
+        }
+    }
+
+    pub fn restore(&self) {
+        self.open.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.cut();
+        self.accept.abort();
+    }
+}
