@@ -40,4 +40,5 @@ if ! psql "$pg_url" -qtAc 'select 1' >/dev/null 2>&1; then
 fi
 
 bash "$here/mcp-servers/install.sh"
+bash "$here/deploy/install-tools.sh"
 echo "test prerequisites ready" >&2

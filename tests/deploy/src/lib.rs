@@ -153,7 +153,9 @@ fn collect_rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
             if path.file_name().is_some_and(|n| n != "target") {
                 collect_rust_files(&path, out);
             }
-        } else if path.extension().is_some_and(|e| e == "rs") && path.components().any(|c| c.as_os_str() == "src") {
+        } else if path.extension().is_some_and(|e| e == "rs")
+            && path.components().any(|c| c.as_os_str() == "src")
+        {
             out.push(path);
         }
     }
@@ -171,7 +173,9 @@ pub fn nats_client_names_in_code() -> BTreeSet<(String, String)> {
             let text = std::fs::read_to_string(&file).expect("readable source");
             for (i, _) in text.match_indices("nats::connect(") {
                 let call = &text[i..];
-                let Some(close) = call.find(')') else { continue };
+                let Some(close) = call.find(')') else {
+                    continue;
+                };
                 let args = &call[..close];
                 if let Some(start) = args.rfind(", \"") {
                     let name = args[start + 3..].trim_end_matches('"');

@@ -9,7 +9,13 @@ use deploy_checks::{deploy_dir, repo_root, run};
 fn workspace_binaries() -> BTreeSet<String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let metadata = run(Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
         .current_dir(repo_root()));
     let metadata: serde_json::Value = serde_json::from_str(&metadata).expect("cargo metadata JSON");
     let mut bins = BTreeSet::new();
@@ -48,34 +54,51 @@ fn instructions() -> Vec<String> {
 #[test]
 fn dockerfile_builds_and_copies_exactly_the_workspace_binaries() {
     let expected = workspace_binaries();
-    assert!(expected.contains("ctxsync") && expected.contains("snapshot-store"), "{expected:?}");
+    assert!(
+        expected.contains("ctxsync") && expected.contains("snapshot-store"),
+        "{expected:?}"
+    );
     let instructions = instructions();
 
     let build = instructions
         .iter()
         .find(|i| i.starts_with("RUN") && i.contains("cargo build"))
         .expect("a RUN cargo build instruction");
-    assert!(build.contains("--release") && build.contains("--locked"), "{build}");
+    assert!(
+        build.contains("--release") && build.contains("--locked"),
+        "{build}"
+    );
     let words: Vec<&str> = build.split_whitespace().collect();
     let built: BTreeSet<String> = words
         .windows(2)
         .filter(|w| w[0] == "--bin")
         .map(|w| w[1].to_owned())
         .collect();
-    assert_eq!(built, expected, "`cargo build --bin ...` in the Dockerfile vs the workspace's bin targets");
+    assert_eq!(
+        built, expected,
+        "`cargo build --bin ...` in the Dockerfile vs the workspace's bin targets"
+    );
 
     let copied: BTreeSet<String> = instructions
         .iter()
         .filter(|i| i.starts_with("COPY --from=build "))
         .map(|i| {
             let dest = i.split_whitespace().last().expect("COPY destination");
-            let name = dest.strip_prefix("/usr/local/bin/").unwrap_or_else(|| panic!("{i}: binaries go to /usr/local/bin/"));
+            let name = dest
+                .strip_prefix("/usr/local/bin/")
+                .unwrap_or_else(|| panic!("{i}: binaries go to /usr/local/bin/"));
             let source = i.split_whitespace().nth(2).expect("COPY source");
-            assert!(source.ends_with(&format!("/{name}")), "{i}: copies a binary under its own name");
+            assert!(
+                source.ends_with(&format!("/{name}")),
+                "{i}: copies a binary under its own name"
+            );
             name.to_owned()
         })
         .collect();
-    assert_eq!(copied, expected, "binaries copied into the runtime image vs the workspace's bin targets");
+    assert_eq!(
+        copied, expected,
+        "binaries copied into the runtime image vs the workspace's bin targets"
+    );
     for bin in &expected {
         assert!(
             build.contains(&format!("target/release/{bin}")),
@@ -87,7 +110,10 @@ fn dockerfile_builds_and_copies_exactly_the_workspace_binaries() {
 #[test]
 fn image_is_multi_stage_non_root_and_needs_no_protoc() {
     let instructions = instructions();
-    let stages: Vec<&String> = instructions.iter().filter(|i| i.starts_with("FROM ")).collect();
+    let stages: Vec<&String> = instructions
+        .iter()
+        .filter(|i| i.starts_with("FROM "))
+        .collect();
     assert!(stages.len() >= 2, "multi-stage: {stages:?}");
     assert!(stages[0].contains(" AS build"), "{stages:?}");
     let user = instructions
@@ -95,12 +121,24 @@ fn image_is_multi_stage_non_root_and_needs_no_protoc() {
         .rfind(|i| i.starts_with("USER "))
         .expect("a USER instruction in the runtime stage");
     let uid = user["USER ".len()..].split(':').next().unwrap().trim();
-    assert!(uid.parse::<u32>().is_ok_and(|u| u != 0), "numeric non-root USER (Kubernetes runAsNonRoot checks it): {user}");
-    let last_from = instructions.iter().rposition(|i| i.starts_with("FROM ")).unwrap();
-    let user_at = instructions.iter().rposition(|i| i.starts_with("USER ")).unwrap();
+    assert!(
+        uid.parse::<u32>().is_ok_and(|u| u != 0),
+        "numeric non-root USER (Kubernetes runAsNonRoot checks it): {user}"
+    );
+    let last_from = instructions
+        .iter()
+        .rposition(|i| i.starts_with("FROM "))
+        .unwrap();
+    let user_at = instructions
+        .iter()
+        .rposition(|i| i.starts_with("USER "))
+        .unwrap();
     assert!(user_at > last_from, "USER is set in the final stage");
     for i in &instructions {
-        assert!(!i.contains("protobuf-compiler") && !i.contains("protoc"), "protox compiles the protos; no protoc: {i}");
+        assert!(
+            !i.contains("protobuf-compiler") && !i.contains("protoc"),
+            "protox compiles the protos; no protoc: {i}"
+        );
     }
 }
 
@@ -109,7 +147,11 @@ fn build_context_ignores_build_output_next_to_the_dockerfile() {
     // BuildKit reads <Dockerfile>.dockerignore; a root .dockerignore is not part of the layout.
     let ignore = std::fs::read_to_string(deploy_dir().join("docker/Dockerfile.dockerignore"))
         .expect("deploy/docker/Dockerfile.dockerignore");
-    let patterns: Vec<&str> = ignore.lines().map(str::trim).filter(|l| !l.starts_with('#')).collect();
+    let patterns: Vec<&str> = ignore
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#'))
+        .collect();
     assert!(patterns.contains(&"target/"), "{patterns:?}");
     assert!(patterns.contains(&".git/"), "{patterns:?}");
 }
@@ -129,7 +171,13 @@ fn deployment_commands_run_binaries_of_the_image() {
         let first = command[0].as_str().expect("command is a list").to_owned();
         let program = if first == "sh" {
             // `sh -c "<binary> ..."`
-            command[2].as_str().expect("sh -c script").split_whitespace().next().unwrap().to_owned()
+            command[2]
+                .as_str()
+                .expect("sh -c script")
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .to_owned()
         } else {
             first
         };
@@ -138,7 +186,9 @@ fn deployment_commands_run_binaries_of_the_image() {
     let k8s = std::fs::read_dir(deploy_dir().join("k8s")).expect("deploy/k8s");
     for entry in k8s.flatten() {
         let path = entry.path();
-        if path.extension().is_none_or(|e| e != "yaml") || path.file_name().unwrap() == "kustomization.yaml" {
+        if path.extension().is_none_or(|e| e != "yaml")
+            || path.file_name().unwrap() == "kustomization.yaml"
+        {
             continue;
         }
         let text = std::fs::read_to_string(&path).unwrap();
@@ -150,14 +200,27 @@ fn deployment_commands_run_binaries_of_the_image() {
             };
             for container in spec["containers"].as_sequence().unwrap() {
                 if container["image"].as_str() == Some("ctxsync") {
-                    let program = container["command"][0].as_str().expect("command").to_owned();
-                    commands.push((format!("{} {}", path.display(), doc["metadata"]["name"].as_str().unwrap()), program));
+                    let program = container["command"][0]
+                        .as_str()
+                        .expect("command")
+                        .to_owned();
+                    commands.push((
+                        format!(
+                            "{} {}",
+                            path.display(),
+                            doc["metadata"]["name"].as_str().unwrap()
+                        ),
+                        program,
+                    ));
                 }
             }
         }
     }
     assert!(commands.len() >= 10, "{commands:?}");
     for (place, program) in commands {
-        assert!(bins.contains(&program), "{place} runs {program:?}, which is not a workspace binary ({bins:?})");
+        assert!(
+            bins.contains(&program),
+            "{place} runs {program:?}, which is not a workspace binary ({bins:?})"
+        );
     }
 }

@@ -1,0 +1,696 @@
+//! deploy/k8s/nats/nats.conf (used by compose and Kubernetes): it parses, its
+//! per-service permissions are exactly what the code's subjects need, and a
+//! real nats-server running it enforces them.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use async_nats::{Client, ConnectOptions, Event};
+use ctxsync_proto::subjects::{CATALOG_QUEUE_GROUP, GATE_QUEUE_GROUP, STORE_QUEUE_GROUP, Subjects};
+use deploy_checks::{deploy_dir, nats_conf, run, subject_matches, tool};
+use futures::{FutureExt as _, StreamExt as _};
+use tokio::sync::mpsc;
+
+const DEADLINE: Duration = Duration::from_secs(10);
+
+fn config_path() -> std::path::PathBuf {
+    deploy_dir().join("k8s/nats/nats.conf")
+}
+
+/// `(user, password variable)` for every user of the config.
+fn users() -> Vec<(String, String, serde_json::Value)> {
+    let text = std::fs::read_to_string(config_path()).expect("nats.conf");
+    let config = nats_conf::parse(&text).expect("nats.conf in the supported format");
+    config["authorization"]["users"]
+        .as_array()
+        .expect("authorization.users")
+        .iter()
+        .map(|u| {
+            (
+                u["user"].as_str().expect("user").to_owned(),
+                u["password"].as_str().expect("password").to_owned(),
+                u["permissions"].clone(),
+            )
+        })
+        .collect()
+}
+
+fn list(value: &serde_json::Value) -> BTreeSet<String> {
+    value
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|s| s.as_str().expect("subject").to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// What each user must be able to do, from the subject names the code uses.
+struct Needs {
+    publish: Vec<String>,
+    subscribe: Vec<String>,
+    responds: bool,
+}
+
+fn inbox(user: &str) -> String {
+    format!("_INBOX.{user}.>")
+}
+
+/// The users that connect through `ctxsync_runtime::nats::connect`: besides
+/// receiving replies on their inbox, they publish into it to confirm their
+/// subscriptions with a round trip (`flush()` is none).
+const RUNTIME_CLIENTS: [&str; 5] = [
+    "snapshot-store",
+    "agent-ingest",
+    "chat-gate",
+    "catalog",
+    "ctxsync-cli",
+];
+
+fn needs(s: &Subjects) -> BTreeMap<&'static str, Needs> {
+    let session_end = catalog::session_end_subject(s);
+    let mut needs = BTreeMap::from([
+        (
+            "snapshot-store",
+            Needs {
+                publish: vec![
+                    s.discovery_changed("agent-1"),
+                    s.snapshot_committed("agent-1"),
+                ],
+                subscribe: vec![
+                    s.store_register_agent(),
+                    s.store_authenticate_agent(),
+                    s.store_update_startup(),
+                    s.store_push(),
+                    s.store_get_agent_state(),
+                    s.store_all(),
+                ],
+                responds: true,
+            },
+        ),
+        (
+            "agent-ingest",
+            Needs {
+                publish: vec![
+                    s.store_authenticate_agent(),
+                    s.store_update_startup(),
+                    s.store_push(),
+                ],
+                subscribe: vec![],
+                responds: false,
+            },
+        ),
+        (
+            "chat-gate",
+            Needs {
+                publish: vec![s.store_get_agent_state(), s.catalog_prepare()],
+                subscribe: vec![
+                    s.gate_turn(),
+                    s.discovery_changed_all(),
+                    s.snapshot_committed_all(),
+                ],
+                responds: true,
+            },
+        ),
+        (
+            "catalog",
+            Needs {
+                publish: vec![
+                    s.catalog_event("mcp.catalog.changed"),
+                    s.catalog_events_all(),
+                ],
+                subscribe: vec![s.catalog_prepare(), s.catalog_call(), session_end.clone()],
+                responds: true,
+            },
+        ),
+        (
+            "ctxsync-cli",
+            Needs {
+                publish: vec![s.store_register_agent(), s.store_get_agent_state()],
+                subscribe: vec![],
+                responds: false,
+            },
+        ),
+        (
+            "chat",
+            Needs {
+                publish: vec![
+                    s.gate_turn(),
+                    s.catalog_prepare(),
+                    s.catalog_call(),
+                    session_end,
+                ],
+                subscribe: vec![inbox("chat"), s.catalog_events_all()],
+                responds: false,
+            },
+        ),
+    ]);
+    for user in RUNTIME_CLIENTS {
+        let need = needs.get_mut(user).unwrap();
+        need.publish.push(inbox(user));
+        need.subscribe.push(inbox(user));
+    }
+    needs
+}
+
+#[test]
+fn config_parses_with_nats_server_and_needs_every_password() {
+    let nats_server = tool("nats-server");
+    let mut with_passwords = Command::new(&nats_server);
+    with_passwords.args(["-t", "-c"]).arg(config_path());
+    for (_, variable, _) in users() {
+        with_passwords.env(variable.trim_start_matches('$'), "p");
+    }
+    run(&mut with_passwords);
+
+    // A missing password is a startup error, not an empty password.
+    let mut missing = Command::new(&nats_server);
+    missing.args(["-t", "-c"]).arg(config_path());
+    for (_, variable, _) in users().into_iter().skip(1) {
+        missing.env(variable.trim_start_matches('$'), "p");
+    }
+    let output = missing.output().expect("nats-server runs");
+    assert!(
+        !output.status.success(),
+        "nats-server accepted a config whose password variable is unset"
+    );
+}
+
+#[test]
+fn permissions_are_exactly_what_the_code_needs() {
+    let subjects = Subjects::default();
+    let needs = needs(&subjects);
+    let users = users();
+    let names: BTreeSet<&str> = users.iter().map(|(u, _, _)| u.as_str()).collect();
+    assert_eq!(
+        names,
+        needs.keys().copied().collect(),
+        "one NATS user per service and client"
+    );
+
+    for (user, password, permissions) in &users {
+        let need = &needs[user.as_str()];
+        let expected_variable = format!("$NATS_PASSWORD_{}", user.to_uppercase().replace('-', "_"));
+        assert_eq!(
+            password, &expected_variable,
+            "{user}: password comes from the environment"
+        );
+        let publish = list(&permissions["publish"]["allow"]);
+        let subscribe = list(&permissions["subscribe"]["allow"]);
+        for (what, allowed, needed) in [
+            ("publish", &publish, &need.publish),
+            ("subscribe", &subscribe, &need.subscribe),
+        ] {
+            for subject in needed {
+                assert!(
+                    allowed.iter().any(|p| subject_matches(p, subject)),
+                    "{user} cannot {what} {subject}: {allowed:?}"
+                );
+            }
+            // Nothing spare: every allowed pattern serves a subject the code uses.
+            for pattern in allowed {
+                assert!(
+                    needed.iter().any(|s| subject_matches(pattern, s)),
+                    "{user} may {what} {pattern}, which no code needs"
+                );
+            }
+        }
+        assert!(
+            permissions["publish"].get("deny").is_none()
+                && permissions["subscribe"].get("deny").is_none(),
+            "{user}: allow lists only"
+        );
+        assert_eq!(
+            permissions["allow_responses"].as_bool().unwrap_or(false),
+            need.responds,
+            "{user}: allow_responses"
+        );
+        for pattern in publish.iter().chain(&subscribe) {
+            if pattern.starts_with("_INBOX") {
+                assert_eq!(pattern, &inbox(user), "{user}: only its own inbox prefix");
+            }
+        }
+    }
+
+    // The two separations the deployment promises.
+    let by_user: BTreeMap<&str, &serde_json::Value> =
+        users.iter().map(|(u, _, p)| (u.as_str(), p)).collect();
+    let ingest_reads = list(&by_user["agent-ingest"]["subscribe"]["allow"]);
+    for chat_traffic in [
+        subjects.gate_turn(),
+        subjects.discovery_changed("a"),
+        subjects.snapshot_committed("a"),
+        "_INBOX.chat.x.y".to_owned(),
+        "_INBOX.chat-gate.x.y".to_owned(),
+    ] {
+        assert!(
+            !ingest_reads
+                .iter()
+                .any(|p| subject_matches(p, &chat_traffic)),
+            "agent-ingest can read {chat_traffic}"
+        );
+    }
+    let gate_writes = list(&by_user["chat-gate"]["publish"]["allow"]);
+    for store_write in [
+        subjects.store_push(),
+        subjects.store_update_startup(),
+        subjects.store_register_agent(),
+        subjects.store_authenticate_agent(),
+    ] {
+        assert!(
+            !gate_writes.iter().any(|p| subject_matches(p, &store_write)),
+            "chat-gate can write {store_write}"
+        );
+    }
+}
+
+#[test]
+fn user_names_are_the_nats_client_names_the_services_use() {
+    // The inbox prefix `_INBOX.<user>` is the client's name: they must agree.
+    let in_code = deploy_checks::nats_client_names_in_code();
+    let names: BTreeSet<String> = in_code.iter().map(|(_, name)| name.clone()).collect();
+    for service in [
+        "snapshot-store",
+        "agent-ingest",
+        "chat-gate",
+        "catalog",
+        "ctxsync-cli",
+    ] {
+        assert!(
+            names.contains(service),
+            "no service connects to NATS as {service:?}: {in_code:?}"
+        );
+    }
+    let users: BTreeSet<String> = users().into_iter().map(|(u, _, _)| u).collect();
+    for name in &names {
+        if LOCAL_ONLY_CLIENTS.contains(&name.as_str()) {
+            continue;
+        }
+        assert!(
+            users.contains(name),
+            "{name} connects to NATS but has no NATS user in nats.conf"
+        );
+    }
+}
+
+/// Clients that never connect to a deployment's NATS: the benchmark runs every
+/// service in its own process against a NATS server of its own.
+/// `ctxsync up --demo` likewise runs them in one process, connected as `ctxsync-demo`.
+const LOCAL_ONLY_CLIENTS: &[&str] = &["ctxsync-bench", "ctxsync-demo"];
+
+/// A nats-server running the deployment's config on free ports.
+struct Server {
+    child: Child,
+    port: u16,
+    passwords: BTreeMap<String, String>,
+    _store: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    async fn start() -> Server {
+        let store = tempfile::tempdir().unwrap();
+        // The deployment's config with only the JetStream directory moved
+        // (the server refuses `-sd` next to a configured store_dir).
+        let text = std::fs::read_to_string(config_path()).unwrap();
+        let line = "store_dir: \"/data/jetstream\"";
+        assert_eq!(text.matches(line).count(), 1, "nats.conf sets {line} once");
+        let jetstream_dir = store.path().join("jetstream");
+        let config = store.path().join("nats.conf");
+        std::fs::write(
+            &config,
+            text.replace(
+                line,
+                &format!("store_dir: {:?}", jetstream_dir.display().to_string()),
+            ),
+        )
+        .unwrap();
+        let port = testkit::free_port();
+        let monitor = testkit::free_port();
+        let mut command = Command::new(tool("nats-server"));
+        command
+            .arg("-c")
+            .arg(&config)
+            .args([
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+                "-m",
+                &monitor.to_string(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let mut passwords = BTreeMap::new();
+        for (user, variable, _) in users() {
+            let password = format!("pw-{user}-{port}");
+            command.env(variable.trim_start_matches('$'), &password);
+            passwords.insert(user, password);
+        }
+        let child = command.spawn().expect("nats-server starts");
+        let server = Server {
+            child,
+            port,
+            passwords,
+            _store: store,
+        };
+        let ready = async {
+            while tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_err()
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        tokio::time::timeout(DEADLINE, ready)
+            .await
+            .expect("nats-server listens");
+        server
+    }
+
+    /// Connects as `user` the way the services are configured: credentials of
+    /// that user, inbox prefix `_INBOX.<user>`. Server errors go to the receiver.
+    async fn connect(&self, user: &str) -> (Client, mpsc::UnboundedReceiver<String>) {
+        let (errors_tx, errors) = mpsc::unbounded_channel();
+        let client =
+            ConnectOptions::with_user_and_password(user.to_owned(), self.passwords[user].clone())
+                .custom_inbox_prefix(format!("_INBOX.{user}"))
+                .event_callback(move |event| {
+                    let errors_tx = errors_tx.clone();
+                    async move {
+                        if let Event::ServerError(error) = event {
+                            let _ = errors_tx.send(error.to_string().to_lowercase());
+                        }
+                    }
+                })
+                .connect(format!("nats://127.0.0.1:{}", self.port))
+                .await
+                .unwrap_or_else(|e| panic!("{user} connects: {e}"));
+        (client, errors)
+    }
+
+    fn url_for(&self, user: &str) -> String {
+        format!(
+            "nats://{user}:{}@127.0.0.1:{}",
+            self.passwords[user], self.port
+        )
+    }
+}
+
+/// Waits for the server's permissions-violation error naming `subject`.
+async fn violation(errors: &mut mpsc::UnboundedReceiver<String>, kind: &str, subject: &str) {
+    let wanted = format!("permissions violation for {kind} to \"{subject}\"").to_lowercase();
+    let found = tokio::time::timeout(DEADLINE, async {
+        while let Some(error) = errors.recv().await {
+            if error.contains(&wanted) {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(found.is_ok(), "no `{wanted}` from the server");
+}
+
+/// Answers every request on `subscriber` with its own subject, in a task.
+fn echo_responder(
+    client: Client,
+    mut subscriber: async_nats::Subscriber,
+) -> mpsc::UnboundedReceiver<String> {
+    let (seen_tx, seen) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(message) = subscriber.next().await {
+            let _ = seen_tx.send(message.subject.to_string());
+            if let Some(reply) = message.reply {
+                client
+                    .publish(reply, message.subject.to_string().into())
+                    .await
+                    .unwrap();
+                client.flush().await.unwrap();
+            }
+        }
+    });
+    seen
+}
+
+/// Requests `subject` and returns the answer. `flush()` is no round trip, so a
+/// responder's subscription may not have reached the server yet: "no
+/// responders" is retried until the deadline.
+async fn request(client: &Client, subject: String) -> String {
+    let attempt = async {
+        loop {
+            match client.request(subject.clone(), "ping".into()).await {
+                Ok(reply) => return String::from_utf8(reply.payload.to_vec()).unwrap(),
+                Err(e) if e.kind() == async_nats::client::RequestErrorKind::NoResponders => {
+                    tokio::time::sleep(Duration::from_millis(20)).await
+                }
+                Err(e) => panic!("request {subject}: {e}"),
+            }
+        }
+    };
+    tokio::time::timeout(DEADLINE, attempt)
+        .await
+        .unwrap_or_else(|_| panic!("no reply to {subject} in time"))
+}
+
+#[tokio::test]
+async fn snapshot_store_serves_agent_ingest_and_its_events_reach_chat_gate() {
+    let server = Server::start().await;
+    let s = Subjects::default();
+    let (store, _) = server.connect("snapshot-store").await;
+    let (ingest, _) = server.connect("agent-ingest").await;
+    let (gate, _) = server.connect("chat-gate").await;
+
+    let store_subscription = store
+        .queue_subscribe(s.store_all(), STORE_QUEUE_GROUP.into())
+        .await
+        .unwrap();
+    store.flush().await.unwrap();
+    let _seen = echo_responder(store.clone(), store_subscription);
+    let mut discovery = gate.subscribe(s.discovery_changed_all()).await.unwrap();
+    gate.flush().await.unwrap();
+
+    for subject in [
+        s.store_push(),
+        s.store_update_startup(),
+        s.store_authenticate_agent(),
+    ] {
+        assert_eq!(
+            request(&ingest, subject.clone()).await,
+            subject,
+            "agent-ingest's request answered by snapshot-store"
+        );
+    }
+    // A round trip on chat-gate's connection: its event subscription is registered.
+    assert_eq!(
+        request(&gate, s.store_get_agent_state()).await,
+        s.store_get_agent_state()
+    );
+    store
+        .publish(s.discovery_changed("agent-1"), "changed".into())
+        .await
+        .unwrap();
+    store.flush().await.unwrap();
+    let event = tokio::time::timeout(DEADLINE, discovery.next())
+        .await
+        .expect("event in time")
+        .unwrap();
+    assert_eq!(event.subject.as_str(), s.discovery_changed("agent-1"));
+}
+
+#[tokio::test]
+async fn agent_ingest_cannot_read_chat_traffic() {
+    let server = Server::start().await;
+    let s = Subjects::default();
+    let (ingest, mut ingest_errors) = server.connect("agent-ingest").await;
+    let (gate, _) = server.connect("chat-gate").await;
+    let (chat, _) = server.connect("chat").await;
+    let (store, _) = server.connect("snapshot-store").await;
+
+    let mut spies = Vec::new();
+    for subject in [
+        s.gate_turn(),
+        s.discovery_changed_all(),
+        "_INBOX.>".to_owned(),
+    ] {
+        spies.push(ingest.subscribe(subject.clone()).await.unwrap());
+        violation(&mut ingest_errors, "subscription", &subject).await;
+    }
+
+    let turns = gate
+        .queue_subscribe(s.gate_turn(), GATE_QUEUE_GROUP.into())
+        .await
+        .unwrap();
+    gate.flush().await.unwrap();
+    let _turns_seen = echo_responder(gate.clone(), turns);
+    let store_requests = store
+        .queue_subscribe(s.store_all(), STORE_QUEUE_GROUP.into())
+        .await
+        .unwrap();
+    store.flush().await.unwrap();
+    let _store_seen = echo_responder(store.clone(), store_requests);
+
+    // Chat traffic flows: a turn and its reply, an event.
+    assert_eq!(request(&chat, s.gate_turn()).await, s.gate_turn());
+    store
+        .publish(s.discovery_changed("agent-1"), "changed".into())
+        .await
+        .unwrap();
+    store.flush().await.unwrap();
+    // A reply to agent-ingest travels the same server-to-client connection
+    // after anything routed to it before: once it is here, nothing else is coming.
+    assert_eq!(request(&ingest, s.store_push()).await, s.store_push());
+    for spy in &mut spies {
+        assert!(
+            spy.next().now_or_never().flatten().is_none(),
+            "agent-ingest received chat traffic"
+        );
+    }
+}
+
+#[tokio::test]
+async fn chat_gate_cannot_write_to_the_store() {
+    let server = Server::start().await;
+    let s = Subjects::default();
+    let (gate, mut gate_errors) = server.connect("chat-gate").await;
+    let (store, _) = server.connect("snapshot-store").await;
+    let subscription = store
+        .queue_subscribe(s.store_all(), STORE_QUEUE_GROUP.into())
+        .await
+        .unwrap();
+    store.flush().await.unwrap();
+    let mut seen = echo_responder(store.clone(), subscription);
+
+    // The store's subscription is in place: a read reaches it.
+    assert_eq!(
+        request(&gate, s.store_get_agent_state()).await,
+        s.store_get_agent_state()
+    );
+    assert_eq!(seen.recv().await.unwrap(), s.store_get_agent_state());
+
+    for write in [
+        s.store_push(),
+        s.store_update_startup(),
+        s.store_register_agent(),
+    ] {
+        gate.publish(write.clone(), "forged".into()).await.unwrap();
+        gate.flush().await.unwrap();
+        violation(&mut gate_errors, "publish", &write).await;
+    }
+    // The server handles one client's messages in order: the read arrives,
+    // and the store saw nothing before it.
+    assert_eq!(
+        request(&gate, s.store_get_agent_state()).await,
+        s.store_get_agent_state()
+    );
+    assert_eq!(
+        seen.recv().await.unwrap(),
+        s.store_get_agent_state(),
+        "the store received a write from chat-gate"
+    );
+}
+
+#[tokio::test]
+async fn responders_answer_only_requests_they_received() {
+    let server = Server::start().await;
+    let s = Subjects::default();
+    let (store, mut store_errors) = server.connect("snapshot-store").await;
+    let (catalog, mut catalog_errors) = server.connect("catalog").await;
+    // Forging a reply into another client's inbox is refused.
+    store
+        .publish("_INBOX.agent-ingest.forged.1".to_owned(), "x".into())
+        .await
+        .unwrap();
+    store.flush().await.unwrap();
+    violation(&mut store_errors, "publish", "_INBOX.agent-ingest.forged.1").await;
+    catalog.publish(s.gate_turn(), "x".into()).await.unwrap();
+    catalog.flush().await.unwrap();
+    violation(&mut catalog_errors, "publish", &s.gate_turn()).await;
+
+    // While a request it received is answered.
+    let (chat, _) = server.connect("chat").await;
+    let calls = catalog
+        .queue_subscribe(s.catalog_call(), CATALOG_QUEUE_GROUP.into())
+        .await
+        .unwrap();
+    catalog.flush().await.unwrap();
+    let _seen = echo_responder(catalog.clone(), calls);
+    assert_eq!(request(&chat, s.catalog_call()).await, s.catalog_call());
+}
+
+#[tokio::test]
+async fn each_service_can_round_trip_through_its_own_inbox_only() {
+    let server = Server::start().await;
+    for user in RUNTIME_CLIENTS {
+        let (client, mut errors) = server.connect(user).await;
+        let own = client.new_inbox();
+        assert!(own.starts_with(&format!("_INBOX.{user}.")), "{own}");
+        let mut echo = client.subscribe(own.clone()).await.unwrap();
+        client.publish(own.clone(), "sync".into()).await.unwrap();
+        let got = tokio::time::timeout(DEADLINE, echo.next()).await;
+        assert!(
+            matches!(got, Ok(Some(_))),
+            "{user}: no round trip through {own}"
+        );
+        let other = if user == "agent-ingest" {
+            "_INBOX.chat-gate.x.1"
+        } else {
+            "_INBOX.agent-ingest.x.1"
+        };
+        client
+            .publish(other.to_owned(), "forged".into())
+            .await
+            .unwrap();
+        client.flush().await.unwrap();
+        violation(&mut errors, "publish", other).await;
+    }
+}
+
+/// The services connect through `ctxsync_runtime::nats::connect(NATS_URL, name)`
+/// with NATS_URL = `nats://<user>:<password>@nats:4222`, as compose and the
+/// Kubernetes base configure them: it must authenticate with the URL's
+/// credentials and receive replies on `_INBOX.<name>`.
+#[tokio::test]
+async fn runtime_connection_works_with_the_deployment_credentials() {
+    let server = Server::start().await;
+    let s = Subjects::default();
+    let (store, _) = server.connect("snapshot-store").await;
+    let subscription = store
+        .queue_subscribe(s.store_all(), STORE_QUEUE_GROUP.into())
+        .await
+        .unwrap();
+    store.flush().await.unwrap();
+    let _seen = echo_responder(store.clone(), subscription);
+
+    let connection = ctxsync_runtime::nats::connect(
+        &server.url_for("agent-ingest"),
+        "agent-ingest",
+    )
+    .await
+    .expect(
+        "ctxsync_runtime::nats::connect must authenticate with the user and password in NATS_URL",
+    );
+    let inbox = connection.client.new_inbox();
+    assert!(
+        inbox.starts_with("_INBOX.agent-ingest."),
+        "ctxsync_runtime::nats::connect(.., \"agent-ingest\") must set the inbox prefix \
+         `_INBOX.agent-ingest`, got {inbox}"
+    );
+    let reply = tokio::time::timeout(
+        DEADLINE,
+        connection.client.request(s.store_push(), "ping".into()),
+    )
+    .await;
+    assert!(
+        matches!(reply, Ok(Ok(_))),
+        "a request through ctxsync_runtime::nats::connect(.., \"agent-ingest\") got no reply: its inbox \
+         prefix must be `_INBOX.agent-ingest` (the only inbox that user may subscribe to): {reply:?}"
+    );
+}
