@@ -694,3 +694,17 @@ async fn runtime_connection_works_with_the_deployment_credentials() {
          prefix must be `_INBOX.agent-ingest` (the only inbox that user may subscribe to): {reply:?}"
     );
 }
+
+/// agent-ingest forwards bodies up to `MAX_REQUEST_BYTES` as one NATS message:
+/// the server's max_payload (1 MiB by default) must hold it with its envelope.
+#[tokio::test]
+async fn max_payload_holds_the_largest_push() {
+    let server = Server::start().await;
+    let (ingest, _) = server.connect("agent-ingest").await;
+    let max_payload = ingest.server_info().max_payload;
+    let largest = ctxsync_proto::limits::MAX_REQUEST_BYTES;
+    assert!(
+        max_payload >= largest + largest / 4,
+        "nats.conf max_payload {max_payload} is too small for a {largest}-byte push"
+    );
+}
