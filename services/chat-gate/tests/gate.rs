@@ -112,6 +112,24 @@ async fn pending_then_complete_wakes_the_waiter_within_100ms_of_the_commit() {
     println!("wake latency commit -> answer: {latency:.2} ms");
     assert!(latency < 100.0, "answered {latency:.1} ms after the commit");
     assert_eq!(tool_names(&reply), ["fs__read", "fs__write"]);
+
+    let metrics = h
+        .http
+        .get(h.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for name in [
+        "ctxsync_gate_wake_seconds",
+        "ctxsync_gate_waits_total",
+        "ctxsync_gate_waiters",
+        "ctxsync_gate_turns_total",
+    ] {
+        assert!(metrics.contains(name), "{name} missing from /metrics");
+    }
 }
 
 #[tokio::test]

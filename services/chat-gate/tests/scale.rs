@@ -151,6 +151,7 @@ async fn ten_thousand_chats_waiting_on_a_thousand_agents_are_all_answered_correc
     })
     .await;
 
+    let turn_future = std::mem::size_of_val(&h.gate().turn(TurnRequest::default()));
     latencies.sort_by(f64::total_cmp);
     let held = rss_waiting.saturating_sub(rss_before);
     println!("--- 10,000 chats on 1,000 agents ---");
@@ -174,6 +175,7 @@ async fn ten_thousand_chats_waiting_on_a_thousand_agents_are_all_answered_correc
         held as f64 / (1024.0 * 1024.0),
         held / (AGENTS * CHATS_PER_AGENT) as u64
     );
+    println!("of which the caller's turn future is {turn_future} bytes");
     assert!(
         wake_reads <= 3 * AGENTS as u64,
         "reads are shared per agent, not per waiter ({wake_reads})"
