@@ -16,6 +16,11 @@ pub enum ApiError {
     Malformed(String),
     #[error(transparent)]
     Validation(ValidationError),
+    #[error(
+        "request is larger than the message bus accepts: the NATS server's max_payload \
+         must be at least 8MB (request_bytes)"
+    )]
+    BusTooSmall,
     #[error("snapshot-store is unavailable: {0}")]
     StoreUnavailable(String),
     #[error("internal error: {0}")]
@@ -38,7 +43,7 @@ impl ApiError {
         match self {
             Self::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            Self::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::TooLarge { .. } | Self::BusTooSmall => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Malformed(_) | Self::Validation(_) => StatusCode::BAD_REQUEST,
             Self::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -49,7 +54,7 @@ impl ApiError {
         match self {
             Self::Unauthenticated(_) => "unauthenticated",
             Self::UnsupportedMediaType(_) => "unsupported_media_type",
-            Self::TooLarge { .. } => "limit_exceeded",
+            Self::TooLarge { .. } | Self::BusTooSmall => "limit_exceeded",
             Self::Malformed(_) => "malformed",
             Self::Validation(ValidationError::Limit { .. }) => "limit_exceeded",
             Self::Validation(ValidationError::Invalid { .. }) => "invalid",
@@ -60,7 +65,7 @@ impl ApiError {
 
     fn limit(&self) -> Option<&'static str> {
         match self {
-            Self::TooLarge { .. } => Some("request_bytes"),
+            Self::TooLarge { .. } | Self::BusTooSmall => Some("request_bytes"),
             Self::Validation(v) => v.limit(),
             _ => None,
         }
@@ -68,7 +73,7 @@ impl ApiError {
 
     pub(crate) fn log(&self, endpoint: &'static str) {
         match self {
-            Self::StoreUnavailable(_) | Self::Internal(_) => {
+            Self::StoreUnavailable(_) | Self::Internal(_) | Self::BusTooSmall => {
                 tracing::warn!(endpoint, error = %self, "request failed")
             }
             _ => tracing::info!(endpoint, code = self.code(), error = %self, "request refused"),

@@ -110,6 +110,15 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningIngest, 
         subjects,
         store_timeout: config.store_timeout,
     });
+    let max_payload = nats.client.server_info().max_payload;
+    if max_payload < ctxsync_proto::limits::MAX_REQUEST_BYTES + 64 * 1024 {
+        tracing::warn!(
+            max_payload,
+            needed = ctxsync_proto::limits::MAX_REQUEST_BYTES + 64 * 1024,
+            "the NATS server's max_payload is below the agent API's request limit: \
+             large pushes will be refused with 413; set max_payload: 8MB"
+        );
+    }
     let routes = router(state);
     let readiness = Readiness::new().with_nats(&nats);
     let http = HttpServer::start(config.common.http_addr, routes, readiness, shutdown).await?;
@@ -240,6 +249,9 @@ fn store_error(error: ProtoStoreError) -> ApiError {
 }
 
 fn forward_error(error: rpc::RpcError) -> ApiError {
+    if let rpc::RpcError::TooLarge { .. } = error {
+        return ApiError::BusTooSmall;
+    }
     if error.is_unavailable() {
         ApiError::StoreUnavailable(error.to_string())
     } else {

@@ -564,3 +564,22 @@ async fn the_push_trace_id_reaches_the_discovery_event() {
         .expect("the event carries a traceparent");
     assert_eq!(trace.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736");
 }
+
+#[tokio::test]
+async fn a_push_near_the_request_limit_is_committed_whole() {
+    let h = Harness::spawn().await;
+    let agent = h.register("a", "tok-a").await;
+    h.startup("tok-a", RUN).await;
+    // 15 × 240 KiB ≈ 3.5 MiB: under every limit, over NATS's default 1 MiB payload.
+    let files: Vec<_> = (0..15)
+        .map(|i| instruction(&format!("/big{i}"), &"b".repeat(240 * 1024)))
+        .collect();
+    let response = h.push("tok-a", &push(1, files.clone())).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(
+        PushContextStateResponse::decode(response.bytes().await.unwrap())
+            .unwrap()
+            .accepted
+    );
+    assert_eq!(h.state(&agent).await.resources, files);
+}

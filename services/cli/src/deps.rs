@@ -138,7 +138,15 @@ pub async fn nats(given: Option<&str>, data_dir: &Path) -> Result<Dependency, De
         reason: format!("cannot create {}: {e}", dir.display()),
     })?;
     let port = free_port()?;
+    // Agent requests up to 4 MiB travel in one message.
+    let config = dir.join("nats.conf");
+    std::fs::write(&config, "max_payload: 8MB\n").map_err(|e| DependencyError::Start {
+        what: "nats-server",
+        reason: format!("cannot write {}: {e}", config.display()),
+    })?;
     let mut child = Command::new(binary)
+        .arg("-c")
+        .arg(&config)
         .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
         .arg(&dir)
         .stdin(Stdio::null())

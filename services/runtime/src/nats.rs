@@ -46,8 +46,11 @@ pub async fn connect(url: &str, client_name: &str) -> Result<NatsConnection, Nat
     let (closed_tx, closed) = watch::channel(false);
     let seen_connect = Arc::new(AtomicBool::new(false));
     let name = client_name.to_owned();
-    let options = ConnectOptions::new()
+    let mut options = ConnectOptions::new()
         .name(client_name)
+        // Reply inboxes under the client's own name, so NATS permissions can
+        // give each service user its own inboxes and nobody else's.
+        .custom_inbox_prefix(format!("_INBOX.{client_name}"))
         .connection_timeout(Duration::from_secs(5))
         .request_timeout(Some(Duration::from_secs(10)))
         .reconnect_delay_callback(|attempts| {
@@ -83,6 +86,12 @@ pub async fn connect(url: &str, client_name: &str) -> Result<NatsConnection, Nat
                 }
             }
         });
+    // async-nats ignores user:password in the URL: pass them explicitly.
+    if let Ok(addr) = url.parse::<async_nats::ServerAddr>()
+        && let (Some(user), Some(password)) = (addr.username(), addr.password())
+    {
+        options = options.user_and_password(user.to_owned(), password.to_owned());
+    }
     let client = options.connect(url).await.map_err(|e| NatsConnectError {
         url: redact_url(url),
         reason: e.to_string(),

@@ -23,6 +23,8 @@ pub enum RpcError {
     TimedOut { subject: String, timeout: Duration },
     #[error("request on {subject} failed: {reason}")]
     Transport { subject: String, reason: String },
+    #[error("the request is larger than the NATS server accepts (its max_payload)")]
+    TooLarge { subject: String },
     #[error("malformed answer on {subject}: {source}")]
     Decode {
         subject: String,
@@ -65,6 +67,9 @@ pub async fn request<Req: Message, Resp: Message + Default>(
             async_nats::RequestErrorKind::TimedOut => RpcError::TimedOut {
                 subject: subject.clone(),
                 timeout,
+            },
+            async_nats::RequestErrorKind::MaxPayloadExceeded => RpcError::TooLarge {
+                subject: subject.clone(),
             },
             _ => RpcError::Transport {
                 subject: subject.clone(),

@@ -46,7 +46,13 @@ impl NatsServer {
     }
 
     fn spawn(&mut self) -> Result<(), String> {
+        // As deployed: agent requests up to 4 MiB travel in one message.
+        let config = self.store_dir.path().join("nats.conf");
+        std::fs::write(&config, "max_payload: 8MB\n")
+            .map_err(|e| format!("cannot write {}: {e}", config.display()))?;
         let child = Command::new(binary())
+            .arg("-c")
+            .arg(&config)
             .args(["-a", "127.0.0.1", "-p", &self.port.to_string(), "-js", "-sd"])
             .arg(self.store_dir.path())
             .stdin(Stdio::null())
