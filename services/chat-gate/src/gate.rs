@@ -15,6 +15,7 @@ use ctxsync_proto::v1::{GateDecision, GateError, TurnReply, TurnRequest, gate_er
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::catalog::CatalogClient;
 use crate::projection::{self, Readiness};
 use crate::store::{ReadError, StoreReader};
 use crate::watch::{Interest, Published, View, Watches};
@@ -69,6 +70,7 @@ enum Attempt {
 #[derive(Debug, Default)]
 struct Stats {
     attempts_started: AtomicU64,
+    attempts_joined: AtomicU64,
     waiting: AtomicUsize,
 }
 
@@ -80,6 +82,7 @@ pub struct Gate {
 struct Inner {
     settings: GateSettings,
     store: StoreReader,
+    catalog: Option<CatalogClient>,
     watches: Watches,
     attempts: Mutex<HashMap<AttemptKey, Attempt>>,
     stats: Stats,
@@ -180,6 +183,7 @@ impl Gate {
                 watches: Watches::new(store.clone()),
                 settings,
                 store,
+                catalog: None,
                 attempts: Mutex::new(HashMap::new()),
                 stats: Stats::default(),
                 shutdown,
@@ -198,6 +202,11 @@ impl Gate {
     /// Waits (attempts) in progress now.
     pub fn waiters_held(&self) -> usize {
         self.inner.stats.waiting.load(Ordering::SeqCst)
+    }
+
+    /// Callers that joined a wait already in progress, since this gate started.
+    pub fn attempts_joined(&self) -> u64 {
+        self.inner.stats.attempts_joined.load(Ordering::SeqCst)
     }
 
     /// Waits started since this gate started.
@@ -249,8 +258,42 @@ impl Gate {
     }
 
     /// May this turn run, and with which context.
+    /// Also pins the tenant's catalog on first turns.
+    pub fn with_catalog(mut self, catalog: CatalogClient) -> Self {
+        Arc::get_mut(&mut self.inner)
+            .expect("with_catalog is called before the gate is shared")
+            .catalog = Some(catalog);
+        self
+    }
+
     pub async fn turn(&self, request: TurnRequest) -> TurnReply {
-        let reply = self.decide(request).await;
+        // A first turn with a tenant also gets the tenant's catalog pins, asked
+        // at the same time as the wait so neither delays the other.
+        let catalog = match (
+            &self.inner.catalog,
+            request.first_turn,
+            request.tenant.is_empty(),
+        ) {
+            (Some(catalog), true, false) => {
+                let (catalog, tenant, chat) = (
+                    catalog.clone(),
+                    request.tenant.clone(),
+                    request.chat_id.clone(),
+                );
+                Some(async move { catalog.prepare(&tenant, &chat).await })
+            }
+            _ => None,
+        };
+        let reply = match catalog {
+            Some(catalog) => {
+                let (mut reply, section) = tokio::join!(self.decide(request), catalog);
+                if let Some(projection) = reply.projection.as_mut() {
+                    projection::add_catalog(projection, section);
+                }
+                reply
+            }
+            None => self.decide(request).await,
+        };
         record(&reply);
         reply
     }
@@ -305,7 +348,14 @@ impl Gate {
                     reply.attempt_reused = true;
                     return reply;
                 }
-                Some(Attempt::Waiting(outcome)) => (outcome.clone(), true),
+                Some(Attempt::Waiting(outcome)) => {
+                    self.inner
+                        .stats
+                        .attempts_joined
+                        .fetch_add(1, Ordering::SeqCst);
+                    metrics::counter!("ctxsync_gate_attempts_joined_total").increment(1);
+                    (outcome.clone(), true)
+                }
                 _ => {
                     let (tx, rx) = watch::channel(None);
                     attempts.insert(key.clone(), Attempt::Waiting(rx.clone()));

@@ -9,6 +9,7 @@
 //! `<prefix>.gate.turn` in a queue group, and HTTP (`POST /api/v1/gate`,
 //! `GET /api/v1/agents/{agent_id}/context`).
 
+pub mod catalog;
 pub mod gate;
 pub mod http;
 pub mod projection;
@@ -54,6 +55,16 @@ pub struct Config {
     #[arg(long, env = "CTXSYNC_GATE_ATTEMPT_TTL", default_value = "10m", value_parser = humantime::parse_duration)]
     pub attempt_ttl: Duration,
 
+    /// Bound of a first turn's catalog preparation; past it the turn proceeds
+    /// and the projection says the catalog is unavailable.
+    #[arg(long, env = "CTXSYNC_GATE_CATALOG_TIMEOUT", default_value = "12s", value_parser = humantime::parse_duration)]
+    pub catalog_timeout: Duration,
+
+    /// Turns one replica holds at once over NATS (waiting first turns included);
+    /// more wait in the subscription.
+    #[arg(long, env = "CTXSYNC_GATE_MAX_TURNS", default_value_t = 20_000)]
+    pub max_turns: usize,
+
     /// Safety net only: re-read every waited-on agent this often in case an
     /// event was lost without a reconnect. Waits end on events, not on this.
     /// 0 disables it.
@@ -71,6 +82,8 @@ impl Config {
             stale_grace: settings.stale_grace,
             store_timeout: settings.store_timeout,
             attempt_ttl: settings.attempt_ttl,
+            catalog_timeout: Duration::from_secs(12),
+            max_turns: 20_000,
             sweep_interval: Duration::from_secs(120),
         }
     }
@@ -174,12 +187,22 @@ fn follow_discovery(
                 _ = shutdown.cancelled() => break,
                 message = events.next() => match message { Some(m) => m, None => break },
             };
+            let trace = ctxsync_runtime::trace::TraceContext::from_nats(message.headers.as_ref());
             match DiscoveryChanged::decode(message.payload) {
-                Ok(event) => gate.watches().on_event(
-                    &event.agent_id,
-                    watch::Expectation::discovery(&event),
-                    timestamp_to_system(event.committed_at.as_ref()),
-                ),
+                Ok(event) => {
+                    tracing::info!(
+                        agent_id = %event.agent_id,
+                        trace_id = trace.map(|t| t.trace_id()).unwrap_or_default(),
+                        phase = event.phase().as_str_name(),
+                        waiting = gate.watches().is_watched(&event.agent_id),
+                        "discovery event: waking the agent's waiters"
+                    );
+                    gate.watches().on_event(
+                        &event.agent_id,
+                        watch::Expectation::discovery(&event),
+                        timestamp_to_system(event.committed_at.as_ref()),
+                    )
+                }
                 Err(error) => {
                     tracing::warn!(subject = %message.subject, %error, "malformed discovery event ignored")
                 }
@@ -278,7 +301,9 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, St
     let settings = config.settings()?;
     let nats = ctxsync_runtime::nats::connect(&config.common.nats_url, "chat-gate").await?;
     let store = store::StoreReader::new(nats.client.clone(), &subjects, settings.store_timeout);
-    let gate = Gate::new(settings, store, shutdown.clone());
+    let catalog =
+        catalog::CatalogClient::new(nats.client.clone(), &subjects, config.catalog_timeout);
+    let gate = Gate::new(settings, store, shutdown.clone()).with_catalog(catalog);
 
     // The event subscriptions are in place (flushed) before the first turn is served.
     let discovery = subscribe(&nats, subjects.discovery_changed_all()).await?;
@@ -298,12 +323,13 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, St
     ];
 
     let handler_gate = gate.clone();
-    let server = rpc::serve(
+    let server = rpc::serve_with_limit(
         nats.client.clone(),
         subjects.gate_turn(),
         GATE_QUEUE_GROUP,
         shutdown.clone(),
         config.common.shutdown_grace,
+        config.max_turns.max(1),
         malformed,
         move |request: TurnRequest, _headers: Option<HeaderMap>| {
             let gate = handler_gate.clone();

@@ -376,6 +376,46 @@ pub fn finish(projection: &mut ChatProjection, decision: GateDecision, waited_ms
     projection.summary = s;
 }
 
+/// Adds the tenant's catalog section and says in the summary what it holds.
+pub fn add_catalog(projection: &mut ChatProjection, section: CatalogSection) {
+    let mut sentence = String::new();
+    match section.status() {
+        catalog_section::Status::Ready => {
+            let usable: Vec<_> = section
+                .pins
+                .iter()
+                .filter(|p| p.source() != ctxsync_proto::v1::catalog_pin::Source::Failed)
+                .collect();
+            let tools: usize = usable.iter().map(|p| p.tools.len()).sum();
+            let failed = section.pins.len() - usable.len();
+            let _ = write!(
+                sentence,
+                " The operator's catalog offers {} with {} (servers start on first use).",
+                plural(usable.len() as u32, "server", "servers"),
+                plural(tools as u32, "tool", "tools")
+            );
+            if failed > 0 {
+                let _ = write!(
+                    sentence,
+                    " {} of the catalog could not be discovered.",
+                    plural(failed as u32, "server", "servers")
+                );
+            }
+        }
+        catalog_section::Status::Failed => {
+            let _ = write!(
+                sentence,
+                " The operator's catalog is unavailable for this turn ({}).",
+                section.error
+            );
+        }
+        _ => {}
+    }
+    projection.summary.push_str(&sentence);
+    projection.catalog = Some(section);
+}
+
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -342,6 +342,11 @@ impl Watches {
         watches.len()
     }
 
+    /// Whether a waiter (or reader) holds a watch on `agent_id` now.
+    pub fn is_watched(&self, agent_id: &str) -> bool {
+        self.get(agent_id).is_some()
+    }
+
     /// Agents currently watched.
     pub fn len(&self) -> usize {
         self.inner.agents.lock().expect("watches lock").len()

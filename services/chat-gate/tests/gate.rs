@@ -320,6 +320,12 @@ async fn caller_cancelled_while_pending_does_not_cancel_the_others() {
 
     // The cancelled caller's wait goes on: a later caller of that chat joins it.
     let same_chat = h.spawn_turn("chat-1", &agent);
+    let gate = h.gate().clone();
+    until("the later caller joined the wait".into(), move || {
+        let joined = gate.attempts_joined();
+        async move { joined == 1 }
+    })
+    .await;
     h.push_ok(&agent, complete(RUN_A, 2, vec![server("s", &["t"])]))
         .await;
     let (same, _) = answer(same_chat).await;

@@ -54,18 +54,18 @@ fn reference_servers_dir() -> PathBuf {
         .unwrap_or_default()
 }
 
-/// The demo's `.mcp.json`: our fixture server, whichever reference servers
-/// are installed, and one server that cannot start (to show a failed outcome).
-fn demo_mcp_config(demo_dir: &Path) -> (serde_json::Value, Vec<String>) {
-    let mut servers = serde_json::Map::new();
+/// The stdio MCP servers the demo can run: our fixture and whichever
+/// reference servers are installed, plus notes on what is missing.
+fn demo_servers(demo_dir: &Path) -> (Vec<DemoServer>, Vec<String>) {
+    let mut servers = Vec::new();
     let mut notes = Vec::new();
     match sibling_binary("mcp-fixture") {
-        Some(fixture) => {
-            servers.insert(
-                "notes".into(),
-                json!({ "command": fixture, "args": ["--mode", "normal"] }),
-            );
-        }
+        Some(fixture) => servers.push(DemoServer {
+            name: "notes",
+            command: fixture,
+            args: vec!["--mode", "normal"],
+            env: json!({}),
+        }),
         None => notes.push("mcp-fixture not found next to ctxsync or on PATH".to_owned()),
     }
     let refs = reference_servers_dir();
@@ -81,12 +81,58 @@ fn demo_mcp_config(demo_dir: &Path) -> (serde_json::Value, Vec<String>) {
     ];
     for (name, command, env) in candidates {
         if command.is_file() {
-            servers.insert(name.into(), json!({ "command": command, "env": env }));
+            servers.push(DemoServer {
+                name,
+                command,
+                args: Vec::new(),
+                env,
+            });
         } else {
             notes.push(format!(
                 "reference server {name} not installed (bash tests/mcp-servers/install.sh)"
             ));
         }
+    }
+    (servers, notes)
+}
+
+struct DemoServer {
+    name: &'static str,
+    command: PathBuf,
+    args: Vec<&'static str>,
+    env: serde_json::Value,
+}
+
+/// The demo tenant's catalog: the same servers, operator-configured.
+pub fn catalog_config(data_dir: &Path) -> anyhow::Result<catalog::config::CatalogConfig> {
+    let demo_dir = data_dir.join("demo");
+    std::fs::create_dir_all(&demo_dir)?;
+    let (servers, _) = demo_servers(&demo_dir);
+    let servers: Vec<_> = servers
+        .into_iter()
+        .map(|s| {
+            json!({
+                "id": s.name,
+                "transport": { "stdio": { "command": s.command, "args": s.args, "env": s.env } }
+            })
+        })
+        .collect();
+    // YAML is a superset of JSON.
+    let yaml =
+        serde_json::to_string(&json!({ "tenants": [{ "id": "demo", "servers": servers }] }))?;
+    catalog::config::CatalogConfig::from_yaml(&yaml).map_err(anyhow::Error::msg)
+}
+
+/// The demo's `.mcp.json`: the demo servers, and one server that cannot
+/// start (to show a failed outcome).
+fn demo_mcp_config(demo_dir: &Path) -> (serde_json::Value, Vec<String>) {
+    let mut servers = serde_json::Map::new();
+    let (found, notes) = demo_servers(demo_dir);
+    for s in found {
+        servers.insert(
+            s.name.into(),
+            json!({ "command": s.command, "args": s.args, "env": s.env }),
+        );
     }
     servers.insert(
         "broken".into(),

@@ -23,6 +23,17 @@ enum Command {
         #[command(flatten)]
         database: ctxsync_runtime::DatabaseArgs,
     },
+    /// Print latency aggregates of recent chat setups (never any content).
+    Latency {
+        /// How far back to look, e.g. 1h, 7d.
+        #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
+        since: std::time::Duration,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        database: ctxsync_runtime::DatabaseArgs,
+    },
     /// Register agents and inspect what they reported.
     Agent {
         #[command(subcommand)]
@@ -74,12 +85,33 @@ async fn main() -> anyhow::Result<()> {
         return ctxsync_cli::up::run(args, shutdown).await;
     }
     ctxsync_runtime::telemetry::init(ctxsync_runtime::LogFormat::Text, "warn")?;
+    if let Command::Latency {
+        since,
+        json,
+        database,
+    } = &cli.command
+    {
+        let pool = ctxsync_runtime::db::connect(database).await?;
+        catalog::store::migrate(&pool)
+            .await
+            .context("catalog schema migrations failed")?;
+        let report = catalog::latency::report(&pool, *since).await?;
+        if *json {
+            println!("{}", report.render_json());
+        } else {
+            print!("{}", report.render_text());
+        }
+        return Ok(());
+    }
     if let Command::Migrate { database } = &cli.command {
         let pool = ctxsync_runtime::db::connect(database).await?;
         snapshot_store::Store::migrate(&pool)
             .await
             .context("snapshot schema migrations failed")?;
-        println!("migrations applied: snapshot");
+        catalog::store::migrate(&pool)
+            .await
+            .context("catalog schema migrations failed")?;
+        println!("migrations applied: snapshot, catalog");
         return Ok(());
     }
     let subjects = ctxsync_proto::subjects::Subjects::new(&cli.connection.subject_prefix)
@@ -87,7 +119,7 @@ async fn main() -> anyhow::Result<()> {
     let nats = ctxsync_runtime::nats::connect(&cli.connection.nats_url, "ctxsync-cli").await?;
     let timeout = cli.connection.timeout;
     match cli.command {
-        Command::Migrate { .. } | Command::Up(_) | Command::Bench(_) => {
+        Command::Migrate { .. } | Command::Up(_) | Command::Bench(_) | Command::Latency { .. } => {
             unreachable!("handled before connecting to NATS")
         }
         Command::Agent { command } => match command {

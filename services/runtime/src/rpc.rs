@@ -95,14 +95,46 @@ impl Server {
 }
 
 /// Serves `subject` in `queue_group`: each request is decoded as `Req` (a
-/// malformed one is answered with `on_malformed`), handled concurrently, and
-/// answered with the encoded `Resp`.
+/// malformed one is answered with `on_malformed`), handled concurrently (at
+/// most [`DEFAULT_MAX_IN_FLIGHT`]), and answered with the encoded `Resp`.
 pub async fn serve<Req, Resp, F, Fut>(
     client: Client,
     subject: String,
     queue_group: &'static str,
     shutdown: Shutdown,
     grace: Duration,
+    on_malformed: fn(String) -> Resp,
+    handler: F,
+) -> Result<Server, async_nats::SubscribeError>
+where
+    Req: Message + Default + Send + 'static,
+    Resp: Message + Send + 'static,
+    F: Fn(Req, Option<HeaderMap>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Resp> + Send + 'static,
+{
+    serve_with_limit(
+        client,
+        subject,
+        queue_group,
+        shutdown,
+        grace,
+        DEFAULT_MAX_IN_FLIGHT,
+        on_malformed,
+        handler,
+    )
+    .await
+}
+
+/// [`serve`] with its own bound on requests in flight (a service whose
+/// requests wait, like a held first turn, needs a larger one).
+#[allow(clippy::too_many_arguments)]
+pub async fn serve_with_limit<Req, Resp, F, Fut>(
+    client: Client,
+    subject: String,
+    queue_group: &'static str,
+    shutdown: Shutdown,
+    grace: Duration,
+    max_in_flight: usize,
     on_malformed: fn(String) -> Resp,
     handler: F,
 ) -> Result<Server, async_nats::SubscribeError>
@@ -120,7 +152,7 @@ where
         async_nats::SubscribeError::with_source(async_nats::SubscribeErrorKind::Other, e)
     })?;
     let handler = Arc::new(handler);
-    let permits = Arc::new(Semaphore::new(DEFAULT_MAX_IN_FLIGHT));
+    let permits = Arc::new(Semaphore::new(max_in_flight));
     let tracker = TaskTracker::new();
     let task = tokio::spawn(async move {
         loop {

@@ -1,0 +1,67 @@
+//! The first turn's catalog section: the tenant's operator-configured MCP
+//! servers pinned by the catalog service for this chat. Asked concurrently
+//! with the discovery wait; a catalog that does not answer fails open.
+
+use std::time::Duration;
+
+use ctxsync_proto::subjects::Subjects;
+use ctxsync_proto::v1::{
+    CatalogPrepareReply, CatalogPrepareRequest, CatalogSection, catalog_section::Status,
+};
+use ctxsync_runtime::rpc;
+
+#[derive(Clone)]
+pub struct CatalogClient {
+    client: async_nats::Client,
+    subject: String,
+    timeout: Duration,
+}
+
+impl CatalogClient {
+    pub fn new(client: async_nats::Client, subjects: &Subjects, timeout: Duration) -> Self {
+        Self {
+            client,
+            subject: subjects.catalog_prepare(),
+            timeout,
+        }
+    }
+
+    /// Prepares the chat's catalog (the chat is the catalog session).
+    pub async fn prepare(&self, tenant: &str, chat_id: &str) -> CatalogSection {
+        let request = CatalogPrepareRequest {
+            tenant: tenant.to_owned(),
+            session_id: chat_id.to_owned(),
+        };
+        let answer: Result<CatalogPrepareReply, _> = rpc::request(
+            &self.client,
+            self.subject.clone(),
+            &request,
+            None,
+            self.timeout,
+        )
+        .await;
+        match answer {
+            Ok(reply) => match reply.error {
+                None => CatalogSection {
+                    status: Status::Ready as i32,
+                    pins: reply.pins,
+                    error: String::new(),
+                },
+                Some(error) => failed(format!("{}: {}", error.code, error.message)),
+            },
+            Err(error) => {
+                tracing::warn!(%error, tenant, "catalog did not answer; the turn proceeds without it");
+                failed(format!("the catalog did not answer: {error}"))
+            }
+        }
+    }
+}
+
+fn failed(error: String) -> CatalogSection {
+    metrics::counter!("ctxsync_gate_catalog_failures_total").increment(1);
+    CatalogSection {
+        status: Status::Failed as i32,
+        pins: Vec::new(),
+        error,
+    }
+}

@@ -1,0 +1,130 @@
+//! A first turn also gets the tenant's catalog pins, from the real catalog
+//! service; a catalog that does not answer fails open.
+
+mod common;
+
+use common::*;
+use ctxsync_proto::v1::catalog_section::Status;
+use ctxsync_proto::v1::mcp_discovery::Phase;
+use ctxsync_proto::v1::*;
+use ctxsync_runtime::{CommonArgs, DatabaseArgs, Shutdown, rpc};
+
+async fn start_catalog(h: &Harness) -> (catalog::Running, Shutdown) {
+    let fixture = mcp_fixture::fixture_binary();
+    let yaml = serde_json::json!({
+        "tenants": [{ "id": "acme", "servers": [
+            { "id": "notes", "transport": { "stdio": { "command": fixture, "args": ["--mode", "normal"] } } }
+        ]}]
+    })
+    .to_string();
+    let mut settings = catalog::Settings::default();
+    settings.warmup.enabled = false;
+    let shutdown = Shutdown::new();
+    let running = catalog::start(
+        catalog::Config {
+            common: CommonArgs::for_nats(h.nats.url(), h.subjects.prefix()),
+            database: DatabaseArgs::new(h.db.url()),
+            servers: catalog::config::CatalogConfig::from_yaml(&yaml).unwrap(),
+            settings,
+        },
+        shutdown.clone(),
+    )
+    .await
+    .expect("catalog starts");
+    (running, shutdown)
+}
+
+async fn turn_for_tenant(h: &Harness, chat: &str, agent: &str, first_turn: bool) -> TurnReply {
+    rpc::request(
+        &h.client,
+        h.subjects.gate_turn(),
+        &TurnRequest {
+            chat_id: chat.into(),
+            agent_id: agent.into(),
+            first_turn,
+            tenant: "acme".into(),
+        },
+        None,
+        TIMEOUT,
+    )
+    .await
+    .expect("gate answers")
+}
+
+async fn complete_agent(h: &Harness) -> String {
+    let agent = h.register("a").await;
+    h.startup(&agent, RUN_A).await;
+    h.push_ok(
+        &agent,
+        push(
+            RUN_A,
+            1,
+            true,
+            Some(Phase::Complete),
+            vec![server("ws", &["t"])],
+        ),
+    )
+    .await;
+    agent
+}
+
+#[tokio::test]
+async fn a_first_turn_carries_the_tenants_catalog_pins_next_to_the_workspace_projection() {
+    let h = Harness::spawn().await;
+    let (_catalog, _stop) = start_catalog(&h).await;
+    let agent = complete_agent(&h).await;
+
+    let reply = turn_for_tenant(&h, "chat-1", &agent, true).await;
+    assert_eq!(reply.decision(), GateDecision::Ready);
+    let projection = projection(&reply);
+    assert_eq!(tool_names(&reply), ["ws__t"]);
+    let section = projection.catalog.as_ref().unwrap();
+    assert_eq!(section.status(), Status::Ready, "{}", section.error);
+    assert_eq!(section.pins.len(), 1);
+    let pin = &section.pins[0];
+    assert_eq!(pin.server_id, "notes");
+    let mut tools: Vec<_> = pin.tools.iter().map(|t| t.name.as_str()).collect();
+    tools.sort();
+    assert_eq!(tools, ["add", "echo"]);
+    assert!(
+        projection
+            .summary
+            .contains("catalog offers 1 server with 2 tools"),
+        "{}",
+        projection.summary
+    );
+
+    // Later turns don't prepare the catalog again.
+    let later = turn_for_tenant(&h, "chat-1", &agent, false).await;
+    assert_eq!(
+        projection_of(&later).catalog.as_ref().unwrap().status(),
+        Status::NotRequested
+    );
+}
+
+#[tokio::test]
+async fn a_catalog_that_does_not_answer_fails_open_and_the_projection_says_so() {
+    let h = Harness::spawn().await;
+    let agent = complete_agent(&h).await;
+    // No catalog runs on this prefix.
+    let reply = turn_for_tenant(&h, "chat-1", &agent, true).await;
+    assert_eq!(reply.decision(), GateDecision::Ready);
+    assert_eq!(tool_names(&reply), ["ws__t"]);
+    let projection = projection(&reply);
+    let section = projection.catalog.as_ref().unwrap();
+    assert_eq!(section.status(), Status::Failed);
+    assert!(
+        section.error.contains("did not answer"),
+        "{}",
+        section.error
+    );
+    assert!(
+        projection.summary.contains("catalog is unavailable"),
+        "{}",
+        projection.summary
+    );
+}
+
+fn projection_of(reply: &TurnReply) -> &ChatProjection {
+    reply.projection.as_ref().expect("projection")
+}
