@@ -319,4 +319,28 @@ fn print_projection(reply: &TurnReply) {
     for skill in &projection.skills {
         println!("  skill {}: {}", skill.name, skill.description);
     }
+    if let Some(catalog) = &projection.catalog {
+        println!(
+            "  catalog {}{}",
+            catalog.status().as_str_name(),
+            if catalog.error.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", catalog.error)
+            }
+        );
+        for pin in &catalog.pins {
+            println!(
+                "    pin {:<12} {} ({} tools{})",
+                pin.server_id,
+                pin.source().as_str_name(),
+                pin.tools.len(),
+                if pin.handshake_ms > 0 {
+                    format!(", handshake {} ms", pin.handshake_ms)
+                } else {
+                    String::new()
+                }
+            );
+        }
+    }
 }

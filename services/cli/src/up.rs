@@ -43,6 +43,15 @@ pub struct UpArgs {
     #[arg(long, env = "CTXSYNC_GATE_ADDR", default_value = "127.0.0.1:8082")]
     pub gate_addr: SocketAddr,
 
+    /// catalog's listener (health, metrics).
+    #[arg(long, env = "CTXSYNC_CATALOG_ADDR", default_value = "127.0.0.1:8083")]
+    pub catalog_addr: SocketAddr,
+
+    /// The catalog's tenants-and-servers YAML (see deploy/catalog.example.yaml);
+    /// when unset the catalog runs with no servers (with `--demo`: the demo's).
+    #[arg(long, env = "CTXSYNC_CATALOG_CONFIG")]
+    pub catalog_config: Option<PathBuf>,
+
     /// Also run a workspace agent against the demo workspace and show a first turn.
     #[arg(long)]
     pub demo: bool,
@@ -64,7 +73,7 @@ pub struct UpArgs {
     pub log_filter: String,
 }
 
-/// Runs every service until `shutdown`.
+/// Runs agent-ingest, snapshot-store, chat-gate and catalog until `shutdown`.
 pub async fn run(args: UpArgs, shutdown: Shutdown) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("cannot create CTXSYNC_DATA_DIR {}", args.data_dir.display()))?;
@@ -107,6 +116,25 @@ pub async fn run(args: UpArgs, shutdown: Shutdown) -> anyhow::Result<()> {
     )
     .await
     .context("chat-gate did not start")?;
+    let servers =
+        match (&args.catalog_config, args.demo) {
+            (Some(path), _) => catalog::config::CatalogConfig::load(path)
+                .context("invalid CTXSYNC_CATALOG_CONFIG")?,
+            (None, true) => crate::demo::catalog_config(&data_dir)?,
+            (None, false) => catalog::config::CatalogConfig::from_yaml("tenants: []")
+                .map_err(anyhow::Error::msg)?,
+        };
+    let catalog = catalog::start(
+        catalog::Config {
+            common: common(args.catalog_addr),
+            database: DatabaseArgs::new(postgres.url.clone()),
+            servers,
+            settings: catalog::Settings::default(),
+        },
+        shutdown.clone(),
+    )
+    .await
+    .context("catalog did not start")?;
 
     println!("services");
     println!(
@@ -120,6 +148,11 @@ pub async fn run(args: UpArgs, shutdown: Shutdown) -> anyhow::Result<()> {
     println!(
         "  chat-gate       http://{}  (POST /api/v1/gate, GET /api/v1/agents/{{id}}/context)",
         gate.http_addr()
+    );
+    println!(
+        "  catalog         http://{}  (NATS {}.catalog.prepare, .call)",
+        catalog.http_addr(),
+        args.subject_prefix
     );
     println!("  subjects        {}.>", args.subject_prefix);
 
@@ -146,7 +179,7 @@ pub async fn run(args: UpArgs, shutdown: Shutdown) -> anyhow::Result<()> {
     }
     shutdown.cancelled().await;
     let stopping = Instant::now();
-    tokio::join!(store.join(), ingest.join(), gate.join());
+    tokio::join!(store.join(), ingest.join(), gate.join(), catalog.join());
     eprintln!("stopped in {:?}", stopping.elapsed());
     drop(postgres);
     drop(nats);
