@@ -12,19 +12,14 @@ use std::time::Duration;
 #[derive(Debug, Clone, clap::Args)]
 pub struct Connection {
     /// NATS server URL.
-    #[arg(
-        long,
-        env = "NATS_URL",
-        default_value = "nats://127.0.0.1:4222",
-        global = true
-    )]
+    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
     pub nats_url: String,
 
     /// Prefix of every NATS subject.
-    #[arg(long, env = "CTXSYNC_SUBJECT_PREFIX", default_value = ctxsync_proto::subjects::DEFAULT_PREFIX, global = true)]
+    #[arg(long, env = "CTXSYNC_SUBJECT_PREFIX", default_value = ctxsync_proto::subjects::DEFAULT_PREFIX)]
     pub subject_prefix: String,
 
     /// How long to wait for a service's answer.
-    #[arg(long, env = "CTXSYNC_CLI_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration, global = true)]
+    #[arg(long, env = "CTXSYNC_CLI_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
 }

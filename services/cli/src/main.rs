@@ -6,15 +6,13 @@ use ctxsync_cli::Connection;
 #[derive(Parser)]
 #[command(name = "ctxsync", version)]
 struct Cli {
-    #[command(flatten)]
-    connection: Connection,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run agent-ingest, snapshot-store and chat-gate in one process (`--demo`: and show a first turn).
+    /// Run agent-ingest, snapshot-store, chat-gate and catalog in one process (`--demo`: and show a first turn).
     Up(ctxsync_cli::up::UpArgs),
     /// Measure wake, gate, push and catalog latency against raw NATS and Postgres (DESIGN §7).
     Bench(ctxsync_cli::bench::BenchArgs),
@@ -36,6 +34,8 @@ enum Command {
     },
     /// Register agents and inspect what they reported.
     Agent {
+        #[command(flatten)]
+        connection: Connection,
         #[command(subcommand)]
         command: AgentCommand,
     },
@@ -67,95 +67,102 @@ enum AgentCommand {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    if let Command::Bench(args) = &cli.command {
-        // sqlx's slow-statement warnings (CREATE/DROP DATABASE) would break the progress line.
-        ctxsync_runtime::telemetry::init(ctxsync_runtime::LogFormat::Text, "warn,sqlx=error")?;
-        let progress = ctxsync_cli::bench::Progress::default();
-        let report = ctxsync_cli::bench::run(args, &progress).await?;
-        if args.json {
-            println!("{}", serde_json::to_string_pretty(&report)?);
-        } else {
-            print!("{}", report.render());
-        }
-        return Ok(());
-    }
-    if let Command::Up(args) = cli.command {
-        ctxsync_runtime::telemetry::init(ctxsync_runtime::LogFormat::Text, &args.log_filter)?;
-        let shutdown = ctxsync_runtime::shutdown::on_signals();
-        return ctxsync_cli::up::run(args, shutdown).await;
-    }
-    ctxsync_runtime::telemetry::init(ctxsync_runtime::LogFormat::Text, "warn")?;
-    if let Command::Latency {
-        since,
-        json,
-        database,
-    } = &cli.command
-    {
-        let pool = ctxsync_runtime::db::connect(database).await?;
-        catalog::store::migrate(&pool)
-            .await
-            .context("catalog schema migrations failed")?;
-        let report = catalog::latency::report(&pool, *since).await?;
-        if *json {
-            println!("{}", report.render_json());
-        } else {
-            print!("{}", report.render_text());
-        }
-        return Ok(());
-    }
-    if let Command::Migrate { database } = &cli.command {
-        let pool = ctxsync_runtime::db::connect(database).await?;
-        snapshot_store::Store::migrate(&pool)
-            .await
-            .context("snapshot schema migrations failed")?;
-        catalog::store::migrate(&pool)
-            .await
-            .context("catalog schema migrations failed")?;
-        println!("migrations applied: snapshot, catalog");
-        return Ok(());
-    }
-    let subjects = ctxsync_proto::subjects::Subjects::new(&cli.connection.subject_prefix)
-        .context("invalid CTXSYNC_SUBJECT_PREFIX")?;
-    let nats = ctxsync_runtime::nats::connect(&cli.connection.nats_url, "ctxsync-cli").await?;
-    let timeout = cli.connection.timeout;
     match cli.command {
-        Command::Migrate { .. } | Command::Up(_) | Command::Bench(_) | Command::Latency { .. } => {
-            unreachable!("handled before connecting to NATS")
+        Command::Up(args) => {
+            ctxsync_runtime::telemetry::init(ctxsync_runtime::LogFormat::Text, &args.log_filter)?;
+            let shutdown = ctxsync_runtime::shutdown::on_signals();
+            ctxsync_cli::up::run(args, shutdown).await
         }
-        Command::Agent { command } => match command {
-            AgentCommand::Register {
-                tenant,
-                workspace,
-                name,
-                json,
-            } => {
-                let registered = ctxsync_cli::agent::register(
-                    &nats.client,
-                    &subjects,
-                    timeout,
-                    &tenant,
-                    &workspace,
-                    &name,
-                )
-                .await?;
-                if json {
-                    println!("{}", serde_json::to_string_pretty(&registered)?);
-                } else {
-                    println!("agent_id {}", registered.agent_id);
-                    println!("token    {}", registered.token);
-                    eprintln!("store the token now: it is not shown again");
-                }
+        Command::Bench(args) => {
+            // sqlx's slow-statement warnings (CREATE/DROP DATABASE) would break the progress line.
+            ctxsync_runtime::telemetry::init(ctxsync_runtime::LogFormat::Text, "warn,sqlx=error")?;
+            let progress = ctxsync_cli::bench::Progress::default();
+            let report = ctxsync_cli::bench::run(&args, &progress).await?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", report.render());
             }
-            AgentCommand::Show { agent_id, json } => {
-                let state =
-                    ctxsync_cli::agent::show(&nats.client, &subjects, timeout, &agent_id).await?;
-                if json {
-                    println!("{}", serde_json::to_string_pretty(&state)?);
-                } else {
-                    print!("{}", ctxsync_cli::agent::render(&state));
-                }
+            Ok(())
+        }
+        Command::Migrate { database } => {
+            ctxsync_runtime::telemetry::init(ctxsync_runtime::LogFormat::Text, "warn")?;
+            let pool = ctxsync_runtime::db::connect(&database).await?;
+            snapshot_store::Store::migrate(&pool)
+                .await
+                .context("snapshot schema migrations failed")?;
+            catalog::store::migrate(&pool)
+                .await
+                .context("catalog schema migrations failed")?;
+            println!("migrations applied: snapshot, catalog");
+            Ok(())
+        }
+        Command::Latency {
+            since,
+            json,
+            database,
+        } => {
+            ctxsync_runtime::telemetry::init(ctxsync_runtime::LogFormat::Text, "warn")?;
+            let pool = ctxsync_runtime::db::connect(&database).await?;
+            catalog::store::migrate(&pool)
+                .await
+                .context("catalog schema migrations failed")?;
+            let report = catalog::latency::report(&pool, since).await?;
+            if json {
+                println!("{}", report.render_json());
+            } else {
+                print!("{}", report.render_text());
             }
-        },
+            Ok(())
+        }
+        Command::Agent {
+            connection,
+            command,
+        } => {
+            ctxsync_runtime::telemetry::init(ctxsync_runtime::LogFormat::Text, "warn")?;
+            agent(connection, command).await
+        }
+    }
+}
+
+async fn agent(connection: Connection, command: AgentCommand) -> anyhow::Result<()> {
+    let subjects = ctxsync_proto::subjects::Subjects::new(&connection.subject_prefix)
+        .context("invalid CTXSYNC_SUBJECT_PREFIX")?;
+    let nats = ctxsync_runtime::nats::connect(&connection.nats_url, "ctxsync-cli").await?;
+    let timeout = connection.timeout;
+    match command {
+        AgentCommand::Register {
+            tenant,
+            workspace,
+            name,
+            json,
+        } => {
+            let registered = ctxsync_cli::agent::register(
+                &nats.client,
+                &subjects,
+                timeout,
+                &tenant,
+                &workspace,
+                &name,
+            )
+            .await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&registered)?);
+            } else {
+                println!("agent_id {}", registered.agent_id);
+                println!("token    {}", registered.token);
+                eprintln!("store the token now: it is not shown again");
+            }
+        }
+        AgentCommand::Show { agent_id, json } => {
+            let state =
+                ctxsync_cli::agent::show(&nats.client, &subjects, timeout, &agent_id).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&state)?);
+            } else {
+                print!("{}", ctxsync_cli::agent::render(&state));
+            }
+        }
     }
     Ok(())
 }
