@@ -415,7 +415,6 @@ pub fn add_catalog(projection: &mut ChatProjection, section: CatalogSection) {
     projection.catalog = Some(section);
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
