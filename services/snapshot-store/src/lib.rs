@@ -87,11 +87,38 @@ fn error_reply(error: &StoreError) -> ProtoError {
     }
 }
 
-fn malformed(message: String) -> ProtoError {
-    ProtoError {
+/// A store reply that can carry an error instead of its answer.
+trait Reply: Default {
+    fn failed(error: ProtoError) -> Self;
+}
+
+macro_rules! impl_reply {
+    ($($reply:ty),*) => {$(
+        impl Reply for $reply {
+            fn failed(error: ProtoError) -> Self {
+                Self { error: Some(error), ..Default::default() }
+            }
+        }
+    )*};
+}
+impl_reply!(
+    RegisterAgentReply,
+    AuthenticateAgentReply,
+    UpdateStartupReply,
+    StorePushReply,
+    GetAgentStateReply
+);
+
+fn malformed<R: Reply>(message: String) -> R {
+    R::failed(ProtoError {
         code: Code::InvalidArgument as i32,
         message,
-    }
+    })
+}
+
+/// The reply for `result`: its answer, or the error.
+fn reply<T, R: Reply>(result: Result<T, StoreError>, answer: impl FnOnce(T) -> R) -> R {
+    result.map_or_else(|error| R::failed(error_reply(&error)), answer)
 }
 
 /// Publishes an event after commit. A lost event is repaired by readers
@@ -149,6 +176,32 @@ pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), StartError> {
     Ok(())
 }
 
+/// Serves one store subject in the store's queue group.
+async fn endpoint<Req, R, F, Fut>(
+    client: &async_nats::Client,
+    subject: String,
+    shutdown: &Shutdown,
+    grace: Duration,
+    handler: F,
+) -> Result<rpc::Server, async_nats::SubscribeError>
+where
+    Req: Message + Default + Send + 'static,
+    R: Reply + Message + Send + 'static,
+    F: Fn(Req, Option<HeaderMap>) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = R> + Send + 'static,
+{
+    rpc::serve(
+        client.clone(),
+        subject,
+        STORE_QUEUE_GROUP,
+        shutdown.clone(),
+        grace,
+        malformed::<R>,
+        handler,
+    )
+    .await
+}
+
 async fn serve_all(
     client: &async_nats::Client,
     subjects: &Subjects,
@@ -156,188 +209,127 @@ async fn serve_all(
     shutdown: &Shutdown,
     grace: Duration,
 ) -> Result<Vec<rpc::Server>, async_nats::SubscribeError> {
-    let mut servers = Vec::new();
-
-    let s = store.clone();
-    servers.push(
-        rpc::serve(
-            client.clone(),
-            subjects.store_register_agent(),
-            STORE_QUEUE_GROUP,
-            shutdown.clone(),
-            grace,
-            |m| RegisterAgentReply {
-                error: Some(malformed(m)),
-                ..Default::default()
-            },
-            move |req: RegisterAgentRequest, _headers: Option<HeaderMap>| {
-                let s = s.clone();
-                async move {
-                    match s
-                        .register(&req.tenant, &req.workspace, &req.name, &req.token_sha256)
-                        .await
-                    {
-                        Ok(id) => {
-                            tracing::info!(agent_id = %id, tenant = %req.tenant, workspace = %req.workspace, name = %req.name, "agent registered");
-                            RegisterAgentReply {
-                                agent_id: id.to_string(),
-                                error: None,
-                            }
-                        }
-                        Err(e) => RegisterAgentReply {
-                            error: Some(error_reply(&e)),
-                            ..Default::default()
-                        },
-                    }
-                }
-            },
-        )
-        .await?,
+    let (s, n, j) = (store.clone(), client.clone(), subjects.clone());
+    let register = endpoint(client, subjects.store_register_agent(), shutdown, grace, {
+        let s = s.clone();
+        move |req: RegisterAgentRequest, _| register_agent(s.clone(), req)
+    });
+    let authenticate = endpoint(
+        client,
+        subjects.store_authenticate_agent(),
+        shutdown,
+        grace,
+        {
+            let s = s.clone();
+            move |req: AuthenticateAgentRequest, _| authenticate_agent(s.clone(), req)
+        },
     );
+    let startup = endpoint(client, subjects.store_update_startup(), shutdown, grace, {
+        let (s, n, j) = (s.clone(), n.clone(), j.clone());
+        move |req: UpdateStartupRequest, headers: Option<HeaderMap>| {
+            let trace = TraceContext::from_nats(headers.as_ref());
+            update_startup(s.clone(), n.clone(), j.clone(), trace, req)
+        }
+    });
+    let push = endpoint(client, subjects.store_push(), shutdown, grace, {
+        let (s, n, j) = (s.clone(), n.clone(), j.clone());
+        move |req: StorePushRequest, headers: Option<HeaderMap>| {
+            let trace = TraceContext::from_nats(headers.as_ref());
+            let (s, n, j) = (s.clone(), n.clone(), j.clone());
+            async move { handle_push(&s, &n, &j, trace, req).await }
+        }
+    });
+    let get = endpoint(client, subjects.store_get_agent_state(), shutdown, grace, {
+        move |req: GetAgentStateRequest, _| agent_state(s.clone(), req)
+    });
+    Ok(vec![
+        register.await?,
+        authenticate.await?,
+        startup.await?,
+        push.await?,
+        get.await?,
+    ])
+}
 
-    let s = store.clone();
-    servers.push(
-        rpc::serve(
-            client.clone(),
-            subjects.store_authenticate_agent(),
-            STORE_QUEUE_GROUP,
-            shutdown.clone(),
-            grace,
-            |m| AuthenticateAgentReply {
-                error: Some(malformed(m)),
-                ..Default::default()
-            },
-            move |req: AuthenticateAgentRequest, _headers: Option<HeaderMap>| {
-                let s = s.clone();
-                async move {
-                    match s.authenticate(&req.token_sha256).await {
-                        Ok(id) => AuthenticateAgentReply {
-                            agent_id: id.map(|id| id.to_string()).unwrap_or_default(),
-                            error: None,
-                        },
-                        Err(e) => AuthenticateAgentReply {
-                            error: Some(error_reply(&e)),
-                            ..Default::default()
-                        },
-                    }
-                }
-            },
-        )
-        .await?,
-    );
+async fn register_agent(store: Store, req: RegisterAgentRequest) -> RegisterAgentReply {
+    let result = store
+        .register(&req.tenant, &req.workspace, &req.name, &req.token_sha256)
+        .await;
+    reply(result, |id| {
+        tracing::info!(
+            agent_id = %id,
+            tenant = %req.tenant,
+            workspace = %req.workspace,
+            name = %req.name,
+            "agent registered"
+        );
+        RegisterAgentReply {
+            agent_id: id.to_string(),
+            error: None,
+        }
+    })
+}
 
-    let (s, nats, subj) = (store.clone(), client.clone(), subjects.clone());
-    servers.push(
-        rpc::serve(
-            client.clone(),
-            subjects.store_update_startup(),
-            STORE_QUEUE_GROUP,
-            shutdown.clone(),
-            grace,
-            |m| UpdateStartupReply {
-                error: Some(malformed(m)),
-                ..Default::default()
-            },
-            move |req: UpdateStartupRequest, headers: Option<HeaderMap>| {
-                let (s, nats, subj) = (s.clone(), nats.clone(), subj.clone());
-                let trace = TraceContext::from_nats(headers.as_ref());
-                async move {
-                    let result = async {
-                        let agent_id = db::parse_agent_id(&req.agent_id)?;
-                        s.update_startup(agent_id, &req.startup.unwrap_or_default())
-                            .await
-                    }
-                    .await;
-                    match result {
-                        Ok((response, event)) => {
-                            tracing::info!(
-                                agent_id = %req.agent_id,
-                                trace_id = trace.map(|t| t.trace_id()).unwrap_or_default(),
-                                run_id_changed = response.run_id_changed,
-                                "startup committed"
-                            );
-                            if let Some(event) = event {
-                                publish(
-                                    &nats,
-                                    subj.discovery_changed(&event.agent_id),
-                                    trace,
-                                    &event,
-                                )
-                                .await;
-                            }
-                            UpdateStartupReply {
-                                response: Some(response),
-                                error: None,
-                            }
-                        }
-                        Err(e) => UpdateStartupReply {
-                            error: Some(error_reply(&e)),
-                            ..Default::default()
-                        },
-                    }
-                }
-            },
-        )
-        .await?,
-    );
+async fn authenticate_agent(store: Store, req: AuthenticateAgentRequest) -> AuthenticateAgentReply {
+    reply(store.authenticate(&req.token_sha256).await, |id| {
+        AuthenticateAgentReply {
+            agent_id: id.map(|id| id.to_string()).unwrap_or_default(),
+            error: None,
+        }
+    })
+}
 
-    let (s, nats, subj) = (store.clone(), client.clone(), subjects.clone());
-    servers.push(
-        rpc::serve(
-            client.clone(),
-            subjects.store_push(),
-            STORE_QUEUE_GROUP,
-            shutdown.clone(),
-            grace,
-            |m| StorePushReply {
-                error: Some(malformed(m)),
-                ..Default::default()
-            },
-            move |req: StorePushRequest, headers: Option<HeaderMap>| {
-                let (s, nats, subj) = (s.clone(), nats.clone(), subj.clone());
-                let trace = TraceContext::from_nats(headers.as_ref());
-                async move { handle_push(&s, &nats, &subj, trace, req).await }
-            },
-        )
-        .await?,
-    );
+async fn update_startup(
+    store: Store,
+    nats: async_nats::Client,
+    subjects: Subjects,
+    trace: Option<TraceContext>,
+    req: UpdateStartupRequest,
+) -> UpdateStartupReply {
+    let result = match db::parse_agent_id(&req.agent_id) {
+        Ok(agent_id) => {
+            store
+                .update_startup(agent_id, &req.startup.unwrap_or_default())
+                .await
+        }
+        Err(error) => Err(error),
+    };
+    let result = match result {
+        Ok((response, event)) => {
+            tracing::info!(
+                agent_id = %req.agent_id,
+                trace_id = trace.map(|t| t.trace_id()).unwrap_or_default(),
+                run_id_changed = response.run_id_changed,
+                "startup committed"
+            );
+            if let Some(event) = event {
+                publish(
+                    &nats,
+                    subjects.discovery_changed(&event.agent_id),
+                    trace,
+                    &event,
+                )
+                .await;
+            }
+            Ok(response)
+        }
+        Err(error) => Err(error),
+    };
+    reply(result, |response| UpdateStartupReply {
+        response: Some(response),
+        error: None,
+    })
+}
 
-    let s = store.clone();
-    servers.push(
-        rpc::serve(
-            client.clone(),
-            subjects.store_get_agent_state(),
-            STORE_QUEUE_GROUP,
-            shutdown.clone(),
-            grace,
-            |m| GetAgentStateReply {
-                error: Some(malformed(m)),
-                ..Default::default()
-            },
-            move |req: GetAgentStateRequest, _headers: Option<HeaderMap>| {
-                let s = s.clone();
-                async move {
-                    let result = async {
-                        let agent_id = db::parse_agent_id(&req.agent_id)?;
-                        s.agent_state(agent_id).await
-                    }
-                    .await;
-                    match result {
-                        Ok(state) => GetAgentStateReply {
-                            state: Some(state),
-                            error: None,
-                        },
-                        Err(e) => GetAgentStateReply {
-                            error: Some(error_reply(&e)),
-                            ..Default::default()
-                        },
-                    }
-                }
-            },
-        )
-        .await?,
-    );
-    Ok(servers)
+async fn agent_state(store: Store, req: GetAgentStateRequest) -> GetAgentStateReply {
+    let result = match db::parse_agent_id(&req.agent_id) {
+        Ok(agent_id) => store.agent_state(agent_id).await,
+        Err(error) => Err(error),
+    };
+    reply(result, |state| GetAgentStateReply {
+        state: Some(state),
+        error: None,
+    })
 }
 
 async fn handle_push(
