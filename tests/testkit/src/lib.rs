@@ -5,10 +5,15 @@
 //! the handle drops. A missing `nats-server` or an unreachable Postgres fails
 //! the test with a message that says what to install or start: tests never
 //! skip silently.
+//!
+//! [`report`] builds the discovery reports agents push; [`store`] is a typed
+//! client of snapshot-store's NATS API.
 
 mod binary;
 mod nats;
 mod postgres;
+pub mod report;
+pub mod store;
 
 pub use binary::workspace_binary;
 pub use nats::NatsServer;
