@@ -5,8 +5,10 @@ use std::time::Duration;
 
 use ctxsync_proto::subjects::Subjects;
 use ctxsync_proto::v1::*;
-use ctxsync_runtime::{CommonArgs, DatabaseArgs, Shutdown, rpc};
+use ctxsync_runtime::{CommonArgs, DatabaseArgs, Shutdown};
 use snapshot_store::{Config, RunningStore};
+pub use testkit::report::*;
+use testkit::store::StoreClient;
 use testkit::{NatsServer, TestDatabase};
 
 pub const TIMEOUT: Duration = Duration::from_secs(10);
@@ -18,6 +20,8 @@ pub struct StoreHarness {
     pub client: async_nats::Client,
     pub shutdown: Shutdown,
     pub stores: Vec<RunningStore>,
+    /// The store's NATS API, through `client`.
+    pub api: StoreClient,
 }
 
 pub fn config(nats_url: &str, prefix: &str, db_url: &str) -> Config {
@@ -49,153 +53,37 @@ impl StoreHarness {
         let client = async_nats::connect(nats.url())
             .await
             .expect("test client connects");
+        let subjects = Subjects::new(&prefix).unwrap();
         Self {
+            api: StoreClient::new(client.clone(), subjects.clone(), TIMEOUT, "ws1"),
             nats,
             db,
-            subjects: Subjects::new(&prefix).unwrap(),
+            subjects,
             client,
             shutdown,
             stores,
         }
     }
 
+    /// Registers agent `name`, whose token is its name.
     pub async fn register(&self, name: &str) -> String {
-        let reply: RegisterAgentReply = rpc::request(
-            &self.client,
-            self.subjects.store_register_agent(),
-            &RegisterAgentRequest {
-                tenant: "acme".into(),
-                workspace: "ws1".into(),
-                name: name.into(),
-                token_sha256: sha(name),
-            },
-            None,
-            TIMEOUT,
-        )
-        .await
-        .expect("register answers");
-        assert_eq!(reply.error, None);
-        reply.agent_id
+        self.api.register(name, name).await
     }
 
     pub async fn startup(&self, agent_id: &str, run_id: &str) -> UpdateStartupReply {
-        rpc::request(
-            &self.client,
-            self.subjects.store_update_startup(),
-            &UpdateStartupRequest {
-                agent_id: agent_id.into(),
-                startup: Some(StartupRequest {
-                    agent_run_id: run_id.into(),
-                    agent_version: "test".into(),
-                }),
-            },
-            None,
-            TIMEOUT,
-        )
-        .await
-        .expect("startup answers")
+        self.api.startup(agent_id, run_id).await
     }
 
     pub async fn push(&self, agent_id: &str, push: PushContextStateRequest) -> StorePushReply {
-        rpc::request(
-            &self.client,
-            self.subjects.store_push(),
-            &StorePushRequest {
-                agent_id: agent_id.into(),
-                push: Some(push),
-            },
-            None,
-            TIMEOUT,
-        )
-        .await
-        .expect("push answers")
+        self.api.push(agent_id, push).await
     }
 
     /// Pushes and asserts the store accepted it.
     pub async fn push_ok(&self, agent_id: &str, push: PushContextStateRequest) {
-        let reply = self.push(agent_id, push).await;
-        assert_eq!(reply.error, None);
-        assert!(reply.response.unwrap().accepted, "push was dropped");
+        self.api.push_ok(agent_id, push).await
     }
 
     pub async fn state(&self, agent_id: &str) -> AgentState {
-        let reply: GetAgentStateReply = rpc::request(
-            &self.client,
-            self.subjects.store_get_agent_state(),
-            &GetAgentStateRequest {
-                agent_id: agent_id.into(),
-            },
-            None,
-            TIMEOUT,
-        )
-        .await
-        .expect("get answers");
-        assert_eq!(reply.error, None);
-        reply.state.expect("state")
+        self.api.state(agent_id).await
     }
-}
-
-pub fn sha(token: &str) -> Vec<u8> {
-    use sha2::Digest;
-    sha2::Sha256::digest(token.as_bytes()).to_vec()
-}
-
-pub fn instruction(path: &str, content: &str) -> ContextResource {
-    ContextResource {
-        source: format!("instruction_file:{path}"),
-        kind: ResourceKind::InstructionFile as i32,
-        status: ResourceStatus::Ok as i32,
-        body: Some(context_resource::Body::InstructionFile(InstructionFile {
-            path: path.into(),
-            content: content.into(),
-            truncated: false,
-        })),
-        ..Default::default()
-    }
-}
-
-pub fn server(name: &str, tools: &[&str]) -> ContextResource {
-    ContextResource {
-        source: format!("mcp_server:{name}"),
-        kind: ResourceKind::McpServer as i32,
-        status: ResourceStatus::Ok as i32,
-        body: Some(context_resource::Body::McpServer(McpServer {
-            name: name.into(),
-            transport: McpTransport::Stdio as i32,
-            config_path: "/w/.mcp.json".into(),
-            tools: tools
-                .iter()
-                .map(|t| McpTool {
-                    name: (*t).into(),
-                    description: format!("the {t} tool"),
-                    input_schema_json: r#"{"type":"object"}"#.into(),
-                })
-                .collect(),
-        })),
-        ..Default::default()
-    }
-}
-
-pub fn push(
-    run_id: &str,
-    version: u64,
-    initial: bool,
-    phase: Option<mcp_discovery::Phase>,
-    resources: Vec<ContextResource>,
-) -> PushContextStateRequest {
-    PushContextStateRequest {
-        agent_run_id: run_id.into(),
-        version,
-        initial,
-        mcp_discovery: phase.map(|p| McpDiscovery { phase: p as i32 }),
-        resources,
-        context_config: Some(ContextConfig {
-            working_dir: "/w".into(),
-            ..Default::default()
-        }),
-    }
-}
-
-pub fn sources(state: &AgentState) -> Vec<String> {
-    state.resources.iter().map(|r| r.source.clone()).collect()
 }

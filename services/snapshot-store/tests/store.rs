@@ -23,8 +23,7 @@ async fn phase_and_run_id_round_trip() {
     let h = StoreHarness::spawn().await;
     let agent = h.register("a").await;
     h.startup(&agent, RUN_A).await;
-    h.push_ok(&agent, push(RUN_A, 1, true, Some(Phase::Pending), vec![]))
-        .await;
+    h.push_ok(&agent, pending(RUN_A, 1, vec![])).await;
     let state = h.state(&agent).await;
     assert_eq!(state.agent.as_ref().unwrap().agent_run_id, RUN_A);
     let snapshot = state.snapshot.unwrap();
@@ -32,8 +31,7 @@ async fn phase_and_run_id_round_trip() {
     assert_eq!(snapshot.phase(), Phase::Pending);
     assert_eq!(snapshot.version, 1);
 
-    h.push_ok(&agent, push(RUN_A, 2, false, Some(Phase::Complete), vec![]))
-        .await;
+    h.push_ok(&agent, complete(RUN_A, 2, vec![])).await;
     let snapshot = h.state(&agent).await.snapshot.unwrap();
     assert_eq!(snapshot.phase(), Phase::Complete);
     assert_eq!(snapshot.version, 2);
@@ -60,13 +58,7 @@ async fn stale_run_push_is_dropped_and_leaves_every_row_untouched() {
     h.startup(&agent, RUN_A).await;
     h.push_ok(
         &agent,
-        push(
-            RUN_A,
-            1,
-            true,
-            Some(Phase::Complete),
-            vec![server("github", &["search"])],
-        ),
+        complete(RUN_A, 1, vec![server("github", &["search"])]),
     )
     .await;
     let before = h.state(&agent).await;
@@ -93,19 +85,9 @@ async fn same_run_push_is_accepted() {
     let h = StoreHarness::spawn().await;
     let agent = h.register("a").await;
     h.startup(&agent, RUN_A).await;
-    h.push_ok(&agent, push(RUN_A, 1, true, Some(Phase::Pending), vec![]))
+    h.push_ok(&agent, pending(RUN_A, 1, vec![])).await;
+    h.push_ok(&agent, pending(RUN_A, 2, vec![server("s", &["t"])]))
         .await;
-    h.push_ok(
-        &agent,
-        push(
-            RUN_A,
-            2,
-            false,
-            Some(Phase::Pending),
-            vec![server("s", &["t"])],
-        ),
-    )
-    .await;
     assert_eq!(sources(&h.state(&agent).await), ["mcp_server:s"]);
 }
 
@@ -129,11 +111,7 @@ async fn empty_run_id_is_accepted_against_an_empty_row_and_dropped_against_a_set
 
     let current = h.register("current").await;
     h.startup(&current, RUN_A).await;
-    h.push_ok(
-        &current,
-        push(RUN_A, 1, true, Some(Phase::Complete), vec![]),
-    )
-    .await;
+    h.push_ok(&current, complete(RUN_A, 1, vec![])).await;
     let before = h.state(&current).await;
     let reply = h
         .push(
@@ -235,11 +213,9 @@ async fn sources_absent_from_a_push_are_deleted() {
     h.startup(&agent, RUN_A).await;
     h.push_ok(
         &agent,
-        push(
+        pending(
             RUN_A,
             1,
-            true,
-            Some(Phase::Pending),
             vec![
                 instruction("/w/AGENTS.md", "x"),
                 server("a", &["t"]),
@@ -248,17 +224,8 @@ async fn sources_absent_from_a_push_are_deleted() {
         ),
     )
     .await;
-    h.push_ok(
-        &agent,
-        push(
-            RUN_A,
-            2,
-            false,
-            Some(Phase::Complete),
-            vec![server("b", &["u", "v"])],
-        ),
-    )
-    .await;
+    h.push_ok(&agent, complete(RUN_A, 2, vec![server("b", &["u", "v"])]))
+        .await;
     let state = h.state(&agent).await;
     assert_eq!(sources(&state), ["mcp_server:b"]);
     let Some(context_resource::Body::McpServer(b)) = &state.resources[0].body else {
@@ -321,58 +288,28 @@ async fn discovery_event_is_published_exactly_when_phase_or_run_id_changes_after
     assert!(!e.has_snapshot);
 
     // First push: event (no snapshot before).
-    h.push_ok(&agent, push(RUN_A, 1, true, Some(Phase::Pending), vec![]))
-        .await;
+    h.push_ok(&agent, pending(RUN_A, 1, vec![])).await;
     let e = next_event(&mut events).await;
     assert_eq!((e.phase(), e.snapshot_version), (Phase::Pending, 1));
 
     // Same phase, new content; a dropped push; a repeated startup: no event.
     // The next event must be the phase change that follows them (NATS keeps
     // one publisher's order), which proves none was published in between.
-    h.push_ok(
-        &agent,
-        push(
-            RUN_A,
-            2,
-            false,
-            Some(Phase::Pending),
-            vec![server("s", &["t"])],
-        ),
-    )
-    .await;
-    let reply = h
-        .push(&agent, push(RUN_A, 2, false, Some(Phase::Complete), vec![]))
+    h.push_ok(&agent, pending(RUN_A, 2, vec![server("s", &["t"])]))
         .await;
+    let reply = h.push(&agent, complete(RUN_A, 2, vec![])).await;
     assert_eq!(dropped(&reply), Some(PushDropReason::StaleVersion));
     h.startup(&agent, RUN_A).await;
-    h.push_ok(
-        &agent,
-        push(
-            RUN_A,
-            3,
-            false,
-            Some(Phase::Complete),
-            vec![server("s", &["t"])],
-        ),
-    )
-    .await;
+    h.push_ok(&agent, complete(RUN_A, 3, vec![server("s", &["t"])]))
+        .await;
     let e = next_event(&mut events).await;
     assert_eq!(
         (e.phase(), e.previous_phase(), e.snapshot_version),
         (Phase::Complete, Phase::Pending, 3)
     );
     // Unchanged re-push with a higher version: no event; then a restart: event.
-    h.push_ok(
-        &agent,
-        push(
-            RUN_A,
-            4,
-            false,
-            Some(Phase::Complete),
-            vec![server("s", &["t"])],
-        ),
-    )
-    .await;
+    h.push_ok(&agent, complete(RUN_A, 4, vec![server("s", &["t"])]))
+        .await;
     h.startup(&agent, RUN_B).await;
     let e = next_event(&mut events).await;
     assert_eq!(e.cause(), discovery_changed::Cause::Startup);
@@ -394,8 +331,7 @@ async fn a_reader_woken_by_the_event_sees_the_committed_state() {
         .unwrap();
     h.client.flush().await.unwrap();
     let pusher = {
-        let client = h.client.clone();
-        let subject = h.subjects.store_push();
+        let store = h.api.clone();
         let agent = agent.clone();
         tokio::spawn(async move {
             for version in 1..=20u64 {
@@ -404,24 +340,18 @@ async fn a_reader_woken_by_the_event_sees_the_committed_state() {
                 } else {
                     Phase::Pending
                 };
-                let _: StorePushReply = ctxsync_runtime::rpc::request(
-                    &client,
-                    subject.clone(),
-                    &StorePushRequest {
-                        agent_id: agent.clone(),
-                        push: Some(push(
+                store
+                    .push(
+                        &agent,
+                        push(
                             RUN_A,
                             version,
                             version == 1,
                             Some(phase),
                             vec![server("s", &[&format!("t{version}")])],
-                        )),
-                    },
-                    None,
-                    TIMEOUT,
-                )
-                .await
-                .unwrap();
+                        ),
+                    )
+                    .await;
             }
         })
     };
@@ -454,33 +384,23 @@ async fn two_replicas_racing_pushes_for_one_agent_end_consistent() {
     let mut versions: Vec<u64> = (1..=40).collect();
     versions.reverse();
     versions.rotate_left(17);
-    let pushes = versions.iter().map(|&version| {
-        let client = h.client.clone();
-        let subject = h.subjects.store_push();
-        let agent = agent.clone();
-        async move {
-            let tools: Vec<String> = (0..version).map(|t| format!("t{t}")).collect();
-            let tool_refs: Vec<&str> = tools.iter().map(String::as_str).collect();
-            let reply: StorePushReply = ctxsync_runtime::rpc::request(
-                &client,
-                subject,
-                &StorePushRequest {
-                    agent_id: agent,
-                    push: Some(push(
-                        RUN_A,
-                        version,
-                        false,
-                        Some(Phase::Pending),
-                        vec![server(&format!("v{version}"), &tool_refs)],
-                    )),
-                },
-                None,
-                TIMEOUT,
+    let (store, agent_id) = (&h.api, agent.as_str());
+    let pushes = versions.iter().map(|&version| async move {
+        let tools: Vec<String> = (0..version).map(|t| format!("t{t}")).collect();
+        let tool_refs: Vec<&str> = tools.iter().map(String::as_str).collect();
+        let reply = store
+            .push(
+                agent_id,
+                push(
+                    RUN_A,
+                    version,
+                    false,
+                    Some(Phase::Pending),
+                    vec![server(&format!("v{version}"), &tool_refs)],
+                ),
             )
-            .await
-            .unwrap();
-            (version, reply.response.unwrap().accepted)
-        }
+            .await;
+        (version, reply.response.unwrap().accepted)
     });
     let outcomes = futures::future::join_all(pushes).await;
     assert!(outcomes.iter().any(|&(v, accepted)| v == 40 && accepted));
