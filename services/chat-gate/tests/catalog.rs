@@ -5,9 +5,8 @@ mod common;
 
 use common::*;
 use ctxsync_proto::v1::catalog_section::Status;
-use ctxsync_proto::v1::mcp_discovery::Phase;
 use ctxsync_proto::v1::*;
-use ctxsync_runtime::{CommonArgs, DatabaseArgs, Shutdown, rpc};
+use ctxsync_runtime::{CommonArgs, DatabaseArgs, Shutdown};
 
 async fn start_catalog(h: &Harness) -> (catalog::Running, Shutdown) {
     let fixture = mcp_fixture::fixture_binary();
@@ -34,47 +33,15 @@ async fn start_catalog(h: &Harness) -> (catalog::Running, Shutdown) {
     (running, shutdown)
 }
 
-async fn turn_for_tenant(h: &Harness, chat: &str, agent: &str, first_turn: bool) -> TurnReply {
-    rpc::request(
-        &h.client,
-        h.subjects.gate_turn(),
-        &TurnRequest {
-            chat_id: chat.into(),
-            agent_id: agent.into(),
-            first_turn,
-            tenant: "acme".into(),
-        },
-        None,
-        TIMEOUT,
-    )
-    .await
-    .expect("gate answers")
-}
-
-async fn complete_agent(h: &Harness) -> String {
-    let agent = h.register("a").await;
-    h.startup(&agent, RUN_A).await;
-    h.push_ok(
-        &agent,
-        push(
-            RUN_A,
-            1,
-            true,
-            Some(Phase::Complete),
-            vec![server("ws", &["t"])],
-        ),
-    )
-    .await;
-    agent
-}
-
 #[tokio::test]
 async fn a_first_turn_carries_the_tenants_catalog_pins_next_to_the_workspace_projection() {
     let h = Harness::spawn().await;
     let (_catalog, _stop) = start_catalog(&h).await;
-    let agent = complete_agent(&h).await;
+    let agent = h
+        .agent_reporting(complete(RUN_A, 1, vec![server("ws", &["t"])]))
+        .await;
 
-    let reply = turn_for_tenant(&h, "chat-1", &agent, true).await;
+    let reply = h.tenant_turn("acme", "chat-1", &agent, true).await;
     assert_eq!(reply.decision(), GateDecision::Ready);
     let projection = projection(&reply);
     assert_eq!(tool_names(&reply), ["ws__t"]);
@@ -95,7 +62,7 @@ async fn a_first_turn_carries_the_tenants_catalog_pins_next_to_the_workspace_pro
     );
 
     // Later turns don't prepare the catalog again.
-    let later = turn_for_tenant(&h, "chat-1", &agent, false).await;
+    let later = h.tenant_turn("acme", "chat-1", &agent, false).await;
     assert_eq!(
         projection_of(&later).catalog.as_ref().unwrap().status(),
         Status::NotRequested
@@ -105,9 +72,11 @@ async fn a_first_turn_carries_the_tenants_catalog_pins_next_to_the_workspace_pro
 #[tokio::test]
 async fn a_catalog_that_does_not_answer_fails_open_and_the_projection_says_so() {
     let h = Harness::spawn().await;
-    let agent = complete_agent(&h).await;
+    let agent = h
+        .agent_reporting(complete(RUN_A, 1, vec![server("ws", &["t"])]))
+        .await;
     // No catalog runs on this prefix.
-    let reply = turn_for_tenant(&h, "chat-1", &agent, true).await;
+    let reply = h.tenant_turn("acme", "chat-1", &agent, true).await;
     assert_eq!(reply.decision(), GateDecision::Ready);
     assert_eq!(tool_names(&reply), ["ws__t"]);
     let projection = projection(&reply);

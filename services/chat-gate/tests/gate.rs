@@ -20,13 +20,9 @@ fn decision(reply: &TurnReply) -> GateDecision {
 #[tokio::test]
 async fn already_complete_answers_ready_at_once() {
     let h = Harness::spawn().await;
-    let agent = h.register("a").await;
-    h.startup(&agent, RUN_A).await;
-    h.push_ok(
-        &agent,
-        complete(RUN_A, 1, vec![server("github", &["search"])]),
-    )
-    .await;
+    let agent = h
+        .agent_reporting(complete(RUN_A, 1, vec![server("github", &["search"])]))
+        .await;
 
     let started = Instant::now();
     let reply = h.turn("chat-1", &agent, true).await;
@@ -81,9 +77,8 @@ async fn no_snapshot_then_one_appears_wakes_the_waiter() {
 async fn pending_then_complete_wakes_the_waiter_within_100ms_of_the_commit() {
     // The safety sweep runs every 10 minutes: only the event can end this wait.
     let h = Harness::spawn().await;
-    let agent = h.register("a").await;
-    h.startup(&agent, RUN_A).await;
-    h.push_ok(&agent, pending(RUN_A, 1, vec![server("fs", &["read"])]))
+    let agent = h
+        .agent_reporting(pending(RUN_A, 1, vec![server("fs", &["read"])]))
         .await;
     let mut events = h
         .client
@@ -139,9 +134,8 @@ async fn pending_times_out_after_the_pending_timeout_and_keeps_its_tools() {
         c.stale_grace = Duration::from_millis(100);
     })
     .await;
-    let agent = h.register("a").await;
-    h.startup(&agent, RUN_A).await;
-    h.push_ok(&agent, pending(RUN_A, 1, vec![server("fs", &["read"])]))
+    let agent = h
+        .agent_reporting(pending(RUN_A, 1, vec![server("fs", &["read"])]))
         .await;
     let reply = h.turn("chat-1", &agent, true).await;
     assert_eq!(decision(&reply), GateDecision::TimedOutPending);
@@ -160,9 +154,8 @@ async fn pending_times_out_after_the_pending_timeout_and_keeps_its_tools() {
 #[tokio::test]
 async fn stale_run_waits_for_the_current_run() {
     let h = Harness::spawn().await;
-    let agent = h.register("a").await;
-    h.startup(&agent, RUN_A).await;
-    h.push_ok(&agent, complete(RUN_A, 1, vec![server("old", &["x"])]))
+    let agent = h
+        .agent_reporting(complete(RUN_A, 1, vec![server("old", &["x"])]))
         .await;
     h.startup(&agent, RUN_B).await; // the agent restarted
 
@@ -188,9 +181,8 @@ async fn stale_run_times_out_after_the_grace_only() {
         c.pending_timeout = Duration::from_secs(20);
     })
     .await;
-    let agent = h.register("a").await;
-    h.startup(&agent, RUN_A).await;
-    h.push_ok(&agent, complete(RUN_A, 1, vec![server("old", &["x", "z"])]))
+    let agent = h
+        .agent_reporting(complete(RUN_A, 1, vec![server("old", &["x", "z"])]))
         .await;
     h.startup(&agent, RUN_B).await;
 
@@ -218,13 +210,9 @@ async fn stale_run_times_out_after_the_grace_only() {
 #[tokio::test]
 async fn legacy_snapshot_under_an_agent_with_a_run_id_is_stale() {
     let h = Harness::spawn_with(|c| c.stale_grace = Duration::from_millis(300)).await;
-    let agent = h.register("a").await;
-    h.startup(&agent, "").await;
-    h.push_ok(
-        &agent,
-        push("", 0, false, None, vec![server("legacy", &["t"])]),
-    )
-    .await;
+    let agent = h
+        .agent_reporting(push("", 0, false, None, vec![server("legacy", &["t"])]))
+        .await;
     h.startup(&agent, RUN_A).await; // upgraded agent, not reported yet
 
     let reply = h.turn("chat-1", &agent, true).await;
@@ -257,9 +245,7 @@ async fn no_snapshot_times_out_after_the_grace() {
 #[tokio::test]
 async fn store_unavailable_fails_open_and_says_why() {
     let mut h = Harness::spawn().await;
-    let agent = h.register("a").await;
-    h.startup(&agent, RUN_A).await;
-    h.push_ok(&agent, pending(RUN_A, 1, vec![])).await;
+    let agent = h.agent_reporting(pending(RUN_A, 1, vec![])).await;
     h.stop_store().await;
 
     let started = Instant::now();
@@ -292,9 +278,8 @@ async fn store_unavailable_fails_open_and_says_why() {
 #[tokio::test]
 async fn only_first_turns_wait() {
     let h = Harness::spawn().await;
-    let agent = h.register("a").await;
-    h.startup(&agent, RUN_A).await;
-    h.push_ok(&agent, pending(RUN_A, 1, vec![server("s", &["t"])]))
+    let agent = h
+        .agent_reporting(pending(RUN_A, 1, vec![server("s", &["t"])]))
         .await;
     let started = Instant::now();
     let reply = h.turn("chat-1", &agent, false).await;
@@ -308,9 +293,7 @@ async fn only_first_turns_wait() {
 #[tokio::test]
 async fn caller_cancelled_while_pending_does_not_cancel_the_others() {
     let h = Harness::spawn().await;
-    let agent = h.register("a").await;
-    h.startup(&agent, RUN_A).await;
-    h.push_ok(&agent, pending(RUN_A, 1, vec![])).await;
+    let agent = h.agent_reporting(pending(RUN_A, 1, vec![])).await;
 
     let cancelled = h.spawn_turn("chat-1", &agent);
     let other_chat = h.spawn_turn("chat-2", &agent);
@@ -349,9 +332,7 @@ async fn caller_cancelled_while_pending_does_not_cancel_the_others() {
 #[tokio::test]
 async fn attempt_concurrent_callers_share_one_wait() {
     let h = Harness::spawn().await;
-    let agent = h.register("a").await;
-    h.startup(&agent, RUN_A).await;
-    h.push_ok(&agent, pending(RUN_A, 1, vec![])).await;
+    let agent = h.agent_reporting(pending(RUN_A, 1, vec![])).await;
 
     let first = h.spawn_turn("chat-1", &agent);
     h.until_waiting(1).await;
@@ -382,9 +363,8 @@ async fn attempt_timed_out_is_reused_with_one_refresh_read() {
         c.pending_timeout = Duration::from_millis(300);
     })
     .await;
-    let agent = h.register("a").await;
-    h.startup(&agent, RUN_A).await;
-    h.push_ok(&agent, pending(RUN_A, 1, vec![server("s", &["t"])]))
+    let agent = h
+        .agent_reporting(pending(RUN_A, 1, vec![server("s", &["t"])]))
         .await;
     let first = h.turn("chat-1", &agent, true).await;
     assert_eq!(decision(&first), GateDecision::TimedOutPending);
@@ -418,9 +398,7 @@ async fn attempt_timed_out_is_reused_with_one_refresh_read() {
 #[tokio::test]
 async fn attempt_timed_out_is_refreshed_once_complete() {
     let h = Harness::spawn_with(|c| c.pending_timeout = Duration::from_millis(300)).await;
-    let agent = h.register("a").await;
-    h.startup(&agent, RUN_A).await;
-    h.push_ok(&agent, pending(RUN_A, 1, vec![])).await;
+    let agent = h.agent_reporting(pending(RUN_A, 1, vec![])).await;
     let first = h.turn("chat-1", &agent, true).await;
     assert_eq!(decision(&first), GateDecision::TimedOutPending);
 
@@ -444,9 +422,7 @@ async fn attempt_timed_out_expires() {
         c.attempt_ttl = Duration::from_millis(500);
     })
     .await;
-    let agent = h.register("a").await;
-    h.startup(&agent, RUN_A).await;
-    h.push_ok(&agent, pending(RUN_A, 1, vec![])).await;
+    let agent = h.agent_reporting(pending(RUN_A, 1, vec![])).await;
     let first = h.turn("chat-1", &agent, true).await;
     assert_eq!(decision(&first), GateDecision::TimedOutPending);
     assert_eq!(h.gate().attempts_held(), 1);
@@ -472,9 +448,7 @@ async fn attempt_new_run_rearms_the_wait() {
         c.stale_grace = Duration::from_secs(20);
     })
     .await;
-    let agent = h.register("a").await;
-    h.startup(&agent, RUN_A).await;
-    h.push_ok(&agent, pending(RUN_A, 1, vec![])).await;
+    let agent = h.agent_reporting(pending(RUN_A, 1, vec![])).await;
     let first = h.turn("chat-1", &agent, true).await;
     assert_eq!(decision(&first), GateDecision::TimedOutPending);
 
@@ -494,9 +468,7 @@ async fn attempt_new_run_rearms_the_wait() {
 #[tokio::test]
 async fn attempt_completed_is_not_cached() {
     let h = Harness::spawn().await;
-    let agent = h.register("a").await;
-    h.startup(&agent, RUN_A).await;
-    h.push_ok(&agent, pending(RUN_A, 1, vec![])).await;
+    let agent = h.agent_reporting(pending(RUN_A, 1, vec![])).await;
     let turn = h.spawn_turn("chat-1", &agent);
     h.until_waiting(1).await;
     assert_eq!(h.gate().attempts_held(), 1);
@@ -540,9 +512,8 @@ fn json_tools(context: &serde_json::Value) -> Vec<String> {
 #[tokio::test]
 async fn projection_freshness_same_run_offers_tools() {
     let h = Harness::spawn().await;
-    let agent = h.register("a").await;
-    h.startup(&agent, RUN_A).await;
-    h.push_ok(&agent, complete(RUN_A, 1, vec![server("s", &["t"])]))
+    let agent = h
+        .agent_reporting(complete(RUN_A, 1, vec![server("s", &["t"])]))
         .await;
     let c = context(&h, &agent).await;
     assert_eq!(c["stale"], false);
@@ -553,9 +524,8 @@ async fn projection_freshness_same_run_offers_tools() {
 #[tokio::test]
 async fn projection_freshness_different_run_withholds_tools() {
     let h = Harness::spawn().await;
-    let agent = h.register("a").await;
-    h.startup(&agent, RUN_A).await;
-    h.push_ok(&agent, complete(RUN_A, 1, vec![server("s", &["t"])]))
+    let agent = h
+        .agent_reporting(complete(RUN_A, 1, vec![server("s", &["t"])]))
         .await;
     h.startup(&agent, RUN_B).await;
     let c = context(&h, &agent).await;
@@ -582,9 +552,8 @@ async fn projection_freshness_legacy_snapshot_under_current_agent_is_stale() {
 #[tokio::test]
 async fn projection_freshness_newer_snapshot_under_legacy_agent_is_stale() {
     let h = Harness::spawn().await;
-    let agent = h.register("a").await;
-    h.startup(&agent, RUN_A).await;
-    h.push_ok(&agent, complete(RUN_A, 1, vec![server("s", &["t"])]))
+    let agent = h
+        .agent_reporting(complete(RUN_A, 1, vec![server("s", &["t"])]))
         .await;
     h.startup(&agent, "").await; // rolled back to a legacy agent
     let c = context(&h, &agent).await;
@@ -600,9 +569,8 @@ async fn projection_freshness_newer_snapshot_under_legacy_agent_is_stale() {
 #[tokio::test]
 async fn projection_freshness_both_empty_offers_tools() {
     let h = Harness::spawn().await;
-    let agent = h.register("a").await;
-    h.startup(&agent, "").await;
-    h.push_ok(&agent, push("", 0, false, None, vec![server("s", &["t"])]))
+    let agent = h
+        .agent_reporting(push("", 0, false, None, vec![server("s", &["t"])]))
         .await;
     let c = context(&h, &agent).await;
     assert_eq!(c["stale"], false);

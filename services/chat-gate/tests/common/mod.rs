@@ -8,10 +8,12 @@ use std::time::{Duration, Instant, SystemTime};
 
 use chat_gate::{Config, RunningGate};
 use ctxsync_proto::subjects::Subjects;
-use ctxsync_proto::v1::mcp_discovery::Phase;
 use ctxsync_proto::v1::*;
 use ctxsync_runtime::{CommonArgs, DatabaseArgs, Shutdown, rpc};
 use snapshot_store::RunningStore;
+// `server` below stands in for testkit's: its tools take `Q_SCHEMA`.
+pub use testkit::report::*;
+use testkit::store::StoreClient;
 use testkit::{NatsServer, TestDatabase};
 
 pub const TIMEOUT: Duration = Duration::from_secs(30);
@@ -24,6 +26,8 @@ pub struct Harness {
     pub subjects: Subjects,
     /// The test's own client (quick to reconnect, like the services').
     pub client: async_nats::Client,
+    /// The store's NATS API, through `client`.
+    pub api: StoreClient,
     pub store_shutdown: Shutdown,
     pub store: Option<RunningStore>,
     pub gate_shutdown: Shutdown,
@@ -92,10 +96,12 @@ impl Harness {
             .await
             .expect("test client connects")
             .client;
+        let subjects = Subjects::new(&prefix).unwrap();
         Self {
+            api: StoreClient::new(client.clone(), subjects.clone(), TIMEOUT, "ws1"),
             nats,
             db,
-            subjects: Subjects::new(&prefix).unwrap(),
+            subjects,
             client,
             store_shutdown,
             store: Some(store),
@@ -125,64 +131,43 @@ impl Harness {
         }
     }
 
+    /// Registers agent `name`, whose token is its name.
     pub async fn register(&self, name: &str) -> String {
-        let reply: RegisterAgentReply = rpc::request(
-            &self.client,
-            self.subjects.store_register_agent(),
-            &RegisterAgentRequest {
-                tenant: "acme".into(),
-                workspace: "ws1".into(),
-                name: name.into(),
-                token_sha256: sha(name),
-            },
-            None,
-            TIMEOUT,
-        )
-        .await
-        .expect("register answers");
-        assert_eq!(reply.error, None);
-        reply.agent_id
+        self.api.register(name, name).await
     }
 
+    /// The agent's Startup, asserting the store took it.
     pub async fn startup(&self, agent_id: &str, run_id: &str) {
-        let reply: UpdateStartupReply = rpc::request(
-            &self.client,
-            self.subjects.store_update_startup(),
-            &UpdateStartupRequest {
-                agent_id: agent_id.into(),
-                startup: Some(StartupRequest {
-                    agent_run_id: run_id.into(),
-                    agent_version: "test".into(),
-                }),
-            },
-            None,
-            TIMEOUT,
-        )
-        .await
-        .expect("startup answers");
+        let reply = self.api.startup(agent_id, run_id).await;
         assert_eq!(reply.error, None);
     }
 
     /// Pushes and asserts the store accepted it.
     pub async fn push_ok(&self, agent_id: &str, push: PushContextStateRequest) {
-        let reply: StorePushReply = rpc::request(
-            &self.client,
-            self.subjects.store_push(),
-            &StorePushRequest {
-                agent_id: agent_id.into(),
-                push: Some(push),
-            },
-            None,
-            TIMEOUT,
-        )
-        .await
-        .expect("push answers");
-        assert_eq!(reply.error, None);
-        assert!(reply.response.unwrap().accepted, "push was dropped");
+        self.api.push_ok(agent_id, push).await
     }
 
-    /// A turn over the gate's NATS API.
+    /// Agent `a`, started with the run of `first` and having pushed it.
+    pub async fn agent_reporting(&self, first: PushContextStateRequest) -> String {
+        let agent = self.register("a").await;
+        self.startup(&agent, &first.agent_run_id).await;
+        self.push_ok(&agent, first).await;
+        agent
+    }
+
+    /// A turn over the gate's NATS API, with no tenant.
     pub async fn turn(&self, chat_id: &str, agent_id: &str, first_turn: bool) -> TurnReply {
+        self.tenant_turn("", chat_id, agent_id, first_turn).await
+    }
+
+    /// A turn of `tenant`'s chat over the gate's NATS API.
+    pub async fn tenant_turn(
+        &self,
+        tenant: &str,
+        chat_id: &str,
+        agent_id: &str,
+        first_turn: bool,
+    ) -> TurnReply {
         rpc::request(
             &self.client,
             self.subjects.gate_turn(),
@@ -190,7 +175,7 @@ impl Harness {
                 chat_id: chat_id.into(),
                 agent_id: agent_id.into(),
                 first_turn,
-                tenant: String::new(),
+                tenant: tenant.into(),
             },
             None,
             TIMEOUT,
@@ -295,138 +280,12 @@ pub async fn answer(
         .expect("the turn task does not panic")
 }
 
-pub fn sha(token: &str) -> Vec<u8> {
-    use sha2::Digest;
-    sha2::Sha256::digest(token.as_bytes()).to_vec()
-}
+/// A tool input schema with one property, to see schemas reach the chat as objects.
+pub const Q_SCHEMA: &str = r#"{"type":"object","properties":{"q":{"type":"string"}}}"#;
 
-pub fn instruction(path: &str, content: &str) -> ContextResource {
-    ContextResource {
-        source: format!("instruction_file:{path}"),
-        kind: ResourceKind::InstructionFile as i32,
-        status: ResourceStatus::Ok as i32,
-        body: Some(context_resource::Body::InstructionFile(InstructionFile {
-            path: path.into(),
-            content: content.into(),
-            truncated: false,
-        })),
-        ..Default::default()
-    }
-}
-
-pub fn skill(dir: &str, name: &str, description: &str) -> ContextResource {
-    ContextResource {
-        source: format!("skill:{dir}"),
-        kind: ResourceKind::Skill as i32,
-        status: ResourceStatus::Ok as i32,
-        body: Some(context_resource::Body::Skill(Skill {
-            dir: dir.into(),
-            name: name.into(),
-            description: description.into(),
-        })),
-        ..Default::default()
-    }
-}
-
+/// [`testkit::report::server`] whose tools take [`Q_SCHEMA`].
 pub fn server(name: &str, tools: &[&str]) -> ContextResource {
-    ContextResource {
-        source: format!("mcp_server:{name}"),
-        kind: ResourceKind::McpServer as i32,
-        status: ResourceStatus::Ok as i32,
-        body: Some(context_resource::Body::McpServer(McpServer {
-            name: name.into(),
-            transport: McpTransport::Stdio as i32,
-            config_path: "/w/.mcp.json".into(),
-            tools: tools
-                .iter()
-                .map(|t| McpTool {
-                    name: (*t).into(),
-                    description: format!("the {t} tool"),
-                    input_schema_json: r#"{"type":"object","properties":{"q":{"type":"string"}}}"#
-                        .into(),
-                })
-                .collect(),
-        })),
-        ..Default::default()
-    }
-}
-
-pub fn failed_server(name: &str, error: &str) -> ContextResource {
-    ContextResource {
-        source: format!("mcp_server:{name}"),
-        kind: ResourceKind::McpServer as i32,
-        status: ResourceStatus::Unreadable as i32,
-        error: error.into(),
-        body: Some(context_resource::Body::McpServer(McpServer {
-            name: name.into(),
-            transport: McpTransport::Stdio as i32,
-            config_path: "/w/.mcp.json".into(),
-            tools: vec![],
-        })),
-        ..Default::default()
-    }
-}
-
-pub fn invalid_config(path: &str, error: &str) -> ContextResource {
-    ContextResource {
-        source: format!("mcp_config:{path}"),
-        kind: ResourceKind::McpConfig as i32,
-        status: ResourceStatus::Invalid as i32,
-        error: error.into(),
-        body: Some(context_resource::Body::McpConfig(McpConfig {
-            path: path.into(),
-            server_names: vec![],
-        })),
-        ..Default::default()
-    }
-}
-
-pub fn push(
-    run_id: &str,
-    version: u64,
-    initial: bool,
-    phase: Option<Phase>,
-    resources: Vec<ContextResource>,
-) -> PushContextStateRequest {
-    PushContextStateRequest {
-        agent_run_id: run_id.into(),
-        version,
-        initial,
-        mcp_discovery: phase.map(|p| McpDiscovery { phase: p as i32 }),
-        resources,
-        context_config: Some(ContextConfig {
-            working_dir: "/w".into(),
-            ..Default::default()
-        }),
-    }
-}
-
-pub fn pending(
-    run_id: &str,
-    version: u64,
-    resources: Vec<ContextResource>,
-) -> PushContextStateRequest {
-    push(
-        run_id,
-        version,
-        version == 1,
-        Some(Phase::Pending),
-        resources,
-    )
-}
-
-pub fn complete(
-    run_id: &str,
-    version: u64,
-    resources: Vec<ContextResource>,
-) -> PushContextStateRequest {
-    push(
-        run_id,
-        version,
-        version == 1,
-        Some(Phase::Complete),
-        resources,
-    )
+    server_with_schema(name, tools, Q_SCHEMA)
 }
 
 pub fn tool_names(reply: &TurnReply) -> Vec<String> {
