@@ -5,11 +5,12 @@ use std::time::Duration;
 use ctxsync_proto::subjects::Subjects;
 use ctxsync_proto::v1::mcp_discovery::Phase;
 use ctxsync_proto::v1::*;
-use ctxsync_runtime::{CommonArgs, DatabaseArgs, Shutdown, rpc};
+use ctxsync_runtime::{CommonArgs, DatabaseArgs, Shutdown};
 use prost::Message;
 use reqwest::StatusCode;
 use serde_json::json;
-use sha2::Digest;
+use testkit::report::{instruction, pending};
+use testkit::store::StoreClient;
 use testkit::{NatsServer, TestDatabase};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -21,6 +22,8 @@ struct Harness {
     _db: TestDatabase,
     subjects: Subjects,
     client: async_nats::Client,
+    /// The store's NATS API, through `client`.
+    api: StoreClient,
     store_shutdown: Shutdown,
     store: Option<snapshot_store::RunningStore>,
     base: String,
@@ -52,10 +55,12 @@ impl Harness {
             .expect("ingest starts");
         let base = format!("http://{}", ingest.http_addr());
         let client = async_nats::connect(nats.url()).await.unwrap();
+        let subjects = Subjects::new(&prefix).unwrap();
         Self {
             _nats: nats,
             _db: db,
-            subjects: Subjects::new(&prefix).unwrap(),
+            api: StoreClient::new(client.clone(), subjects.clone(), TIMEOUT, "ws"),
+            subjects,
             client,
             store_shutdown,
             store: Some(store),
@@ -67,37 +72,11 @@ impl Harness {
 
     /// Registers an agent with `token` and returns its id.
     async fn register(&self, name: &str, token: &str) -> String {
-        let reply: RegisterAgentReply = rpc::request(
-            &self.client,
-            self.subjects.store_register_agent(),
-            &RegisterAgentRequest {
-                tenant: "acme".into(),
-                workspace: "ws".into(),
-                name: name.into(),
-                token_sha256: sha2::Sha256::digest(token.as_bytes()).to_vec(),
-            },
-            None,
-            TIMEOUT,
-        )
-        .await
-        .unwrap();
-        assert_eq!(reply.error, None);
-        reply.agent_id
+        self.api.register(name, token).await
     }
 
     async fn state(&self, agent_id: &str) -> AgentState {
-        let reply: GetAgentStateReply = rpc::request(
-            &self.client,
-            self.subjects.store_get_agent_state(),
-            &GetAgentStateRequest {
-                agent_id: agent_id.into(),
-            },
-            None,
-            TIMEOUT,
-        )
-        .await
-        .unwrap();
-        reply.state.unwrap()
+        self.api.state(agent_id).await
     }
 
     async fn post_proto(
@@ -140,30 +119,11 @@ impl Harness {
     }
 }
 
-fn instruction(path: &str, content: &str) -> ContextResource {
-    ContextResource {
-        source: format!("instruction_file:{path}"),
-        kind: ResourceKind::InstructionFile as i32,
-        status: ResourceStatus::Ok as i32,
-        body: Some(context_resource::Body::InstructionFile(InstructionFile {
-            path: path.into(),
-            content: content.into(),
-            truncated: false,
-        })),
-        ..Default::default()
-    }
-}
-
+/// A pending push of `RUN` without a context config.
 fn push(version: u64, resources: Vec<ContextResource>) -> PushContextStateRequest {
     PushContextStateRequest {
-        agent_run_id: RUN.into(),
-        version,
-        initial: version == 1,
-        mcp_discovery: Some(McpDiscovery {
-            phase: Phase::Pending as i32,
-        }),
-        resources,
         context_config: None,
+        ..pending(RUN, version, resources)
     }
 }
 
