@@ -9,14 +9,13 @@ use std::time::{Duration, Instant};
 use common::*;
 use ctxsync_proto::subjects::Subjects;
 use ctxsync_proto::v1::{
-    AgentState, DiscoveryChanged, GetAgentStateReply, GetAgentStateRequest, RegisterAgentReply,
-    RegisterAgentRequest, ResourceStatus, context_resource::Body, discovery_changed::Cause,
+    AgentState, DiscoveryChanged, ResourceStatus, context_resource::Body, discovery_changed::Cause,
     mcp_discovery::Phase,
 };
-use ctxsync_runtime::{CommonArgs, DatabaseArgs, Shutdown, rpc};
+use ctxsync_runtime::{CommonArgs, DatabaseArgs, Shutdown};
 use futures::StreamExt;
 use prost::Message;
-use sha2::Digest;
+use testkit::store::StoreClient;
 use testkit::{NatsServer, TestDatabase};
 use workspace_agent::{AgentConfig, AgentToken, Backoff, PublisherConfig, Running};
 
@@ -28,6 +27,9 @@ struct Harness {
     prefix: String,
     subjects: Subjects,
     client: async_nats::Client,
+    /// The store's NATS API. Requests are retried on "no responders" because
+    /// these tests restart the store.
+    store_api: StoreClient,
     store: Option<(Shutdown, snapshot_store::RunningStore)>,
     ingest_url: String,
     _ingest_shutdown: Shutdown,
@@ -46,9 +48,12 @@ impl Harness {
             .await
             .expect("agent-ingest starts");
         let client = async_nats::connect(nats.url()).await.unwrap();
+        let subjects = Subjects::new(&prefix).unwrap();
         let mut harness = Self {
             ingest_url: format!("http://{}", ingest.http_addr()),
-            subjects: Subjects::new(&prefix).unwrap(),
+            store_api: StoreClient::new(client.clone(), subjects.clone(), RPC_TIMEOUT, "ws")
+                .retrying_no_responders(),
+            subjects,
             nats,
             db,
             prefix,
@@ -80,52 +85,31 @@ impl Harness {
         store.join().await;
     }
 
+    /// Registers an agent with `token` under a fresh name; returns its id.
     async fn register(&self, token: &str) -> String {
-        let request = RegisterAgentRequest {
-            tenant: "acme".into(),
-            workspace: "ws".into(),
-            name: format!("agent-{}", uuid::Uuid::new_v4().simple()),
-            token_sha256: sha2::Sha256::digest(token.as_bytes()).to_vec(),
-        };
-        let reply: RegisterAgentReply = self
-            .request(self.subjects.store_register_agent(), &request)
-            .await;
-        assert_eq!(reply.error, None);
-        reply.agent_id
+        let name = format!("agent-{}", uuid::Uuid::new_v4().simple());
+        self.store_api.register(&name, token).await
     }
 
     async fn state(&self, agent_id: &str) -> AgentState {
-        let request = GetAgentStateRequest {
-            agent_id: agent_id.into(),
-        };
-        let reply: GetAgentStateReply = self
-            .request(self.subjects.store_get_agent_state(), &request)
-            .await;
-        assert_eq!(reply.error, None);
-        reply.state.unwrap()
+        self.store_api.state(agent_id).await
     }
 
-    /// A store request. `snapshot_store::start` returns once its SUBs are
-    /// written to the socket, not once nats-server has processed them, so right
-    /// after a (re)start a request can meet "no responders": retried, bounded.
-    async fn request<Req: Message, Resp: Message + Default>(
+    /// A workspace agent on `ws` publishing with `token`.
+    async fn start_agent(
         &self,
-        subject: String,
-        request: &Req,
-    ) -> Resp {
-        let deadline = Instant::now() + RPC_TIMEOUT;
-        loop {
-            match rpc::request(&self.client, subject.clone(), request, None, RPC_TIMEOUT).await {
-                Ok(reply) => return reply,
-                Err(error)
-                    if Instant::now() < deadline
-                        && format!("{error:?}").contains("NoResponders") =>
-                {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                Err(error) => panic!("store request on {subject} failed: {error:?}"),
-            }
-        }
+        ws: &Workspace,
+        token: &str,
+        handshake_timeout: Duration,
+    ) -> (Running, Shutdown) {
+        let shutdown = Shutdown::new();
+        let agent = workspace_agent::start(
+            self.agent_config(ws, token, handshake_timeout),
+            shutdown.clone(),
+        )
+        .await
+        .unwrap();
+        (agent, shutdown)
     }
 
     fn agent_config(
@@ -198,6 +182,16 @@ impl Commits {
         }
     }
 
+    /// Waits until the committed snapshot is of run `run_id`.
+    async fn wait_run(&mut self, h: &Harness, agent_id: &str, what: &str, run_id: &str) {
+        self.wait_state(h, agent_id, what, |s| {
+            s.snapshot
+                .as_ref()
+                .is_some_and(|snap| snap.agent_run_id == run_id)
+        })
+        .await;
+    }
+
     /// DiscoveryChanged events received so far (without waiting).
     async fn discovery_events(&mut self) -> Vec<DiscoveryChanged> {
         let mut out = Vec::new();
@@ -255,13 +249,7 @@ async fn startup_then_pending_then_complete_committed_exactly_once() {
         ),
         ("fast", fixture(&["--mode", "normal"])),
     ]);
-    let shutdown = Shutdown::new();
-    let agent = workspace_agent::start(
-        h.agent_config(&ws, &token, Duration::from_secs(20)),
-        shutdown.clone(),
-    )
-    .await
-    .unwrap();
+    let (agent, shutdown) = h.start_agent(&ws, &token, Duration::from_secs(20)).await;
     let run_id = agent.run_id().to_owned();
     assert!(uuid::Uuid::parse_str(&run_id).is_ok());
 
@@ -365,13 +353,7 @@ async fn a_hung_sibling_does_not_delay_a_healthy_servers_publication() {
     ]);
     let handshake_timeout = Duration::from_secs(15);
     let started = Instant::now();
-    let shutdown = Shutdown::new();
-    let agent = workspace_agent::start(
-        h.agent_config(&ws, &token, handshake_timeout),
-        shutdown.clone(),
-    )
-    .await
-    .unwrap();
+    let (agent, shutdown) = h.start_agent(&ws, &token, handshake_timeout).await;
     let state = commits
         .wait_state(&h, &agent_id, "healthy committed", |s| {
             committed_ok(s, "healthy")
@@ -405,13 +387,7 @@ async fn publication_retries_through_a_store_outage_and_ends_with_the_latest_sta
     let agents_md = ws.work().join("AGENTS.md");
     std::fs::write(&agents_md, "v1").unwrap();
     ws.write_servers(&[("one", fixture(&["--mode", "normal"]))]);
-    let shutdown = Shutdown::new();
-    let agent = workspace_agent::start(
-        h.agent_config(&ws, &token, Duration::from_secs(20)),
-        shutdown.clone(),
-    )
-    .await
-    .unwrap();
+    let (agent, shutdown) = h.start_agent(&ws, &token, Duration::from_secs(20)).await;
     let before = commits
         .wait_state(&h, &agent_id, "complete", |s| {
             phase(s) == Some(Phase::Complete)
@@ -491,13 +467,9 @@ async fn an_unknown_token_is_reported_as_401_and_retried() {
     let h = Harness::spawn().await;
     let ws = Workspace::new();
     ws.write_servers(&[]);
-    let shutdown = Shutdown::new();
-    let agent = workspace_agent::start(
-        h.agent_config(&ws, "tok_not_registered", Duration::from_secs(5)),
-        shutdown.clone(),
-    )
-    .await
-    .unwrap();
+    let (agent, shutdown) = h
+        .start_agent(&ws, "tok_not_registered", Duration::from_secs(5))
+        .await;
     let mut status = agent.publish_status();
     let seen = tokio::time::timeout(
         DEADLINE,
@@ -532,36 +504,16 @@ async fn a_push_from_a_replaced_process_is_dropped_and_reported() {
     let ws = Workspace::new();
     std::fs::write(ws.work().join("AGENTS.md"), "old").unwrap();
     ws.write_servers(&[]);
-    let old_shutdown = Shutdown::new();
-    let old = workspace_agent::start(
-        h.agent_config(&ws, &token, Duration::from_secs(5)),
-        old_shutdown.clone(),
-    )
-    .await
-    .unwrap();
+    let (old, old_shutdown) = h.start_agent(&ws, &token, Duration::from_secs(5)).await;
     commits
-        .wait_state(&h, &agent_id, "old run committed", |s| {
-            s.snapshot
-                .as_ref()
-                .is_some_and(|snap| snap.agent_run_id == old.run_id())
-        })
+        .wait_run(&h, &agent_id, "old run committed", old.run_id())
         .await;
     // A new process with the same token takes over.
     let ws2 = Workspace::new();
     ws2.write_servers(&[]);
-    let new_shutdown = Shutdown::new();
-    let new = workspace_agent::start(
-        h.agent_config(&ws2, &token, Duration::from_secs(5)),
-        new_shutdown.clone(),
-    )
-    .await
-    .unwrap();
+    let (new, new_shutdown) = h.start_agent(&ws2, &token, Duration::from_secs(5)).await;
     commits
-        .wait_state(&h, &agent_id, "new run committed", |s| {
-            s.snapshot
-                .as_ref()
-                .is_some_and(|snap| snap.agent_run_id == new.run_id())
-        })
+        .wait_run(&h, &agent_id, "new run committed", new.run_id())
         .await;
     // The old process changes: its push is stale.
     std::fs::write(ws.work().join("AGENTS.md"), "changed").unwrap();
