@@ -42,3 +42,11 @@ pub fn free_port() -> u16 {
         .map(|a| a.port())
         .expect("cannot reserve a loopback port")
 }
+
+/// Subscribes to `subject` and flushes, so the subscription is in place on
+/// the server before the test makes anything publish.
+pub async fn subscribe(client: &async_nats::Client, subject: String) -> async_nats::Subscriber {
+    let subscriber = client.subscribe(subject).await.expect("subscribe");
+    client.flush().await.expect("flush the subscription");
+    subscriber
+}

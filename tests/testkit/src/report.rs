@@ -73,17 +73,9 @@ pub fn server_with_schema(name: &str, tools: &[&str], input_schema_json: &str) -
 /// A stdio MCP server that could not be used, with its (sanitized) error.
 pub fn failed_server(name: &str, error: &str) -> ContextResource {
     ContextResource {
-        source: format!("mcp_server:{name}"),
-        kind: ResourceKind::McpServer as i32,
         status: ResourceStatus::Unreadable as i32,
         error: error.into(),
-        body: Some(context_resource::Body::McpServer(McpServer {
-            name: name.into(),
-            transport: McpTransport::Stdio as i32,
-            config_path: "/w/.mcp.json".into(),
-            tools: vec![],
-        })),
-        ..Default::default()
+        ..server(name, &[])
     }
 }
 
