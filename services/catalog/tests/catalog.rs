@@ -18,11 +18,7 @@ const FAILED: i32 = Source::Failed as i32;
 #[tokio::test]
 async fn a_remembered_server_is_pinned_without_starting_it() {
     let record = tempfile::tempdir().unwrap();
-    let harness = Harness::start(
-        tenants(vec![("acme", vec![fixture("fx", record.path(), &[])])]),
-        settings(),
-    )
-    .await;
+    let harness = Harness::start_acme(vec![fixture("fx", record.path(), &[])]).await;
 
     let first = harness.prepare("acme", "s1").await;
     assert_eq!(error_code(&first.error), "");
@@ -58,16 +54,10 @@ async fn a_remembered_server_is_pinned_without_starting_it() {
 #[tokio::test]
 async fn stdio_memory_is_reused_across_sessions_with_real_servers() {
     let root = tempfile::tempdir().unwrap();
-    let harness = Harness::start(
-        tenants(vec![(
-            "acme",
-            vec![
-                server("time", &mcp_fixture::reference::time()),
-                server("files", &mcp_fixture::reference::filesystem(root.path())),
-            ],
-        )]),
-        settings(),
-    )
+    let harness = Harness::start_acme(vec![
+        server("time", &mcp_fixture::reference::time()),
+        server("files", &mcp_fixture::reference::filesystem(root.path())),
+    ])
     .await;
     let first = harness.prepare("acme", "s1").await;
     assert_eq!(
@@ -202,17 +192,11 @@ async fn a_failed_live_attempt_forgets_the_entry() {
     let tools_file = record.path().join("tools.json");
     write_tools(&tools_file, &[("echo", "Echo")]);
     let file = tools_file.display().to_string();
-    let harness = Harness::start(
-        tenants(vec![(
-            "acme",
-            vec![fixture(
-                "fx",
-                record.path(),
-                &["--mode", "changing-tools", "--tools-file", &file],
-            )],
-        )]),
-        settings(),
-    )
+    let harness = Harness::start_acme(vec![fixture(
+        "fx",
+        record.path(),
+        &["--mode", "changing-tools", "--tools-file", &file],
+    )])
     .await;
     assert_eq!(
         sources(&harness.prepare("acme", "s1").await),
@@ -269,13 +253,10 @@ async fn a_failed_live_discovery_at_preparation_is_reported_sanitized_and_forgot
         ],
         &[("FIXTURE_TOKEN", secret)],
     );
-    let harness = Harness::start(
-        tenants(vec![(
-            "acme",
-            vec![server("bad", &spec), fixture("ok", record.path(), &[])],
-        )]),
-        settings(),
-    )
+    let harness = Harness::start_acme(vec![
+        server("bad", &spec),
+        fixture("ok", record.path(), &[]),
+    ])
     .await;
     let reply = harness.prepare("acme", "s1").await;
     assert_eq!(error_code(&reply.error), "");
@@ -307,17 +288,12 @@ async fn a_failed_live_discovery_at_preparation_is_reported_sanitized_and_forgot
 #[tokio::test]
 async fn the_first_call_starts_a_pinned_server_and_its_transport_stays_open() {
     let record = tempfile::tempdir().unwrap();
-    let harness = Harness::start(
-        tenants(vec![("acme", vec![fixture("fx", record.path(), &[])])]),
-        settings(),
+    let harness = Harness::start_acme(vec![fixture("fx", record.path(), &[])]).await;
+    let mut connected_events = testkit::subscribe(
+        &harness.client,
+        harness.subjects.catalog_event("mcp.server.connected"),
     )
     .await;
-    let mut connected_events = harness
-        .client
-        .subscribe(harness.subjects.catalog_event("mcp.server.connected"))
-        .await
-        .unwrap();
-    harness.client.flush().await.unwrap();
     harness.prepare("acme", "s1").await;
     assert_eq!(
         sources(&harness.prepare("acme", "s2").await),
@@ -460,24 +436,17 @@ async fn tools_changed_between_pin_and_call_are_withdrawn_or_unadvertised() {
         &[("echo", "Echo"), ("add", "Add"), ("gone", "Soon removed")],
     );
     let file = tools_file.display().to_string();
-    let harness = Harness::start(
-        tenants(vec![(
-            "acme",
-            vec![fixture(
-                "fx",
-                record.path(),
-                &["--mode", "changing-tools", "--tools-file", &file],
-            )],
-        )]),
-        settings(),
+    let harness = Harness::start_acme(vec![fixture(
+        "fx",
+        record.path(),
+        &["--mode", "changing-tools", "--tools-file", &file],
+    )])
+    .await;
+    let mut changed_events = testkit::subscribe(
+        &harness.client,
+        harness.subjects.catalog_event("mcp.catalog.changed"),
     )
     .await;
-    let mut changed_events = harness
-        .client
-        .subscribe(harness.subjects.catalog_event("mcp.catalog.changed"))
-        .await
-        .unwrap();
-    harness.client.flush().await.unwrap();
     let pin = harness.prepare("acme", "s1").await;
     assert_eq!(pin.pins[0].tools.len(), 3);
 
@@ -557,24 +526,17 @@ async fn a_tools_list_changed_notification_mid_session_withdraws_the_changed_too
     let tools_file = record.path().join("tools.json");
     write_tools(&tools_file, &[("echo", "Echo"), ("add", "Add")]);
     let file = tools_file.display().to_string();
-    let harness = Harness::start(
-        tenants(vec![(
-            "acme",
-            vec![fixture(
-                "fx",
-                record.path(),
-                &["--mode", "changing-tools", "--tools-file", &file, "--watch"],
-            )],
-        )]),
-        settings(),
+    let harness = Harness::start_acme(vec![fixture(
+        "fx",
+        record.path(),
+        &["--mode", "changing-tools", "--tools-file", &file, "--watch"],
+    )])
+    .await;
+    let mut changed_events = testkit::subscribe(
+        &harness.client,
+        harness.subjects.catalog_event("mcp.catalog.changed"),
     )
     .await;
-    let mut changed_events = harness
-        .client
-        .subscribe(harness.subjects.catalog_event("mcp.catalog.changed"))
-        .await
-        .unwrap();
-    harness.client.flush().await.unwrap();
     harness.prepare("acme", "s1").await;
     assert!(
         harness
@@ -621,7 +583,7 @@ async fn an_unreachable_server_answers_tool_server_unreachable() {
             "Bearer top-secret-header-value".into(),
         );
     }
-    let harness = Harness::start(tenants(vec![("acme", vec![web_config])]), settings()).await;
+    let harness = Harness::start_acme(vec![web_config]).await;
     let pin = harness.prepare("acme", "s1").await;
     assert_eq!(sources(&pin), [("web".to_owned(), CONNECTED)]);
     let url = web.url().to_owned();
@@ -656,18 +618,12 @@ async fn an_unreachable_server_answers_tool_server_unreachable() {
 #[tokio::test]
 async fn a_failure_on_the_nth_server_commits_nothing() {
     let record = tempfile::tempdir().unwrap();
-    let harness = Harness::start(
-        tenants(vec![(
-            "acme",
-            vec![
-                fixture("first", record.path(), &[]),
-                fixture("second", record.path(), &[]),
-                fixture("third", record.path(), &["--mode", "zero-tools"]),
-                fixture("fourth", record.path(), &[]),
-            ],
-        )]),
-        settings(),
-    )
+    let harness = Harness::start_acme(vec![
+        fixture("first", record.path(), &[]),
+        fixture("second", record.path(), &[]),
+        fixture("third", record.path(), &["--mode", "zero-tools"]),
+        fixture("fourth", record.path(), &[]),
+    ])
     .await;
     // A real database failure at the third server's write.
     sqlx::raw_sql(
@@ -739,16 +695,10 @@ async fn a_failure_on_the_nth_server_commits_nothing() {
 #[tokio::test]
 async fn a_generation_is_written_once_however_many_sessions_pin_it() {
     let record = tempfile::tempdir().unwrap();
-    let harness = Harness::start(
-        tenants(vec![(
-            "acme",
-            vec![
-                fixture("a", record.path(), &[]),
-                fixture("b", record.path(), &["--mode", "zero-tools"]),
-            ],
-        )]),
-        settings(),
-    )
+    let harness = Harness::start_acme(vec![
+        fixture("a", record.path(), &[]),
+        fixture("b", record.path(), &["--mode", "zero-tools"]),
+    ])
     .await;
     let replies = futures::future::join_all((0..10).map(|i| {
         let harness = &harness;
@@ -791,11 +741,7 @@ async fn a_generation_is_written_once_however_many_sessions_pin_it() {
 #[tokio::test]
 async fn bad_requests_are_answered_with_reasons() {
     let record = tempfile::tempdir().unwrap();
-    let harness = Harness::start(
-        tenants(vec![("acme", vec![fixture("fx", record.path(), &[])])]),
-        settings(),
-    )
-    .await;
+    let harness = Harness::start_acme(vec![fixture("fx", record.path(), &[])]).await;
     assert_eq!(
         error_code(&harness.prepare("nobody", "s").await.error),
         "tenant.unknown"
@@ -831,7 +777,7 @@ async fn a_result_over_the_servers_limit_is_refused_by_name() {
     let record = tempfile::tempdir().unwrap();
     let mut small = fixture("fx", record.path(), &[]);
     small.limits.max_content_bytes = 64;
-    let harness = Harness::start(tenants(vec![("acme", vec![small])]), settings()).await;
+    let harness = Harness::start_acme(vec![small]).await;
     harness.prepare("acme", "s1").await;
     let fits = harness
         .call(

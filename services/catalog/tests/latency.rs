@@ -12,16 +12,10 @@ const SENTINEL: &str = "CONTENT-SENTINEL-7f3a";
 #[tokio::test]
 async fn the_latency_report_prints_the_expected_aggregates_and_no_content() {
     let record = tempfile::tempdir().unwrap();
-    let harness = Harness::start(
-        tenants(vec![(
-            "acme",
-            vec![
-                fixture("a", record.path(), &[]),
-                fixture("b", record.path(), &[]),
-            ],
-        )]),
-        settings(),
-    )
+    let harness = Harness::start_acme(vec![
+        fixture("a", record.path(), &[]),
+        fixture("b", record.path(), &[]),
+    ])
     .await;
     let session = |n: u32| format!("chat-{SENTINEL}-{n}");
     // Three new sessions (the first live, two from memory), one asked again.

@@ -139,6 +139,11 @@ impl Harness {
         }
     }
 
+    /// One tenant, `acme`, with `servers` and the test [`settings`].
+    pub async fn start_acme(servers: Vec<ServerConfig>) -> Self {
+        Self::start(tenants(vec![("acme", servers)]), settings()).await
+    }
+
     pub fn running(&self) -> &Running {
         self.running.as_ref().expect("running")
     }
@@ -172,17 +177,8 @@ impl Harness {
         tool: &str,
         arguments: serde_json::Value,
     ) -> CatalogCallReply {
-        self.request(
-            self.subjects.catalog_call(),
-            &CatalogCallRequest {
-                tenant: tenant.into(),
-                session_id: session.into(),
-                server_id: server.into(),
-                tool: tool.into(),
-                arguments_json: arguments.to_string(),
-            },
-        )
-        .await
+        self.call_raw(tenant, session, server, tool, &arguments.to_string())
+            .await
     }
 
     /// A call with `arguments_json` exactly as given.
