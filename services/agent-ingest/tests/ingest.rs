@@ -498,12 +498,7 @@ async fn the_push_trace_id_reaches_the_discovery_event() {
     let h = Harness::spawn().await;
     let agent = h.register("a", "tok-a").await;
     h.startup("tok-a", RUN).await;
-    let mut events = h
-        .client
-        .subscribe(h.subjects.discovery_changed(&agent))
-        .await
-        .unwrap();
-    h.client.flush().await.unwrap();
+    let mut events = testkit::subscribe(&h.client, h.subjects.discovery_changed(&agent)).await;
     let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let response = h
         .http

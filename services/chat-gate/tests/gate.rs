@@ -80,12 +80,7 @@ async fn pending_then_complete_wakes_the_waiter_within_100ms_of_the_commit() {
     let agent = h
         .agent_reporting(pending(RUN_A, 1, vec![server("fs", &["read"])]))
         .await;
-    let mut events = h
-        .client
-        .subscribe(h.subjects.discovery_changed(&agent))
-        .await
-        .unwrap();
-    h.client.flush().await.unwrap();
+    let mut events = testkit::subscribe(&h.client, h.subjects.discovery_changed(&agent)).await;
 
     let turn = h.spawn_turn("chat-1", &agent);
     h.until_waiting(1).await;
@@ -909,12 +904,7 @@ async fn events_lost_while_the_gate_was_disconnected_are_recovered_on_reconnect(
     })
     .await;
     let agent = h.register("a").await;
-    let mut events = h
-        .client
-        .subscribe(h.subjects.snapshot_committed(&agent))
-        .await
-        .unwrap();
-    h.client.flush().await.unwrap();
+    let mut events = testkit::subscribe(&h.client, h.subjects.snapshot_committed(&agent)).await;
     h.startup(&agent, RUN_A).await;
     h.push_ok(&agent, pending(RUN_A, 1, vec![])).await;
     // The pending push's events are out before the turn starts: no read

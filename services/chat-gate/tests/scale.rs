@@ -69,12 +69,7 @@ async fn ten_thousand_chats_waiting_on_a_thousand_agents_are_all_answered_correc
 
     // The commit time of every agent's completing push, from its event.
     let commits: Arc<Mutex<HashMap<String, SystemTime>>> = Arc::default();
-    let mut events = h
-        .client
-        .subscribe(h.subjects.discovery_changed_all())
-        .await
-        .unwrap();
-    h.client.flush().await.unwrap();
+    let mut events = testkit::subscribe(&h.client, h.subjects.discovery_changed_all()).await;
     let recorded = commits.clone();
     let recorder = tokio::spawn(async move {
         while let Some(message) = events.next().await {

@@ -270,12 +270,7 @@ async fn next_event(sub: &mut async_nats::Subscriber) -> DiscoveryChanged {
 async fn discovery_event_is_published_exactly_when_phase_or_run_id_changes_after_commit() {
     let h = StoreHarness::spawn().await;
     let agent = h.register("a").await;
-    let mut events = h
-        .client
-        .subscribe(h.subjects.discovery_changed(&agent))
-        .await
-        .unwrap();
-    h.client.flush().await.unwrap();
+    let mut events = testkit::subscribe(&h.client, h.subjects.discovery_changed(&agent)).await;
 
     // Startup with a new run id: event.
     h.startup(&agent, RUN_A).await;
@@ -324,12 +319,7 @@ async fn a_reader_woken_by_the_event_sees_the_committed_state() {
     let h = StoreHarness::spawn().await;
     let agent = h.register("a").await;
     h.startup(&agent, RUN_A).await;
-    let mut events = h
-        .client
-        .subscribe(h.subjects.discovery_changed(&agent))
-        .await
-        .unwrap();
-    h.client.flush().await.unwrap();
+    let mut events = testkit::subscribe(&h.client, h.subjects.discovery_changed(&agent)).await;
     let pusher = {
         let store = h.api.clone();
         let agent = agent.clone();
@@ -373,12 +363,7 @@ async fn two_replicas_racing_pushes_for_one_agent_end_consistent() {
     let h = StoreHarness::spawn_replicas(2).await;
     let agent = h.register("a").await;
     h.startup(&agent, RUN_A).await;
-    let mut committed = h
-        .client
-        .subscribe(h.subjects.snapshot_committed(&agent))
-        .await
-        .unwrap();
-    h.client.flush().await.unwrap();
+    let mut committed = testkit::subscribe(&h.client, h.subjects.snapshot_committed(&agent)).await;
 
     // 40 pushes of one run sent at once, in a scrambled order, shared by both replicas.
     let mut versions: Vec<u64> = (1..=40).collect();

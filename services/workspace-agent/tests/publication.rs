@@ -17,7 +17,8 @@ use futures::StreamExt;
 use prost::Message;
 use testkit::store::StoreClient;
 use testkit::{NatsServer, TestDatabase};
-use workspace_agent::{AgentConfig, AgentToken, Backoff, PublisherConfig, Running};
+use tokio::sync::watch;
+use workspace_agent::{AgentConfig, AgentToken, Backoff, PublishStatus, PublisherConfig, Running};
 
 const RPC_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -142,20 +143,9 @@ struct Commits {
 
 impl Commits {
     async fn subscribe(h: &Harness, agent_id: &str) -> Self {
-        let snapshots = h
-            .client
-            .subscribe(h.subjects.snapshot_committed(agent_id))
-            .await
-            .unwrap();
-        let discovery = h
-            .client
-            .subscribe(h.subjects.discovery_changed(agent_id))
-            .await
-            .unwrap();
-        h.client.flush().await.unwrap();
         Self {
-            snapshots,
-            discovery,
+            snapshots: testkit::subscribe(&h.client, h.subjects.snapshot_committed(agent_id)).await,
+            discovery: testkit::subscribe(&h.client, h.subjects.discovery_changed(agent_id)).await,
         }
     }
 
@@ -228,6 +218,22 @@ async fn stop_agent(agent: Running, shutdown: Shutdown) {
     tokio::time::timeout(Duration::from_secs(30), agent.join())
         .await
         .expect("agent stops in time");
+}
+
+/// Waits (bounded) until the publisher's last error mentions `needle`.
+async fn wait_error(
+    status: &mut watch::Receiver<PublishStatus>,
+    needle: &str,
+    what: &str,
+) -> PublishStatus {
+    tokio::time::timeout(
+        DEADLINE,
+        status.wait_for(|s| s.last_error.as_deref().is_some_and(|e| e.contains(needle))),
+    )
+    .await
+    .expect(what)
+    .unwrap()
+    .clone()
 }
 
 fn token() -> String {
@@ -402,14 +408,7 @@ async fn publication_retries_through_a_store_outage_and_ends_with_the_latest_sta
         ("one", fixture(&["--mode", "normal"])),
         ("two", fixture(&["--mode", "zero-tools"])),
     ]);
-    let seen = tokio::time::timeout(
-        DEADLINE,
-        status.wait_for(|s| s.last_error.as_deref().is_some_and(|e| e.contains("503"))),
-    )
-    .await
-    .expect("a push met the outage")
-    .unwrap()
-    .clone();
+    let seen = wait_error(&mut status, "503", "a push met the outage").await;
     assert!(seen.attempts >= 2);
     // Change 2 during the outage: only the latest state matters.
     std::fs::write(&agents_md, "v2").unwrap();
@@ -471,14 +470,7 @@ async fn an_unknown_token_is_reported_as_401_and_retried() {
         .start_agent(&ws, "tok_not_registered", Duration::from_secs(5))
         .await;
     let mut status = agent.publish_status();
-    let seen = tokio::time::timeout(
-        DEADLINE,
-        status.wait_for(|s| s.last_error.as_deref().is_some_and(|e| e.contains("401"))),
-    )
-    .await
-    .expect("401 reported")
-    .unwrap()
-    .clone();
+    let seen = wait_error(&mut status, "401", "401 reported").await;
     assert!(!seen.started);
     assert!(
         !seen.last_error.unwrap().contains("tok_not_registered"),
@@ -519,18 +511,7 @@ async fn a_push_from_a_replaced_process_is_dropped_and_reported() {
     std::fs::write(ws.work().join("AGENTS.md"), "changed").unwrap();
     old.reload();
     let mut status = old.publish_status();
-    let seen = tokio::time::timeout(
-        DEADLINE,
-        status.wait_for(|s| {
-            s.last_error
-                .as_deref()
-                .is_some_and(|e| e.contains("STALE_RUN"))
-        }),
-    )
-    .await
-    .expect("drop reported")
-    .unwrap()
-    .clone();
+    let seen = wait_error(&mut status, "STALE_RUN", "drop reported").await;
     assert!(seen.last_error.unwrap().contains("dropped"));
     let state = h.state(&agent_id).await;
     assert_eq!(

@@ -215,12 +215,8 @@ impl Harness {
 
     /// Counts the store reads of this test's prefix, as the store sees them.
     pub async fn count_store_reads(&self) -> ReadCounter {
-        let mut subscriber = self
-            .client
-            .subscribe(self.subjects.store_get_agent_state())
-            .await
-            .expect("subscribe to store reads");
-        self.client.flush().await.expect("flush");
+        let mut subscriber =
+            testkit::subscribe(&self.client, self.subjects.store_get_agent_state()).await;
         let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counter = count.clone();
         let task = tokio::spawn(async move {
