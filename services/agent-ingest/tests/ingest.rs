@@ -96,6 +96,22 @@ impl Harness {
         request.send().await.unwrap()
     }
 
+    /// A JSON body, as `application/json`.
+    async fn post_json(
+        &self,
+        path: &str,
+        token: &str,
+        body: serde_json::Value,
+    ) -> reqwest::Response {
+        self.http
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    }
+
     async fn push(&self, token: &str, push: &PushContextStateRequest) -> reqwest::Response {
         self.post_proto(
             "/api/v1/agent/context-state",
@@ -172,22 +188,18 @@ async fn json_bodies_use_the_proto3_json_mapping() {
     let h = Harness::spawn().await;
     let agent = h.register("a", "tok-a").await;
     let response = h
-        .http
-        .post(format!("{}/api/v1/agent/startup", h.base))
-        .bearer_auth("tok-a")
-        .json(&json!({ "agentRunId": RUN, "agentVersion": "1.0" }))
-        .send()
-        .await
-        .unwrap();
+        .post_json(
+            "/api/v1/agent/startup",
+            "tok-a",
+            json!({ "agentRunId": RUN, "agentVersion": "1.0" }),
+        )
+        .await;
     assert_eq!(response.status(), StatusCode::OK);
     let body: serde_json::Value = response.json().await.unwrap();
     assert_eq!(body["runIdChanged"], true);
 
     let response = h
-        .http
-        .post(format!("{}/api/v1/agent/context-state", h.base))
-        .bearer_auth("tok-a")
-        .json(&json!({
+        .post_json("/api/v1/agent/context-state", "tok-a", json!({
             "agent_run_id": RUN,
             "version": "1",
             "initial": true,
@@ -199,9 +211,7 @@ async fn json_bodies_use_the_proto3_json_mapping() {
                 "skill": { "dir": "/w/.agents/skills/review", "name": "review", "description": "Reviews code" }
             }]
         }))
-        .send()
-        .await
-        .unwrap();
+        .await;
     assert_eq!(response.status(), StatusCode::OK);
     let body: serde_json::Value = response.json().await.unwrap();
     assert_eq!(body["accepted"], true);
@@ -211,23 +221,21 @@ async fn json_bodies_use_the_proto3_json_mapping() {
 
     // Unknown fields and enum values are refused with the reason.
     let response = h
-        .http
-        .post(format!("{}/api/v1/agent/context-state", h.base))
-        .bearer_auth("tok-a")
-        .json(&json!({ "agentRunId": RUN, "color": "blue" }))
-        .send()
-        .await
-        .unwrap();
+        .post_json(
+            "/api/v1/agent/context-state",
+            "tok-a",
+            json!({ "agentRunId": RUN, "color": "blue" }),
+        )
+        .await;
     let message = expect_error(response, StatusCode::BAD_REQUEST, "malformed", None).await;
     assert!(message.contains("color"), "{message}");
     let response = h
-        .http
-        .post(format!("{}/api/v1/agent/context-state", h.base))
-        .bearer_auth("tok-a")
-        .json(&json!({ "agentRunId": RUN, "mcpDiscovery": { "phase": "PHASE_DONE" } }))
-        .send()
-        .await
-        .unwrap();
+        .post_json(
+            "/api/v1/agent/context-state",
+            "tok-a",
+            json!({ "agentRunId": RUN, "mcpDiscovery": { "phase": "PHASE_DONE" } }),
+        )
+        .await;
     expect_error(response, StatusCode::BAD_REQUEST, "malformed", None).await;
 }
 

@@ -122,13 +122,7 @@ pub fn pending(
     version: u64,
     resources: Vec<ContextResource>,
 ) -> PushContextStateRequest {
-    push(
-        run_id,
-        version,
-        version == 1,
-        Some(Phase::Pending),
-        resources,
-    )
+    in_phase(Phase::Pending, run_id, version, resources)
 }
 
 /// A push once discovery has finished; version 1 is the run's initial push.
@@ -137,13 +131,16 @@ pub fn complete(
     version: u64,
     resources: Vec<ContextResource>,
 ) -> PushContextStateRequest {
-    push(
-        run_id,
-        version,
-        version == 1,
-        Some(Phase::Complete),
-        resources,
-    )
+    in_phase(Phase::Complete, run_id, version, resources)
+}
+
+fn in_phase(
+    phase: Phase,
+    run_id: &str,
+    version: u64,
+    resources: Vec<ContextResource>,
+) -> PushContextStateRequest {
+    push(run_id, version, version == 1, Some(phase), resources)
 }
 
 /// The sources of a state's resources, in the store's order.
