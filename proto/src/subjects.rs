@@ -118,6 +118,11 @@ impl Subjects {
         self.join("gate.turn")
     }
 
+    /// chat-gate: one event per first-turn decision (outcome and wait only).
+    pub fn gate_turn_waited(&self) -> String {
+        self.join("events.gate.waited")
+    }
+
     /// catalog: prepare a session's catalog (request/reply).
     pub fn catalog_prepare(&self) -> String {
         self.join("catalog.prepare")

@@ -14,6 +14,7 @@
 //! The config file format is documented in the crate's README.md.
 
 pub mod config;
+mod gate_waits;
 pub mod latency;
 mod mcp;
 pub mod memory;

@@ -277,13 +277,19 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
         .await
         .map_err(subscribe_error(end_subject.clone()))?,
     );
-    // The server has the subscriptions once a flush round trip is done.
-    connection
+    // Gate waits, for the latency report: one replica stores each.
+    let gate_waits = connection
         .client
-        .flush()
+        .queue_subscribe(subjects.gate_turn_waited(), CATALOG_QUEUE_GROUP.to_owned())
+        .await
+        .map_err(subscribe_error(subjects.gate_turn_waited()))?;
+    let gate_waits = crate::gate_waits::spawn(pool.clone(), gate_waits, shutdown.clone());
+    // flush() only writes to the socket; this round trip proves the server
+    // has every subscription above.
+    nats::sync_with_server(&connection.client)
         .await
         .map_err(|e| Error::Subscribe {
-            subject: subjects.catalog_prepare(),
+            subject: subjects.gate_turn_waited(),
             reason: e.to_string(),
         })?;
 
@@ -310,7 +316,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
     Ok(Running {
         http,
         servers,
-        tasks: vec![warmup_task, reaper],
+        tasks: vec![warmup_task, reaper, gate_waits],
         nats: connection,
         core,
         ready_at,

@@ -83,6 +83,8 @@ struct Inner {
     settings: GateSettings,
     store: StoreReader,
     catalog: Option<CatalogClient>,
+    /// Where first-turn decisions are announced for the latency report.
+    waits: Option<(async_nats::Client, String)>,
     watches: Watches,
     attempts: Mutex<HashMap<AttemptKey, Attempt>>,
     stats: Stats,
@@ -184,6 +186,7 @@ impl Gate {
                 settings,
                 store,
                 catalog: None,
+                waits: None,
                 attempts: Mutex::new(HashMap::new()),
                 stats: Stats::default(),
                 shutdown,
@@ -266,6 +269,33 @@ impl Gate {
         self
     }
 
+    /// Also announces each first turn's decision and wait (no content) on
+    /// `subject`, where the catalog records it for `ctxsync latency`.
+    pub fn with_wait_events(mut self, client: async_nats::Client, subject: String) -> Self {
+        Arc::get_mut(&mut self.inner)
+            .expect("with_wait_events is called before the gate is shared")
+            .waits = Some((client, subject));
+        self
+    }
+
+    async fn announce_wait(&self, tenant: &str, reply: &TurnReply) {
+        let Some((client, subject)) = &self.inner.waits else {
+            return;
+        };
+        if reply.error.is_some() {
+            return;
+        }
+        let event = ctxsync_proto::v1::GateTurnWaited {
+            tenant: tenant.to_owned(),
+            outcome: crate::http::decision_name(reply.decision()).to_owned(),
+            wait_ms: reply.waited_ms,
+        };
+        let payload = prost::Message::encode_to_vec(&event).into();
+        if let Err(error) = client.publish(subject.clone(), payload).await {
+            tracing::debug!(%error, "cannot announce a gate wait");
+        }
+    }
+
     pub async fn turn(&self, request: TurnRequest) -> TurnReply {
         // A first turn with a tenant also gets the tenant's catalog pins, asked
         // at the same time as the wait so neither delays the other.
@@ -284,6 +314,7 @@ impl Gate {
             }
             _ => None,
         };
+        let (first_turn, tenant) = (request.first_turn, request.tenant.clone());
         let reply = match catalog {
             Some(catalog) => {
                 let (mut reply, section) = tokio::join!(self.decide(request), catalog);
@@ -295,6 +326,9 @@ impl Gate {
             None => self.decide(request).await,
         };
         record(&reply);
+        if first_turn {
+            self.announce_wait(&tenant, &reply).await;
+        }
         reply
     }
 

@@ -303,7 +303,9 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, St
     let store = store::StoreReader::new(nats.client.clone(), &subjects, settings.store_timeout);
     let catalog =
         catalog::CatalogClient::new(nats.client.clone(), &subjects, config.catalog_timeout);
-    let gate = Gate::new(settings, store, shutdown.clone()).with_catalog(catalog);
+    let gate = Gate::new(settings, store, shutdown.clone())
+        .with_catalog(catalog)
+        .with_wait_events(nats.client.clone(), subjects.gate_turn_waited());
 
     // The event subscriptions are in place (flushed) before the first turn is served.
     let discovery = subscribe(&nats, subjects.discovery_changed_all()).await?;

@@ -97,3 +97,37 @@ async fn a_catalog_that_does_not_answer_fails_open_and_the_projection_says_so() 
 fn projection_of(reply: &TurnReply) -> &ChatProjection {
     reply.projection.as_ref().expect("projection")
 }
+
+#[tokio::test]
+async fn first_turn_waits_reach_the_latency_report_by_outcome() {
+    let h = Harness::spawn().await;
+    let (_catalog, _stop) = start_catalog(&h).await;
+    let agent = h
+        .agent_reporting(complete(RUN_A, 1, vec![server("ws", &["t"])]))
+        .await;
+    h.tenant_turn("acme", "chat-1", &agent, true).await;
+    h.tenant_turn("acme", "chat-2", &agent, true).await;
+    // Not a first turn: not a wait.
+    h.tenant_turn("acme", "chat-2", &agent, false).await;
+
+    let pool = sqlx::PgPool::connect(h.db.url()).await.unwrap();
+    let report_pool = pool.clone();
+    until("two gate waits recorded".into(), move || {
+        let pool = report_pool.clone();
+        async move {
+            let report = catalog::latency::report(&pool, std::time::Duration::from_secs(3600))
+                .await
+                .unwrap();
+            report.gate_waits.iter().map(|w| w.wait.count).sum::<u64>() == 2
+        }
+    })
+    .await;
+    let report = catalog::latency::report(&pool, std::time::Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert_eq!(report.gate_waits.len(), 1);
+    assert_eq!(report.gate_waits[0].outcome, "ready");
+    assert!(report.render_text().contains("ready"));
+    // Aggregates only: no chat id reaches the report.
+    assert!(!report.render_json().contains("chat-1"));
+}

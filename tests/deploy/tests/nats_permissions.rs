@@ -105,7 +105,11 @@ fn needs(s: &Subjects) -> BTreeMap<&'static str, Needs> {
         (
             "chat-gate",
             Needs {
-                publish: vec![s.store_get_agent_state(), s.catalog_prepare()],
+                publish: vec![
+                    s.store_get_agent_state(),
+                    s.catalog_prepare(),
+                    s.gate_turn_waited(),
+                ],
                 subscribe: vec![
                     s.gate_turn(),
                     s.discovery_changed_all(),
@@ -121,7 +125,12 @@ fn needs(s: &Subjects) -> BTreeMap<&'static str, Needs> {
                     s.catalog_event("mcp.catalog.changed"),
                     s.catalog_events_all(),
                 ],
-                subscribe: vec![s.catalog_prepare(), s.catalog_call(), session_end.clone()],
+                subscribe: vec![
+                    s.catalog_prepare(),
+                    s.catalog_call(),
+                    session_end.clone(),
+                    s.gate_turn_waited(),
+                ],
                 responds: true,
             },
         ),

@@ -1,0 +1,50 @@
+//! Records chat-gate's first-turn waits (outcome and duration, nothing else)
+//! as `gate.turn.waited` events, so `ctxsync latency` can report gate waits
+//! by outcome next to the catalog's own setup times.
+
+use futures::StreamExt;
+use prost::Message;
+use serde_json::json;
+use sqlx::PgPool;
+use tokio::task::JoinHandle;
+
+use ctxsync_proto::v1::GateTurnWaited;
+use ctxsync_runtime::Shutdown;
+
+use crate::latency::GATE_WAIT_KIND;
+use crate::store::{self, NewEvent};
+
+pub fn spawn(
+    pool: PgPool,
+    mut events: async_nats::Subscriber,
+    shutdown: Shutdown,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let message = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                message = events.next() => match message { Some(m) => m, None => break },
+            };
+            let Ok(wait) = GateTurnWaited::decode(message.payload) else {
+                tracing::debug!("malformed gate wait event ignored");
+                continue;
+            };
+            let event = NewEvent {
+                kind: GATE_WAIT_KIND,
+                tenant: wait.tenant,
+                session_id: None,
+                server_id: None,
+                payload: json!({ "outcome": wait.outcome, "wait_ms": wait.wait_ms }),
+            };
+            let stored = async {
+                let mut conn = pool.acquire().await?;
+                store::insert_events(&mut conn, vec![event]).await
+            }
+            .await;
+            if let Err(error) = stored {
+                tracing::warn!(%error, "cannot record a gate wait");
+            }
+        }
+        let _ = events.unsubscribe().await;
+    })
+}
