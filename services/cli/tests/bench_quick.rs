@@ -130,7 +130,7 @@ async fn quick_bench_reports_every_section_with_sane_numbers() {
     assert_eq!(number(&report, "memory.chats"), 1000.0);
 
     let targets = report["targets"].as_array().expect("targets");
-    assert_eq!(targets.len(), 3 + 1 + 1 + 1 + 1, "{targets:?}");
+    assert_eq!(targets.len(), 3 + 1 + 1 + 1 + 1 + 1, "{targets:?}");
     for target in targets {
         let ratio = number(target, "ratio");
         assert!(ratio.is_finite() && ratio > 0.0, "{target}");

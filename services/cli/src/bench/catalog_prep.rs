@@ -113,6 +113,27 @@ fn reference_servers(dir: &Path, scratch: &Path) -> Vec<ServerConfig> {
     servers
 }
 
+/// Process ids whose parent is this process.
+fn child_processes() -> std::collections::HashSet<u32> {
+    let me = std::process::id();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Default::default();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    // The command name may hold spaces: the fields after it follow the last ')'.
+                    let rest = &stat[stat.rfind(')')? + 2..];
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(me)
+        })
+        .collect()
+}
+
 async fn prepare(env: &Env, session: &str) -> Result<CatalogPrepareReply, BenchError> {
     let reply: CatalogPrepareReply = rpc::request(
         &env.client,
@@ -209,6 +230,7 @@ async fn run_catalog(
         .step("catalog")?;
 
     let measured = async {
+        let children_before = child_processes();
         progress.step(format!("catalog: live discovery of {count} real MCP servers"));
         let started = Instant::now();
         let live = prepare(env, "bench-live").await?;
@@ -226,6 +248,16 @@ async fn run_catalog(
             ));
         }
         end_session(env, "bench-live").await;
+        // The catalog closes discovered servers in the background; 8 exiting
+        // node and python processes would otherwise share the 2 cores with
+        // the preparations measured next.
+        progress.step("catalog: waiting for the discovered servers to exit");
+        let exited = Instant::now();
+        while child_processes().difference(&children_before).count() > 0
+            && exited.elapsed() < Duration::from_secs(30)
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
 
         progress.step(format!(
             "catalog: {} preparations from memory",

@@ -28,6 +28,9 @@ pub struct Floors {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct PostgresFloor {
     pub single_client: Latency,
+    /// For the breakdown: from the snapshot upsert (where snapshot-store takes
+    /// `clock_timestamp()` as the commit time) to COMMIT returning, 1 client.
+    pub upsert_to_commit: Latency,
     pub clients: usize,
     pub transactions: u64,
     pub per_second: f64,
@@ -49,7 +52,9 @@ pub async fn pub_sub(env: &Env, samples: usize) -> Result<Latency, BenchError> {
         .subscribe(subject.clone())
         .await
         .step("subscribe")?;
-    subscriber.flush().await.step("flush")?;
+    ctxsync_runtime::nats::sync_with_server(&subscriber)
+        .await
+        .step("subscribe")?;
     let mut latencies = Vec::with_capacity(samples);
     for i in 0..WARMUP + samples {
         let started = Instant::now();
@@ -77,7 +82,9 @@ pub async fn request_reply(env: &Env, samples: usize) -> Result<Latency, BenchEr
         .subscribe(subject.clone())
         .await
         .step("subscribe")?;
-    responder.flush().await.step("flush")?;
+    ctxsync_runtime::nats::sync_with_server(&responder)
+        .await
+        .step("subscribe")?;
     let echo = tokio::spawn(async move {
         while let Some(message) = requests.next().await {
             if let Some(reply) = message.reply {
@@ -170,7 +177,7 @@ async fn raw_push(
     agent_id: Uuid,
     version: i64,
     rows: &RawRows,
-) -> Result<(), sqlx::Error> {
+) -> Result<Duration, sqlx::Error> {
     let mut tx = pool.begin().await?;
     let run_id: String = sqlx::query_scalar(
         "SELECT agent_run_id FROM bench_raw.agents WHERE agent_id = $1 FOR UPDATE",
@@ -202,6 +209,7 @@ async fn raw_push(
     .bind(&[0u8; 64][..])
     .fetch_one(&mut *tx)
     .await?;
+    let upserted = Instant::now();
     sqlx::query("DELETE FROM bench_raw.resources WHERE agent_id = $1")
         .bind(agent_id)
         .execute(&mut *tx)
@@ -222,7 +230,8 @@ async fn raw_push(
     .bind(&rows.bodies)
     .execute(&mut *tx)
     .await?;
-    tx.commit().await
+    tx.commit().await?;
+    Ok(upserted.elapsed())
 }
 
 pub async fn postgres(env: &Env, sizes: &Sizes) -> Result<PostgresFloor, BenchError> {
@@ -243,14 +252,16 @@ pub async fn postgres(env: &Env, sizes: &Sizes) -> Result<PostgresFloor, BenchEr
 
     let single_samples = (sizes.floor_samples / 3).max(50);
     let mut latencies = Vec::with_capacity(single_samples);
+    let mut tails = Vec::with_capacity(single_samples);
     for i in 0..WARMUP + single_samples {
         let rows = raw_rows(i as u64);
         let started = Instant::now();
-        raw_push(pool, agents[0], i as i64, &rows)
+        let tail = raw_push(pool, agents[0], i as i64, &rows)
             .await
             .step("raw postgres transaction")?;
         if i >= WARMUP {
             latencies.push(started.elapsed());
+            tails.push(tail);
         }
     }
 
@@ -279,6 +290,7 @@ pub async fn postgres(env: &Env, sizes: &Sizes) -> Result<PostgresFloor, BenchEr
     let elapsed = started.elapsed().as_secs_f64();
     Ok(PostgresFloor {
         single_client: Latency::of(latencies),
+        upsert_to_commit: Latency::of(tails),
         clients,
         transactions,
         per_second: transactions as f64 / elapsed,

@@ -167,6 +167,15 @@ impl Report {
                 3.0,
             ));
         }
+        // DESIGN §7's own wording: "within 2× a raw publish→subscribe latency plus one read".
+        if let Some(single) = self.wake.iter().find(|c| c.chats == 1) {
+            let bound = 2.0 * pub_sub + self.floors.store_read.p50_us;
+            targets.push(at_most(
+                "wake p50, 1 chat / (2× raw pub→sub + one store read) p50".into(),
+                ratio(single.latency.p50_us, bound),
+                1.0,
+            ));
+        }
         targets.push(at_most(
             "gate answer when ready p50 / raw request/reply p50".into(),
             ratio(
@@ -246,6 +255,12 @@ impl Report {
             &f.postgres.single_client,
             "",
         );
+        row(
+            &mut out,
+            "  of which snapshot upsert → COMMIT returned",
+            &f.postgres.upsert_to_commit,
+            "",
+        );
         let _ = writeln!(
             out,
             "  {:<46} {:>10.0} tx/s ({} transactions)",
@@ -287,6 +302,12 @@ impl Report {
                 &mut out,
                 "  of which commit → event at a subscriber",
                 &case.event_latency,
+                "",
+            );
+            row(
+                &mut out,
+                "  and event → chat's answer",
+                &case.event_to_answer,
                 "",
             );
             for wrong in &case.wrong {

@@ -40,6 +40,8 @@ pub struct WakeCase {
     /// For the breakdown: from the commit to a plain subscriber (the bench)
     /// receiving the discovery event, per agent.
     pub event_latency: Latency,
+    /// For the breakdown: from the event reaching a plain subscriber to the chat's answer.
+    pub event_to_answer: Latency,
     /// RSS of the process before the chats asked and while they waited.
     pub rss_before_bytes: Option<u64>,
     pub rss_waiting_bytes: Option<u64>,
@@ -50,6 +52,8 @@ pub struct WakeCase {
     samples: Vec<Duration>,
     #[serde(skip)]
     event_samples: Vec<Duration>,
+    #[serde(skip)]
+    after_event_samples: Vec<Duration>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -221,6 +225,51 @@ async fn complete_runs(
     pushes.into_iter().collect()
 }
 
+/// Commit times of the agents' completing pushes, from their discovery
+/// events, and how long after the commit each event arrived here.
+async fn collect_commits(
+    mut events: async_nats::Subscriber,
+    wanted: HashMap<String, String>,
+) -> Result<(HashMap<String, SystemTime>, HashMap<String, SystemTime>), BenchError> {
+    let mut commits = HashMap::with_capacity(wanted.len());
+    let mut arrivals = HashMap::with_capacity(wanted.len());
+    let collect = async {
+        while commits.len() < wanted.len() {
+            let Some(message) = events.next().await else {
+                break;
+            };
+            let arrived = SystemTime::now();
+            let Ok(event) = DiscoveryChanged::decode(message.payload) else {
+                continue;
+            };
+            if event.cause() == Cause::Push
+                && event.phase() == Phase::Complete
+                && wanted.get(&event.agent_id) == Some(&event.snapshot_agent_run_id)
+                && let Some(at) = &event.committed_at
+            {
+                let commit = system_time(at.seconds, at.nanos);
+                arrivals.insert(event.agent_id.clone(), arrived);
+                commits.insert(event.agent_id.clone(), commit);
+            }
+        }
+    };
+    let timed_out = tokio::time::timeout(Duration::from_secs(60), collect)
+        .await
+        .is_err();
+    let _ = events.unsubscribe().await;
+    if timed_out || commits.len() < wanted.len() {
+        return Err(BenchError::new(
+            "wake",
+            format!(
+                "only {} of {} discovery events arrived within 60 s",
+                commits.len(),
+                wanted.len()
+            ),
+        ));
+    }
+    Ok((commits, arrivals))
+}
+
 /// One round: `chats` chats over `agents` wait for a PENDING discovery; the
 /// discovery completes; every chat's answer is checked and timed from the commit.
 async fn round(
@@ -231,12 +280,14 @@ async fn round(
     progress: Option<&Progress>,
 ) -> Result<WakeCase, BenchError> {
     let runs = new_pending_runs(env, agents).await?;
-    let mut events = env
+    let events = env
         .client
         .subscribe(env.subjects.discovery_changed_all())
         .await
         .step("subscribe to discovery events")?;
-    env.client.flush().await.step("flush")?;
+    ctxsync_runtime::nats::sync_with_server(&env.client)
+        .await
+        .step("subscribe to discovery events")?;
     let gate = env.gate.gate();
     let baseline = gate.waiters_held();
     let rss_before = rss_bytes();
@@ -267,48 +318,19 @@ async fn round(
         ));
     }
 
-    complete_runs(env, agents, &runs).await?;
-    let mut commits: HashMap<String, SystemTime> = HashMap::new();
-    let mut event_samples = Vec::with_capacity(agents.len());
-    let wanted: HashMap<&str, &str> = agents
+    // The events are timed as they arrive, while the other pushes still commit.
+    let wanted: HashMap<String, String> = agents
         .iter()
         .zip(&runs)
-        .map(|(a, r)| (a.id.as_str(), r.as_str()))
+        .map(|(a, r)| (a.id.clone(), r.clone()))
         .collect();
-    let collect = async {
-        while commits.len() < agents.len() {
-            let Some(message) = events.next().await else {
-                break;
-            };
-            let Ok(event) = DiscoveryChanged::decode(message.payload) else {
-                continue;
-            };
-            if event.cause() == Cause::Push
-                && event.phase() == Phase::Complete
-                && wanted.get(event.agent_id.as_str())
-                    == Some(&event.snapshot_agent_run_id.as_str())
-                && let Some(at) = &event.committed_at
-            {
-                let commit = system_time(at.seconds, at.nanos);
-                event_samples.push(since(commit, SystemTime::now()));
-                commits.insert(event.agent_id.clone(), commit);
-            }
-        }
-    };
-    if tokio::time::timeout(Duration::from_secs(60), collect)
-        .await
-        .is_err()
-    {
-        return Err(BenchError::new(
-            "wake",
-            format!(
-                "only {} of {} discovery events arrived within 60 s",
-                commits.len(),
-                agents.len()
-            ),
-        ));
-    }
-    let _ = events.unsubscribe().await;
+    let collector = tokio::spawn(collect_commits(events, wanted));
+    complete_runs(env, agents, &runs).await?;
+    let (commits, arrivals) = collector.await.step("event collector")??;
+    let event_samples: Vec<Duration> = agents
+        .iter()
+        .map(|a| since(commits[&a.id], arrivals[&a.id]))
+        .collect();
 
     let mut case = WakeCase {
         chats,
@@ -321,6 +343,7 @@ async fn round(
         ..Default::default()
     };
     let mut latencies = Vec::with_capacity(chats);
+    let mut after_event = Vec::with_capacity(chats);
     for (index, task) in tasks {
         let (reply, at) = task.await.step("chat task")?;
         let agent = &agents[index];
@@ -332,6 +355,7 @@ async fn round(
             Ok(()) => {
                 case.correct += 1;
                 latencies.push(since(commits[&agent.id], at));
+                after_event.push(since(arrivals[&agent.id], at));
             }
             Err(why) if case.wrong.len() < QUOTED_ERRORS => {
                 case.wrong.push(format!("agent {}: {why}", agent.id));
@@ -343,6 +367,8 @@ async fn round(
     case.samples = latencies;
     case.event_latency = Latency::of(event_samples.clone());
     case.event_samples = event_samples;
+    case.event_to_answer = Latency::of(after_event.clone());
+    case.after_event_samples = after_event;
     Ok(case)
 }
 
@@ -350,9 +376,8 @@ fn in_front_note(waiting: usize, chats: usize) -> Option<String> {
     (waiting < chats).then(|| {
         format!(
             "only {waiting} of {chats} chats were held waiting by the gate when discovery completed; \
-             the others were still queued in front of it (chat-gate serves at most {} turns at once: \
-             ctxsync_runtime::rpc::DEFAULT_MAX_IN_FLIGHT), so their answers include that queue",
-            rpc::DEFAULT_MAX_IN_FLIGHT
+             the others were still queued in front of it (chat-gate's limit of turns in flight, \
+             CTXSYNC_GATE_MAX_TURNS), so their answers include that queue"
         )
     })
 }
@@ -368,6 +393,7 @@ pub async fn all_cases(
         if chats == 1 {
             let mut latencies = Vec::new();
             let mut event_latencies = Vec::new();
+            let mut after_event = Vec::new();
             let mut total = WakeCase {
                 chats: 1,
                 agents: 1,
@@ -391,9 +417,11 @@ pub async fn all_cases(
                 total.wrong.truncate(QUOTED_ERRORS);
                 latencies.extend(one.samples);
                 event_latencies.extend(one.event_samples);
+                after_event.extend(one.after_event_samples);
             }
             total.latency = Latency::of(latencies);
             total.event_latency = Latency::of(event_latencies);
+            total.event_to_answer = Latency::of(after_event);
             cases.push(total);
         } else {
             let used = &agents[..agents.len().min(chats)];
