@@ -433,8 +433,11 @@ impl ServerProcess {
 
     /// Turns a failed handshake into an error that says how the process ended.
     async fn handshake_failure(&mut self, error: ClientInitializeError) -> McpError {
-        let closed = matches!(error, ClientInitializeError::ConnectionClosed(_));
-        let status = if closed {
+        // Any transport failure (a closed stream, a broken pipe while sending
+        // initialize) may be a process that already exited: say how it ended.
+        // Only an answer from the server rules that out.
+        let answered = matches!(error, ClientInitializeError::JsonRpcError(_));
+        let status = if !answered {
             self.wait_until(Instant::now() + EXIT_REPORT_WAIT).await
         } else {
             None
