@@ -407,11 +407,17 @@ impl Report {
 
         let _ = writeln!(out, "\ntargets (DESIGN §7)");
         for t in &self.targets {
+            // Two decimals near the targets' small limits (0.49 must not print as 0.5).
+            let shown = if t.ratio < 10.0 {
+                format!("{:.2}", t.ratio)
+            } else {
+                format!("{:.1}", t.ratio)
+            };
             let _ = writeln!(
                 out,
-                "  {:<62} {:>9.1}×  target {:<8} {}",
+                "  {:<62} {:>9}×  target {:<8} {}",
                 t.name,
-                t.ratio,
+                shown,
                 t.target,
                 verdict(t.met)
             );
