@@ -307,11 +307,11 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, St
         .with_catalog(catalog)
         .with_wait_events(nats.client.clone(), subjects.gate_turn_waited());
 
-    // The event subscriptions are in place (flushed) before the first turn is served.
+    // The event subscriptions are in place (confirmed by a round trip, not
+    // just written) before the first turn is served.
     let discovery = subscribe(&nats, subjects.discovery_changed_all()).await?;
     let snapshots = subscribe(&nats, subjects.snapshot_committed_all()).await?;
-    nats.client
-        .flush()
+    ctxsync_runtime::nats::sync_with_server(&nats.client)
         .await
         .map_err(|e| StartError::Subscribe {
             subject: subjects.discovery_changed_all(),

@@ -380,7 +380,9 @@ async fn attempt_timed_out_is_reused_with_one_refresh_read() {
     assert!(again.attempt_reused);
     assert!(projection(&again).wait_timed_out);
     assert_eq!(tool_names(&again), ["s__t"]);
-    h.client.flush().await.unwrap();
+    ctxsync_runtime::nats::sync_with_server(&h.client)
+        .await
+        .unwrap();
     assert_eq!(reads.get(), 1, "exactly one refresh read");
     assert_eq!(h.gate().attempts_started(), 1);
 
@@ -477,7 +479,9 @@ async fn attempt_completed_is_not_cached() {
     let again = h.turn("chat-1", &agent, true).await;
     assert_eq!(decision(&again), GateDecision::Ready);
     assert!(!again.attempt_reused && !again.joined_attempt);
-    h.client.flush().await.unwrap();
+    ctxsync_runtime::nats::sync_with_server(&h.client)
+        .await
+        .unwrap();
     assert_eq!(reads.get(), 1);
 }
 

@@ -195,7 +195,7 @@ pub async fn run(setup: &DemoSetup<'_>, shutdown: Shutdown) -> anyhow::Result<()
     let mut events = client
         .subscribe(setup.subjects.discovery_changed(&agent_id))
         .await?;
-    client.flush().await?;
+    ctxsync_runtime::nats::sync_with_server(client).await?;
 
     let agent_binary = sibling_binary("workspace-agent")
         .context("workspace-agent not found next to ctxsync or on PATH: build it (cargo build)")?;

@@ -481,10 +481,14 @@ async fn snapshot_store_serves_agent_ingest_and_its_events_reach_chat_gate() {
         .queue_subscribe(s.store_all(), STORE_QUEUE_GROUP.into())
         .await
         .unwrap();
-    store.flush().await.unwrap();
+    ctxsync_runtime::nats::sync_with_server(&store)
+        .await
+        .unwrap();
     let _seen = echo_responder(store.clone(), store_subscription);
     let mut discovery = gate.subscribe(s.discovery_changed_all()).await.unwrap();
-    gate.flush().await.unwrap();
+    ctxsync_runtime::nats::sync_with_server(&gate)
+        .await
+        .unwrap();
 
     for subject in [
         s.store_push(),
@@ -506,7 +510,9 @@ async fn snapshot_store_serves_agent_ingest_and_its_events_reach_chat_gate() {
         .publish(s.discovery_changed("agent-1"), "changed".into())
         .await
         .unwrap();
-    store.flush().await.unwrap();
+    ctxsync_runtime::nats::sync_with_server(&store)
+        .await
+        .unwrap();
     let event = tokio::time::timeout(DEADLINE, discovery.next())
         .await
         .expect("event in time")
@@ -537,13 +543,17 @@ async fn agent_ingest_cannot_read_chat_traffic() {
         .queue_subscribe(s.gate_turn(), GATE_QUEUE_GROUP.into())
         .await
         .unwrap();
-    gate.flush().await.unwrap();
+    ctxsync_runtime::nats::sync_with_server(&gate)
+        .await
+        .unwrap();
     let _turns_seen = echo_responder(gate.clone(), turns);
     let store_requests = store
         .queue_subscribe(s.store_all(), STORE_QUEUE_GROUP.into())
         .await
         .unwrap();
-    store.flush().await.unwrap();
+    ctxsync_runtime::nats::sync_with_server(&store)
+        .await
+        .unwrap();
     let _store_seen = echo_responder(store.clone(), store_requests);
 
     // Chat traffic flows: a turn and its reply, an event.
@@ -552,7 +562,9 @@ async fn agent_ingest_cannot_read_chat_traffic() {
         .publish(s.discovery_changed("agent-1"), "changed".into())
         .await
         .unwrap();
-    store.flush().await.unwrap();
+    ctxsync_runtime::nats::sync_with_server(&store)
+        .await
+        .unwrap();
     // A reply to agent-ingest travels the same server-to-client connection
     // after anything routed to it before: once it is here, nothing else is coming.
     assert_eq!(request(&ingest, s.store_push()).await, s.store_push());
@@ -574,7 +586,9 @@ async fn chat_gate_cannot_write_to_the_store() {
         .queue_subscribe(s.store_all(), STORE_QUEUE_GROUP.into())
         .await
         .unwrap();
-    store.flush().await.unwrap();
+    ctxsync_runtime::nats::sync_with_server(&store)
+        .await
+        .unwrap();
     let mut seen = echo_responder(store.clone(), subscription);
 
     // The store's subscription is in place: a read reaches it.
@@ -590,7 +604,9 @@ async fn chat_gate_cannot_write_to_the_store() {
         s.store_register_agent(),
     ] {
         gate.publish(write.clone(), "forged".into()).await.unwrap();
-        gate.flush().await.unwrap();
+        ctxsync_runtime::nats::sync_with_server(&gate)
+            .await
+            .unwrap();
         violation(&mut gate_errors, "publish", &write).await;
     }
     // The server handles one client's messages in order: the read arrives,
@@ -617,10 +633,14 @@ async fn responders_answer_only_requests_they_received() {
         .publish("_INBOX.agent-ingest.forged.1".to_owned(), "x".into())
         .await
         .unwrap();
-    store.flush().await.unwrap();
+    ctxsync_runtime::nats::sync_with_server(&store)
+        .await
+        .unwrap();
     violation(&mut store_errors, "publish", "_INBOX.agent-ingest.forged.1").await;
     catalog.publish(s.gate_turn(), "x".into()).await.unwrap();
-    catalog.flush().await.unwrap();
+    ctxsync_runtime::nats::sync_with_server(&catalog)
+        .await
+        .unwrap();
     violation(&mut catalog_errors, "publish", &s.gate_turn()).await;
 
     // While a request it received is answered.
@@ -629,7 +649,9 @@ async fn responders_answer_only_requests_they_received() {
         .queue_subscribe(s.catalog_call(), CATALOG_QUEUE_GROUP.into())
         .await
         .unwrap();
-    catalog.flush().await.unwrap();
+    ctxsync_runtime::nats::sync_with_server(&catalog)
+        .await
+        .unwrap();
     let _seen = echo_responder(catalog.clone(), calls);
     assert_eq!(request(&chat, s.catalog_call()).await, s.catalog_call());
 }
@@ -675,7 +697,9 @@ async fn runtime_connection_works_with_the_deployment_credentials() {
         .queue_subscribe(s.store_all(), STORE_QUEUE_GROUP.into())
         .await
         .unwrap();
-    store.flush().await.unwrap();
+    ctxsync_runtime::nats::sync_with_server(&store)
+        .await
+        .unwrap();
     let _seen = echo_responder(store.clone(), subscription);
 
     let connection = ctxsync_runtime::nats::connect(

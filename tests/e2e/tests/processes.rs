@@ -225,11 +225,7 @@ async fn first_turn_waits_for_discovery_and_a_restart_withholds_old_tools_until_
     ];
 
     let client = async_nats::connect(nats.url()).await.unwrap();
-    let mut events = client
-        .subscribe(subjects.discovery_changed(&agent_id))
-        .await
-        .unwrap();
-    client.flush().await.unwrap();
+    let mut events = testkit::subscribe(&client, subjects.discovery_changed(&agent_id)).await;
 
     // 1. A first turn asked while discovery is pending is answered with the
     //    tools right after discovery completes.

@@ -43,10 +43,13 @@ pub fn free_port() -> u16 {
         .expect("cannot reserve a loopback port")
 }
 
-/// Subscribes to `subject` and flushes, so the subscription is in place on
+/// Subscribes to `subject` and confirms it with a round trip, so it is in place on
 /// the server before the test makes anything publish.
 pub async fn subscribe(client: &async_nats::Client, subject: String) -> async_nats::Subscriber {
     let subscriber = client.subscribe(subject).await.expect("subscribe");
-    client.flush().await.expect("flush the subscription");
+    // flush() only writes to the socket: a round trip proves the server has it.
+    ctxsync_runtime::nats::sync_with_server(client)
+        .await
+        .expect("the server confirms the subscription");
     subscriber
 }
