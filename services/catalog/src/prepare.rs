@@ -444,6 +444,14 @@ impl Core {
         });
         let written = store::insert_events(&mut tx, events).await?;
         tx.commit().await?;
+        for (source, n) in [
+            ("pinned", pinned),
+            ("connected", connected),
+            ("failed", failed),
+        ] {
+            metrics::counter!("ctxsync_catalog_pins_total", "source" => source)
+                .increment(u64::from(n));
+        }
         Ok(Some(written))
     }
 

@@ -42,6 +42,9 @@ pub struct NatsConnectError {
 /// Connects once (no retry: a bad NATS_URL is a startup error), then
 /// reconnects forever with a short backoff.
 pub async fn connect(url: &str, client_name: &str) -> Result<NatsConnection, NatsConnectError> {
+    // Present from the start, so `increase()` alerts see the first reconnect.
+    metrics::counter!("ctxsync_nats_reconnects_total", "client" => client_name.to_owned())
+        .increment(0);
     let (reconnect_tx, reconnects) = watch::channel(0u64);
     let (closed_tx, closed) = watch::channel(false);
     let seen_connect = Arc::new(AtomicBool::new(false));

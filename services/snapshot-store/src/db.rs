@@ -194,17 +194,18 @@ impl Store {
         .bind(agent_id)
         .fetch_optional(&mut *tx)
         .await?;
-        let now: DateTime<Utc> = sqlx::query_scalar(
+        sqlx::query(
             "UPDATE snapshot.agents
              SET agent_run_id = $2, agent_version = $3, startup_at = clock_timestamp()
-             WHERE agent_id = $1 RETURNING startup_at",
+             WHERE agent_id = $1",
         )
         .bind(agent_id)
         .bind(&startup.agent_run_id)
         .bind(&startup.agent_version)
-        .fetch_one(&mut *tx)
+        .execute(&mut *tx)
         .await?;
         tx.commit().await?;
+        let now = Utc::now();
 
         let changed = previous != startup.agent_run_id;
         let event = if changed {
@@ -279,6 +280,7 @@ impl Store {
         // from a previous one (an empty push run id included).
         if !agent_run_id.is_empty() && push.agent_run_id != agent_run_id {
             tx.rollback().await?;
+            record_push_transaction(started, "dropped");
             return Ok(PushOutcome::Dropped {
                 reason: PushDropReason::StaleRun,
                 message: format!(
@@ -294,6 +296,7 @@ impl Store {
             && stored_version.is_some_and(|stored| version <= stored)
         {
             tx.rollback().await?;
+            record_push_transaction(started, "dropped");
             return Ok(PushOutcome::Dropped {
                 reason: PushDropReason::StaleVersion,
                 message: format!(
@@ -305,17 +308,16 @@ impl Store {
         }
 
         let content_changed = stored_hash.as_deref() != Some(hash.as_str());
-        // clock_timestamp(), not now(): events carry it as the commit time, and
-        // now() is the transaction's start, before the lock wait.
-        let received_at: DateTime<Utc> = sqlx::query_scalar(
+        // clock_timestamp(), not now(): now() is the transaction's start,
+        // before the lock wait.
+        sqlx::query(
             "INSERT INTO snapshot.snapshots
                  (agent_id, agent_run_id, version, phase, hash, context_config, received_at)
              VALUES ($1, $2, $3, $4, $5, $6, clock_timestamp())
              ON CONFLICT (agent_id) DO UPDATE SET
                  agent_run_id = EXCLUDED.agent_run_id, version = EXCLUDED.version,
                  phase = EXCLUDED.phase, hash = EXCLUDED.hash,
-                 context_config = EXCLUDED.context_config, received_at = EXCLUDED.received_at
-             RETURNING received_at",
+                 context_config = EXCLUDED.context_config, received_at = EXCLUDED.received_at",
         )
         .bind(agent_id)
         .bind(&push.agent_run_id)
@@ -323,17 +325,18 @@ impl Store {
         .bind(phase_to_db(phase))
         .bind(&hash)
         .bind(&config)
-        .fetch_one(&mut *tx)
+        .execute(&mut *tx)
         .await?;
 
         if content_changed {
             write_resources(&mut tx, agent_id, &push.resources).await?;
         }
         tx.commit().await?;
-        metrics::histogram!("ctxsync_store_push_transaction_seconds")
-            .record(started.elapsed().as_secs_f64());
+        record_push_transaction(started, "accepted");
 
-        let committed_at = Some(timestamp(received_at));
+        // The event's commit time is when COMMIT returned, not when the row
+        // was stamped inside the transaction: waits are measured from it.
+        let committed_at = Some(timestamp(Utc::now()));
         let discovery_changed = (stored_phase != Some(phase)
             || stored_run_id.as_deref() != Some(push.agent_run_id.as_str()))
         .then(|| {
@@ -436,6 +439,11 @@ impl Store {
             resources,
         })
     }
+}
+
+fn record_push_transaction(started: Instant, outcome: &'static str) {
+    metrics::histogram!("ctxsync_store_push_transaction_seconds", "outcome" => outcome)
+        .record(started.elapsed().as_secs_f64());
 }
 
 /// Locks the agent row for the rest of the transaction and returns its run id.
