@@ -269,28 +269,60 @@ fn trace_of(request: &Request) -> TraceContext {
         .map_or_else(TraceContext::new_root, |parent| parent.child())
 }
 
+/// A store reply: its answer, or the store's error.
+trait StoreReply: Message + Default {
+    type Answer: Default;
+    fn into_result(self) -> Result<Self::Answer, ProtoStoreError>;
+}
+
+impl StoreReply for UpdateStartupReply {
+    type Answer = ctxsync_proto::v1::StartupResponse;
+    fn into_result(self) -> Result<Self::Answer, ProtoStoreError> {
+        self.error
+            .map_or(Ok(self.response.unwrap_or_default()), Err)
+    }
+}
+
+impl StoreReply for StorePushReply {
+    type Answer = ctxsync_proto::v1::PushContextStateResponse;
+    fn into_result(self) -> Result<Self::Answer, ProtoStoreError> {
+        self.error
+            .map_or(Ok(self.response.unwrap_or_default()), Err)
+    }
+}
+
+/// Forwards `request` to the store under the request's trace.
+async fn ask_store<R: StoreReply>(
+    state: &AppState,
+    subject: String,
+    request: &impl Message,
+    trace: &TraceContext,
+) -> Result<R::Answer, ApiError> {
+    let reply: R = rpc::request(
+        &state.nats,
+        subject,
+        request,
+        Some(trace.child().to_nats()),
+        state.store_timeout,
+    )
+    .await
+    .map_err(forward_error)?;
+    reply.into_result().map_err(store_error)
+}
+
 async fn startup(State(state): State<Arc<AppState>>, request: Request) -> Response {
     let started = Instant::now();
     let trace = trace_of(&request);
     let result = async {
         let (agent_id, format, startup): (_, _, StartupRequest) = accept(&state, request).await?;
         validate::startup(&startup).map_err(ApiError::Validation)?;
-        let reply: UpdateStartupReply = rpc::request(
-            &state.nats,
-            state.subjects.store_update_startup(),
-            &UpdateStartupRequest {
-                agent_id: agent_id.clone(),
-                startup: Some(startup),
-            },
-            Some(trace.child().to_nats()),
-            state.store_timeout,
-        )
-        .await
-        .map_err(forward_error)?;
-        if let Some(error) = reply.error {
-            return Err(store_error(error));
-        }
-        let response = reply.response.unwrap_or_default();
+        let request = UpdateStartupRequest {
+            agent_id: agent_id.clone(),
+            startup: Some(startup),
+        };
+        let response =
+            ask_store::<UpdateStartupReply>(&state, state.subjects.store_update_startup(), &request, &trace)
+                .await?;
         tracing::info!(agent_id = %agent_id, trace_id = %trace.trace_id(), run_id_changed = response.run_id_changed, "agent startup");
         Ok(encode(format, &response))
     }
@@ -306,22 +338,12 @@ async fn context_state(State(state): State<Arc<AppState>>, request: Request) -> 
             accept(&state, request).await?;
         validate::push(&push).map_err(ApiError::Validation)?;
         let version = push.version;
-        let reply: StorePushReply = rpc::request(
-            &state.nats,
-            state.subjects.store_push(),
-            &StorePushRequest {
-                agent_id: agent_id.clone(),
-                push: Some(push),
-            },
-            Some(trace.child().to_nats()),
-            state.store_timeout,
-        )
-        .await
-        .map_err(forward_error)?;
-        if let Some(error) = reply.error {
-            return Err(store_error(error));
-        }
-        let response = reply.response.unwrap_or_default();
+        let request = StorePushRequest {
+            agent_id: agent_id.clone(),
+            push: Some(push),
+        };
+        let response =
+            ask_store::<StorePushReply>(&state, state.subjects.store_push(), &request, &trace).await?;
         if response.accepted {
             tracing::info!(agent_id = %agent_id, trace_id = %trace.trace_id(), version, "push forwarded");
         } else {
