@@ -2,7 +2,6 @@
 //! as `gate.turn.waited` events, so `ctxsync latency` can report gate waits
 //! by outcome next to the catalog's own setup times.
 
-use futures::StreamExt;
 use prost::Message;
 use serde_json::json;
 use sqlx::PgPool;
@@ -20,11 +19,7 @@ pub fn spawn(
     shutdown: Shutdown,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
-        loop {
-            let message = tokio::select! {
-                _ = shutdown.cancelled() => break,
-                message = events.next() => match message { Some(m) => m, None => break },
-            };
+        while let Some(message) = ctxsync_runtime::nats::next_until(&mut events, &shutdown).await {
             let Ok(wait) = GateTurnWaited::decode(message.payload) else {
                 tracing::debug!("malformed gate wait event ignored");
                 continue;

@@ -26,7 +26,6 @@ use ctxsync_proto::v1::{
 };
 use ctxsync_runtime::nats::NatsConnection;
 use ctxsync_runtime::{CommonArgs, HttpServer, Readiness, Shutdown, rpc};
-use futures::StreamExt;
 use prost::Message;
 use tokio::task::JoinHandle;
 
@@ -182,11 +181,7 @@ fn follow_discovery(
     shutdown: Shutdown,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
-        loop {
-            let message = tokio::select! {
-                _ = shutdown.cancelled() => break,
-                message = events.next() => match message { Some(m) => m, None => break },
-            };
+        while let Some(message) = ctxsync_runtime::nats::next_until(&mut events, &shutdown).await {
             let trace = ctxsync_runtime::trace::TraceContext::from_nats(message.headers.as_ref());
             match DiscoveryChanged::decode(message.payload) {
                 Ok(event) => {
@@ -218,11 +213,7 @@ fn follow_snapshots(
     shutdown: Shutdown,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
-        loop {
-            let message = tokio::select! {
-                _ = shutdown.cancelled() => break,
-                message = events.next() => match message { Some(m) => m, None => break },
-            };
+        while let Some(message) = ctxsync_runtime::nats::next_until(&mut events, &shutdown).await {
             match SnapshotCommitted::decode(message.payload) {
                 Ok(event) => gate.watches().on_event(
                     &event.agent_id,

@@ -176,3 +176,16 @@ pub async fn sync_with_server(client: &Client) -> Result<(), SyncError> {
 #[derive(Debug, thiserror::Error)]
 #[error("nats server did not confirm the subscriptions: {0}")]
 pub struct SyncError(String);
+
+/// The subscription's next message, or `None` once it ends or `shutdown` is
+/// cancelled: the loop condition of every event follower.
+pub async fn next_until(
+    subscriber: &mut async_nats::Subscriber,
+    shutdown: &tokio_util::sync::CancellationToken,
+) -> Option<async_nats::Message> {
+    use futures::StreamExt;
+    tokio::select! {
+        _ = shutdown.cancelled() => None,
+        message = subscriber.next() => message,
+    }
+}
