@@ -18,6 +18,7 @@ const MAX_RECONNECT_DELAY: Duration = Duration::from_millis(500);
 pub struct NatsConnection {
     pub client: Client,
     reconnects: watch::Receiver<u64>,
+    gaps: watch::Receiver<u64>,
     closed: watch::Receiver<bool>,
 }
 
@@ -25,6 +26,13 @@ impl NatsConnection {
     /// Changes each time the client has reconnected (after the initial connect).
     pub fn reconnects(&self) -> watch::Receiver<u64> {
         self.reconnects.clone()
+    }
+
+    /// Changes each time messages may have been lost: on a disconnect, a
+    /// reconnect, or a subscription dropping messages as a slow consumer.
+    /// State kept up to date by messages is only trusted within one value.
+    pub fn gaps(&self) -> watch::Receiver<u64> {
+        self.gaps.clone()
     }
 
     pub fn is_connected(&self) -> bool {
@@ -46,6 +54,7 @@ pub async fn connect(url: &str, client_name: &str) -> Result<NatsConnection, Nat
     metrics::counter!("ctxsync_nats_reconnects_total", "client" => client_name.to_owned())
         .increment(0);
     let (reconnect_tx, reconnects) = watch::channel(0u64);
+    let (gap_tx, gaps) = watch::channel(0u64);
     let (closed_tx, closed) = watch::channel(false);
     let seen_connect = Arc::new(AtomicBool::new(false));
     let name = client_name.to_owned();
@@ -62,6 +71,7 @@ pub async fn connect(url: &str, client_name: &str) -> Result<NatsConnection, Nat
         })
         .event_callback(move |event| {
             let tx = reconnect_tx.clone();
+            let gap_tx = gap_tx.clone();
             let closed_tx = closed_tx.clone();
             let seen_connect = seen_connect.clone();
             let name = name.clone();
@@ -75,9 +85,19 @@ pub async fn connect(url: &str, client_name: &str) -> Result<NatsConnection, Nat
                         metrics::counter!("ctxsync_nats_reconnects_total", "client" => name.clone())
                             .increment(1);
                         tracing::info!(client = %name, "nats reconnected");
+                        gap_tx.send_modify(|n| *n += 1);
                         tx.send_modify(|n| *n += 1);
                     }
-                    Event::Disconnected => tracing::warn!(client = %name, "nats disconnected"),
+                    Event::Disconnected => {
+                        gap_tx.send_modify(|n| *n += 1);
+                        tracing::warn!(client = %name, "nats disconnected");
+                    }
+                    Event::SlowConsumer(sid) => {
+                        gap_tx.send_modify(|n| *n += 1);
+                        metrics::counter!("ctxsync_nats_slow_consumer_total", "client" => name.clone())
+                            .increment(1);
+                        tracing::warn!(client = %name, sid, "nats subscription dropped messages as a slow consumer");
+                    }
                     Event::Closed => {
                         tracing::debug!(client = %name, "nats connection closed");
                         closed_tx.send_replace(true);
@@ -102,6 +122,7 @@ pub async fn connect(url: &str, client_name: &str) -> Result<NatsConnection, Nat
     Ok(NatsConnection {
         client,
         reconnects,
+        gaps,
         closed,
     })
 }

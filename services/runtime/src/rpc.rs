@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::{Client, HeaderMap};
-use futures::StreamExt;
+use futures::stream::BoxStream;
+use futures::{FutureExt, StreamExt};
 use prost::Message;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
@@ -144,6 +145,44 @@ where
     F: Fn(Req, Option<HeaderMap>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Resp> + Send + 'static,
 {
+    serve_after(
+        client,
+        subject,
+        queue_group,
+        shutdown,
+        grace,
+        max_in_flight,
+        futures::stream::pending().boxed(),
+        on_malformed,
+        handler,
+    )
+    .await
+}
+
+/// [`serve_with_limit`], where `before` (typically event subscriptions of
+/// the same client, each item already applied when it is yielded) is polled
+/// ahead of the requests: every message the connection delivered before a
+/// request has been applied when that request is handled. A request sent
+/// after an event was published on the same server is therefore answered
+/// with that event taken into account.
+#[allow(clippy::too_many_arguments)]
+pub async fn serve_after<Req, Resp, F, Fut>(
+    client: Client,
+    subject: String,
+    queue_group: &'static str,
+    shutdown: Shutdown,
+    grace: Duration,
+    max_in_flight: usize,
+    mut before: BoxStream<'static, ()>,
+    on_malformed: fn(String) -> Resp,
+    handler: F,
+) -> Result<Server, async_nats::SubscribeError>
+where
+    Req: Message + Default + Send + 'static,
+    Resp: Message + Send + 'static,
+    F: Fn(Req, Option<HeaderMap>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Resp> + Send + 'static,
+{
     let mut subscriber = client
         .queue_subscribe(subject.clone(), queue_group.to_owned())
         .await?;
@@ -159,16 +198,29 @@ where
             let message = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break,
+                Some(()) = before.next() => continue,
                 message = subscriber.next() => match message {
                     Some(m) => m,
                     None => break,
                 },
             };
+            // The connection queued everything it read before this request
+            // already: apply what the first poll above did not see yet.
+            while let Some(Some(())) = before.next().now_or_never() {}
             let Some(reply_to) = message.reply.clone() else {
                 tracing::debug!(%subject, "request without reply subject ignored");
                 continue;
             };
-            let Ok(permit) = permits.clone().acquire_owned().await else {
+            // Keep applying `before` while every permit is taken: the
+            // requests holding them may be waiting for exactly those items.
+            let permit = loop {
+                tokio::select! {
+                    biased;
+                    Some(()) = before.next() => {}
+                    permit = permits.clone().acquire_owned() => break permit,
+                }
+            };
+            let Ok(permit) = permit else {
                 break;
             };
             let handler = handler.clone();
