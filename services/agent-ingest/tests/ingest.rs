@@ -5,7 +5,7 @@ use std::time::Duration;
 use ctxsync_proto::subjects::Subjects;
 use ctxsync_proto::v1::mcp_discovery::Phase;
 use ctxsync_proto::v1::*;
-use ctxsync_runtime::{CommonArgs, DatabaseArgs, Shutdown};
+use ctxsync_runtime::{CommonArgs, Shutdown};
 use prost::Message;
 use reqwest::StatusCode;
 use serde_json::json;
@@ -39,10 +39,7 @@ impl Harness {
         let prefix = testkit::unique_prefix();
         let store_shutdown = Shutdown::new();
         let store = snapshot_store::start(
-            snapshot_store::Config {
-                common: CommonArgs::for_nats(nats.url(), &prefix),
-                database: DatabaseArgs::new(db.url()),
-            },
+            snapshot_store::Config::new(CommonArgs::for_nats(nats.url(), &prefix), db.url()),
             store_shutdown.clone(),
         )
         .await

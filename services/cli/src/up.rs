@@ -96,10 +96,7 @@ pub async fn run(args: UpArgs, shutdown: Shutdown) -> anyhow::Result<()> {
         ..CommonArgs::for_nats(nats.url.clone(), args.subject_prefix.clone())
     };
     let store = snapshot_store::start(
-        snapshot_store::Config {
-            common: common(args.store_addr),
-            database: DatabaseArgs::new(postgres.url.clone()),
-        },
+        snapshot_store::Config::new(common(args.store_addr), postgres.url.clone()),
         shutdown.clone(),
     )
     .await

@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use ctxsync_runtime::{CommonArgs, DatabaseArgs, Shutdown};
+use ctxsync_runtime::{CommonArgs, Shutdown};
 use testkit::{NatsServer, TestDatabase};
 
 /// Runs the binary (blocking: the test runtime has a second worker for the store).
@@ -24,10 +24,7 @@ async fn register_prints_id_and_token_once_and_show_prints_the_report() {
     let prefix = testkit::unique_prefix();
     let shutdown = Shutdown::new();
     let _store = snapshot_store::start(
-        snapshot_store::Config {
-            common: CommonArgs::for_nats(nats.url(), &prefix),
-            database: DatabaseArgs::new(db.url()),
-        },
+        snapshot_store::Config::new(CommonArgs::for_nats(nats.url(), &prefix), db.url()),
         shutdown.clone(),
     )
     .await

@@ -1,6 +1,8 @@
 //! The store's transactions. Every write to an agent locks its row first, so
 //! startups and pushes for one agent are serialized across any number of
 //! store replicas, and the run-id check reads what the write commits against.
+//! The lock also raises the agent's revision, so every accepted write is
+//! numbered in commit order.
 
 use std::time::Instant;
 
@@ -13,7 +15,8 @@ use ctxsync_proto::v1::{
 use ctxsync_proto::validate::{self, ValidationError};
 use prost::Message;
 use sha2::{Digest, Sha256};
-use sqlx::{PgPool, Row};
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, PgPool, Postgres, Row};
 use uuid::Uuid;
 
 #[derive(Debug, thiserror::Error)]
@@ -36,14 +39,24 @@ pub enum StoreError {
     Corrupt(String),
 }
 
+/// What a startup did.
+#[derive(Debug)]
+pub struct StartupOutcome {
+    pub response: StartupResponse,
+    /// The run-id-changed event to publish, if the run id changed; it carries
+    /// the state after the commit.
+    pub discovery_changed: Option<Box<DiscoveryChanged>>,
+}
+
 /// What a push did.
 #[derive(Debug)]
 pub enum PushOutcome {
+    /// Both events carry the state after the commit.
     Accepted {
         /// The phase-or-run-id-changed event to publish, if either changed.
         discovery_changed: Option<Box<DiscoveryChanged>>,
-        /// The every-commit event, if the content changed.
-        snapshot_committed: Option<SnapshotCommitted>,
+        /// The every-push event.
+        snapshot_committed: Box<SnapshotCommitted>,
     },
     Dropped {
         reason: PushDropReason,
@@ -183,17 +196,10 @@ impl Store {
         &self,
         agent_id: Uuid,
         startup: &StartupRequest,
-    ) -> Result<(StartupResponse, Option<DiscoveryChanged>), StoreError> {
+    ) -> Result<StartupOutcome, StoreError> {
         validate::startup(startup)?;
         let mut tx = self.pool.begin().await?;
-        let previous = lock_agent(&mut tx, agent_id).await?;
-        let row = sqlx::query(
-            "SELECT agent_run_id AS snapshot_run_id, phase, version
-             FROM snapshot.snapshots WHERE agent_id = $1",
-        )
-        .bind(agent_id)
-        .fetch_optional(&mut *tx)
-        .await?;
+        let previous = lock_agent(&mut tx, agent_id).await?.agent.agent_run_id;
         sqlx::query(
             "UPDATE snapshot.agents
              SET agent_run_id = $2, agent_version = $3, startup_at = clock_timestamp()
@@ -204,63 +210,64 @@ impl Store {
         .bind(&startup.agent_version)
         .execute(&mut *tx)
         .await?;
+        let changed = previous != startup.agent_run_id;
+        // Only an event needs the state; read under the lock, it is exactly
+        // what commits.
+        let state = if changed {
+            Some(read_state(&mut *tx, agent_id).await?)
+        } else {
+            None
+        };
         tx.commit().await?;
         let now = Utc::now();
 
-        let changed = previous != startup.agent_run_id;
-        let event = if changed {
-            let snapshot_run_id: Option<String> = row.as_ref().map(|r| r.get("snapshot_run_id"));
-            let phase = match row.as_ref().map(|r| r.get::<String, _>("phase")) {
-                Some(p) => phase_from_db(&p)?,
-                None => Phase::Unspecified,
-            };
-            let version: Option<i64> = row.as_ref().map(|r| r.get("version"));
-            Some(DiscoveryChanged {
+        let discovery_changed = state.map(|state| {
+            let snapshot = state.snapshot.as_ref();
+            let phase = snapshot.map_or(Phase::Unspecified as i32, |s| s.phase);
+            Box::new(DiscoveryChanged {
                 agent_id: agent_id.to_string(),
                 cause: Cause::Startup as i32,
                 agent_run_id: startup.agent_run_id.clone(),
                 previous_agent_run_id: previous.clone(),
-                has_snapshot: snapshot_run_id.is_some(),
-                snapshot_agent_run_id: snapshot_run_id.unwrap_or_default(),
-                phase: phase as i32,
-                previous_phase: phase as i32,
-                snapshot_version: version.unwrap_or_default() as u64,
+                has_snapshot: snapshot.is_some(),
+                snapshot_agent_run_id: snapshot.map(|s| s.agent_run_id.clone()).unwrap_or_default(),
+                phase,
+                previous_phase: phase,
+                snapshot_version: snapshot.map(|s| s.version).unwrap_or_default(),
                 committed_at: Some(timestamp(now)),
+                revision: state.revision,
+                state: Some(state),
             })
-        } else {
-            None
-        };
-        Ok((
-            StartupResponse {
+        });
+        Ok(StartupOutcome {
+            response: StartupResponse {
                 previous_agent_run_id: previous,
                 run_id_changed: changed,
             },
-            event,
-        ))
+            discovery_changed,
+        })
     }
 
     /// PushContextState: every rule of the report path in one transaction.
     pub async fn push(
         &self,
         agent_id: Uuid,
-        push: &PushContextStateRequest,
+        push: PushContextStateRequest,
     ) -> Result<PushOutcome, StoreError> {
-        validate::push(push)?;
+        validate::push(&push)?;
         let started = Instant::now();
-        let phase = push_phase(push);
-        let config = push
-            .context_config
-            .clone()
-            .unwrap_or_default()
-            .encode_to_vec();
-        let hash = content_hash(push, phase, &config);
+        let phase = push_phase(&push);
+        let context_config = push.context_config.clone().unwrap_or_default();
+        let config = context_config.encode_to_vec();
+        let hash = content_hash(&push, phase, &config);
         let version = i64::try_from(push.version).map_err(|_| ValidationError::Invalid {
             field: "version".into(),
             reason: "must fit in a signed 64-bit integer".into(),
         })?;
 
         let mut tx = self.pool.begin().await?;
-        let agent_run_id = lock_agent(&mut tx, agent_id).await?;
+        let locked = lock_agent(&mut tx, agent_id).await?;
+        let agent_run_id = locked.agent.agent_run_id.clone();
         let row = sqlx::query(
             "SELECT agent_run_id AS snapshot_run_id, version, phase, hash
              FROM snapshot.snapshots WHERE agent_id = $1",
@@ -309,15 +316,17 @@ impl Store {
 
         let content_changed = stored_hash.as_deref() != Some(hash.as_str());
         // clock_timestamp(), not now(): now() is the transaction's start,
-        // before the lock wait.
-        sqlx::query(
+        // before the lock wait. RETURNING gives the stored value, rounded as
+        // a read returns it.
+        let received_at: DateTime<Utc> = sqlx::query_scalar(
             "INSERT INTO snapshot.snapshots
                  (agent_id, agent_run_id, version, phase, hash, context_config, received_at)
              VALUES ($1, $2, $3, $4, $5, $6, clock_timestamp())
              ON CONFLICT (agent_id) DO UPDATE SET
                  agent_run_id = EXCLUDED.agent_run_id, version = EXCLUDED.version,
                  phase = EXCLUDED.phase, hash = EXCLUDED.hash,
-                 context_config = EXCLUDED.context_config, received_at = EXCLUDED.received_at",
+                 context_config = EXCLUDED.context_config, received_at = EXCLUDED.received_at
+             RETURNING received_at",
         )
         .bind(agent_id)
         .bind(&push.agent_run_id)
@@ -325,7 +334,7 @@ impl Store {
         .bind(phase_to_db(phase))
         .bind(&hash)
         .bind(&config)
-        .execute(&mut *tx)
+        .fetch_one(&mut *tx)
         .await?;
 
         if content_changed {
@@ -337,7 +346,7 @@ impl Store {
         // The event's commit time is when COMMIT returned, not when the row
         // was stamped inside the transaction: waits are measured from it.
         let committed_at = Some(timestamp(Utc::now()));
-        let discovery_changed = (stored_phase != Some(phase)
+        let mut discovery_changed = (stored_phase != Some(phase)
             || stored_run_id.as_deref() != Some(push.agent_run_id.as_str()))
         .then(|| {
             Box::new(DiscoveryChanged {
@@ -351,16 +360,46 @@ impl Store {
                 previous_phase: stored_phase.unwrap_or(Phase::Unspecified) as i32,
                 snapshot_version: push.version,
                 committed_at,
+                revision: locked.revision,
+                state: None,
             })
         });
-        let snapshot_committed = content_changed.then(|| SnapshotCommitted {
+        // Every accepted push is announced, unchanged content included: its
+        // version and receive time still changed, and watchers show those.
+        let mut snapshot_committed = Box::new(SnapshotCommitted {
             agent_id: agent_id.to_string(),
             agent_run_id: push.agent_run_id.clone(),
             version: push.version,
             phase: phase as i32,
-            hash,
+            hash: hash.clone(),
             committed_at,
+            revision: locked.revision,
+            state: None,
         });
+
+        // What a read right after the commit returns, built from what this
+        // transaction wrote (no read): the agent row as RETURNING gave it, the
+        // snapshot as stored, and the push's resources, which are the stored
+        // ones also when unchanged (same hash).
+        let state = AgentState {
+            agent: Some(locked.agent),
+            snapshot: Some(Snapshot {
+                agent_run_id: push.agent_run_id,
+                version: push.version,
+                phase: phase as i32,
+                hash,
+                received_at: Some(timestamp(received_at)),
+                context_config: Some(context_config),
+            }),
+            resources: push.resources,
+            revision: locked.revision,
+        };
+        // Both events carry the state: a watcher follows them on two
+        // subscriptions and may see either first.
+        if let Some(event) = discovery_changed.as_mut() {
+            event.state = Some(state.clone());
+        }
+        snapshot_committed.state = Some(state);
         Ok(PushOutcome::Accepted {
             discovery_changed,
             snapshot_committed,
@@ -369,76 +408,98 @@ impl Store {
 
     /// The agent row, its snapshot and resources, in one statement (one consistent read).
     pub async fn agent_state(&self, agent_id: Uuid) -> Result<AgentState, StoreError> {
-        let rows = sqlx::query(
-            "SELECT a.tenant, a.workspace, a.name, a.agent_run_id, a.agent_version,
-                    a.created_at, a.startup_at,
-                    s.agent_run_id AS snapshot_run_id, s.version, s.phase, s.hash,
-                    s.context_config, s.received_at,
-                    r.source, r.kind, r.status, r.error, r.warning, r.body
-             FROM snapshot.agents a
-             LEFT JOIN snapshot.snapshots s USING (agent_id)
-             LEFT JOIN snapshot.resources r ON r.agent_id = a.agent_id
-             WHERE a.agent_id = $1
-             ORDER BY r.position",
-        )
-        .bind(agent_id)
-        .fetch_all(&self.pool)
-        .await?;
-        let Some(first) = rows.first() else {
-            return Err(StoreError::NotFound(agent_id));
-        };
-        let agent = Agent {
-            agent_id: agent_id.to_string(),
-            tenant: first.get("tenant"),
-            workspace: first.get("workspace"),
-            name: first.get("name"),
-            agent_run_id: first.get("agent_run_id"),
-            agent_version: first.get("agent_version"),
-            created_at: Some(timestamp(first.get("created_at"))),
-            startup_at: first
-                .get::<Option<DateTime<Utc>>, _>("startup_at")
-                .map(timestamp),
-        };
-        let snapshot = match first.get::<Option<String>, _>("snapshot_run_id") {
-            None => None,
-            Some(snapshot_run_id) => {
-                let config: Vec<u8> = first.get("context_config");
-                Some(Snapshot {
-                    agent_run_id: snapshot_run_id,
-                    version: first.get::<i64, _>("version") as u64,
-                    phase: phase_from_db(first.get("phase"))? as i32,
-                    hash: first.get("hash"),
-                    received_at: Some(timestamp(first.get("received_at"))),
-                    context_config: Some(
-                        ContextConfig::decode(config.as_slice())
-                            .map_err(|e| StoreError::Corrupt(e.to_string()))?,
-                    ),
-                })
-            }
-        };
-        let mut resources = Vec::new();
-        if snapshot.is_some() {
-            for row in &rows {
-                let Some(source) = row.get::<Option<String>, _>("source") else {
-                    continue;
-                };
-                let body: Vec<u8> = row.get("body");
-                let mut resource = ContextResource::decode(body.as_slice())
-                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-                resource.source = source;
-                resource.kind = i32::from(row.get::<i16, _>("kind"));
-                resource.status = i32::from(row.get::<i16, _>("status"));
-                resource.error = row.get("error");
-                resource.warning = row.get("warning");
-                resources.push(resource);
-            }
-        }
-        Ok(AgentState {
-            agent: Some(agent),
-            snapshot,
-            resources,
-        })
+        read_state(&self.pool, agent_id).await
     }
+}
+
+/// The agent row, its snapshot and resources, in one statement (one consistent
+/// read), on the pool or inside a transaction.
+async fn read_state<'e, E>(executor: E, agent_id: Uuid) -> Result<AgentState, StoreError>
+where
+    E: sqlx::Executor<'e, Database = Postgres>,
+{
+    let rows = sqlx::query(
+        "SELECT a.tenant, a.workspace, a.name, a.agent_run_id, a.agent_version,
+                a.created_at, a.startup_at, a.revision,
+                s.agent_run_id AS snapshot_run_id, s.version, s.phase, s.hash,
+                s.context_config, s.received_at,
+                r.source, r.kind, r.status, r.error, r.warning, r.body
+         FROM snapshot.agents a
+         LEFT JOIN snapshot.snapshots s USING (agent_id)
+         LEFT JOIN snapshot.resources r ON r.agent_id = a.agent_id
+         WHERE a.agent_id = $1
+         ORDER BY r.position",
+    )
+    .bind(agent_id)
+    .fetch_all(executor)
+    .await?;
+    let Some(first) = rows.first() else {
+        return Err(StoreError::NotFound(agent_id));
+    };
+    let agent = agent_from_row(agent_id, first);
+    let revision = revision_from_row(first);
+    let snapshot = match first.get::<Option<String>, _>("snapshot_run_id") {
+        None => None,
+        Some(snapshot_run_id) => {
+            let config: Vec<u8> = first.get("context_config");
+            Some(Snapshot {
+                agent_run_id: snapshot_run_id,
+                version: first.get::<i64, _>("version") as u64,
+                phase: phase_from_db(first.get("phase"))? as i32,
+                hash: first.get("hash"),
+                received_at: Some(timestamp(first.get("received_at"))),
+                context_config: Some(
+                    ContextConfig::decode(config.as_slice())
+                        .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+                ),
+            })
+        }
+    };
+    let mut resources = Vec::new();
+    if snapshot.is_some() {
+        for row in &rows {
+            let Some(source) = row.get::<Option<String>, _>("source") else {
+                continue;
+            };
+            let body: Vec<u8> = row.get("body");
+            let mut resource = ContextResource::decode(body.as_slice())
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            resource.source = source;
+            resource.kind = i32::from(row.get::<i16, _>("kind"));
+            resource.status = i32::from(row.get::<i16, _>("status"));
+            resource.error = row.get("error");
+            resource.warning = row.get("warning");
+            resources.push(resource);
+        }
+    }
+    Ok(AgentState {
+        agent: Some(agent),
+        snapshot,
+        resources,
+        revision,
+    })
+}
+
+/// The proto Agent of an agents row; the one conversion for reads and for
+/// the lock's RETURNING, so both give equal messages.
+fn agent_from_row(agent_id: Uuid, row: &PgRow) -> Agent {
+    Agent {
+        agent_id: agent_id.to_string(),
+        tenant: row.get("tenant"),
+        workspace: row.get("workspace"),
+        name: row.get("name"),
+        agent_run_id: row.get("agent_run_id"),
+        agent_version: row.get("agent_version"),
+        created_at: Some(timestamp(row.get("created_at"))),
+        startup_at: row
+            .get::<Option<DateTime<Utc>>, _>("startup_at")
+            .map(timestamp),
+    }
+}
+
+fn revision_from_row(row: &PgRow) -> u64 {
+    // Starts at 0 and only rises by one: never negative.
+    row.get::<i64, _>("revision") as u64
 }
 
 fn record_push_transaction(started: Instant, outcome: &'static str) {
@@ -446,22 +507,38 @@ fn record_push_transaction(started: Instant, outcome: &'static str) {
         .record(started.elapsed().as_secs_f64());
 }
 
-/// Locks the agent row for the rest of the transaction and returns its run id.
+/// The agent row as the lock returned it, with its raised revision.
+struct LockedAgent {
+    agent: Agent,
+    revision: u64,
+}
+
+/// Locks the agent row for the rest of the transaction, raises its revision
+/// and returns the row. An UPDATE locks the row as FOR UPDATE would; a
+/// dropped push rolls back, so its revision never shows.
 ///
 /// The lock is its own statement: under READ COMMITTED a statement that waited
 /// for the lock would still read the rows it joins from before the wait, so
 /// the snapshot must be read by a later statement.
-async fn lock_agent(tx: &mut sqlx::PgConnection, agent_id: Uuid) -> Result<String, StoreError> {
-    sqlx::query_scalar("SELECT agent_run_id FROM snapshot.agents WHERE agent_id = $1 FOR UPDATE")
-        .bind(agent_id)
-        .fetch_optional(&mut *tx)
-        .await?
-        .ok_or(StoreError::NotFound(agent_id))
+async fn lock_agent(tx: &mut PgConnection, agent_id: Uuid) -> Result<LockedAgent, StoreError> {
+    let row = sqlx::query(
+        "UPDATE snapshot.agents SET revision = revision + 1 WHERE agent_id = $1
+         RETURNING tenant, workspace, name, agent_run_id, agent_version,
+                   created_at, startup_at, revision",
+    )
+    .bind(agent_id)
+    .fetch_optional(&mut *tx)
+    .await?
+    .ok_or(StoreError::NotFound(agent_id))?;
+    Ok(LockedAgent {
+        agent: agent_from_row(agent_id, &row),
+        revision: revision_from_row(&row),
+    })
 }
 
 /// Replaces the agent's resources: sources absent from the push are deleted.
 async fn write_resources(
-    tx: &mut sqlx::PgConnection,
+    tx: &mut PgConnection,
     agent_id: Uuid,
     resources: &[ContextResource],
 ) -> Result<(), sqlx::Error> {

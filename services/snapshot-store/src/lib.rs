@@ -3,7 +3,8 @@
 //! It serves the store API over NATS request/reply in a queue group (so
 //! replicas share the load), commits each push in one transaction, and only
 //! after commit publishes `DiscoveryChanged` when the phase or run id changed
-//! and `SnapshotCommitted` when the content changed.
+//! and `SnapshotCommitted` when the content changed. One of them carries the
+//! agent's state after the commit, unless it is over the event size limit.
 
 pub mod db;
 
@@ -13,16 +14,17 @@ use std::time::Duration;
 use async_nats::HeaderMap;
 use ctxsync_proto::subjects::{STORE_QUEUE_GROUP, Subjects};
 use ctxsync_proto::v1::{
-    AuthenticateAgentReply, AuthenticateAgentRequest, GetAgentStateReply, GetAgentStateRequest,
-    PushContextStateResponse, RegisterAgentReply, RegisterAgentRequest, StoreError as ProtoError,
-    StorePushReply, StorePushRequest, UpdateStartupReply, UpdateStartupRequest, store_error::Code,
+    AgentState, AuthenticateAgentReply, AuthenticateAgentRequest, GetAgentStateReply,
+    GetAgentStateRequest, PushContextStateResponse, RegisterAgentReply, RegisterAgentRequest,
+    StoreError as ProtoError, StorePushReply, StorePushRequest, UpdateStartupReply,
+    UpdateStartupRequest, store_error::Code,
 };
 use ctxsync_runtime::nats::NatsConnection;
 use ctxsync_runtime::trace::TraceContext;
 use ctxsync_runtime::{CommonArgs, DatabaseArgs, HttpServer, Readiness, Shutdown, rpc};
 use prost::Message;
 
-pub use db::{PushOutcome, Store, StoreError};
+pub use db::{PushOutcome, StartupOutcome, Store, StoreError};
 
 /// snapshot-store's configuration.
 #[derive(Debug, Clone, clap::Args)]
@@ -31,6 +33,68 @@ pub struct Config {
     pub common: CommonArgs,
     #[command(flatten)]
     pub database: DatabaseArgs,
+    /// Largest encoded agent state an event carries, in bytes; a bigger one
+    /// is left out (watchers read it instead), 0 never attaches it. The NATS
+    /// server's max_payload less 8 KiB bounds it too.
+    #[arg(
+        long,
+        env = "CTXSYNC_STORE_EVENT_STATE_MAX_BYTES",
+        default_value_t = DEFAULT_EVENT_STATE_MAX_BYTES
+    )]
+    pub event_state_max_bytes: usize,
+}
+
+impl Config {
+    /// A configuration with every store-specific option at its default.
+    pub fn new(common: CommonArgs, database_url: impl Into<String>) -> Self {
+        Self {
+            common,
+            database: DatabaseArgs::new(database_url),
+            event_state_max_bytes: DEFAULT_EVENT_STATE_MAX_BYTES,
+        }
+    }
+}
+
+/// The default of `--event-state-max-bytes`.
+pub const DEFAULT_EVENT_STATE_MAX_BYTES: usize = 256 * 1024;
+
+/// Room left in a NATS message for the rest of the event and its headers.
+const EVENT_HEADROOM_BYTES: usize = 8 * 1024;
+
+/// The bound on the state an event carries.
+#[derive(Debug, Clone, Copy)]
+struct StateLimit {
+    /// The configured bound; 0 never attaches the state.
+    max_bytes: usize,
+}
+
+impl StateLimit {
+    /// The bound now: the server's max_payload is read per event, since a
+    /// reconnect may reach a server with another one.
+    fn effective(self, nats: &async_nats::Client) -> usize {
+        self.max_bytes.min(
+            nats.server_info()
+                .max_payload
+                .saturating_sub(EVENT_HEADROOM_BYTES),
+        )
+    }
+
+    /// Leaves `state` out of an event when it is over the limit.
+    fn apply(self, nats: &async_nats::Client, agent_id: &str, state: &mut Option<AgentState>) {
+        if self.max_bytes == 0 {
+            *state = None;
+            return;
+        }
+        let Some(size) = state.as_ref().map(Message::encoded_len) else {
+            return;
+        };
+        let limit = self.effective(nats);
+        if size > limit {
+            *state = None;
+            metrics::counter!("ctxsync_store_event_state_omitted_total").increment(1);
+            tracing::debug!(%agent_id, size, limit, "agent state left out of the event: over the limit");
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -152,7 +216,10 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningStore, S
     let nats = ctxsync_runtime::nats::connect(&config.common.nats_url, "snapshot-store").await?;
     let store = Store::new(pool.clone());
     let grace = config.common.shutdown_grace;
-    let servers = serve_all(&nats.client, &subjects, &store, &shutdown, grace).await?;
+    let limit = StateLimit {
+        max_bytes: config.event_state_max_bytes,
+    };
+    let servers = serve_all(&nats.client, &subjects, &store, limit, &shutdown, grace).await?;
     let readiness = Readiness::new().with_nats(&nats).with_postgres(&pool);
     let http = HttpServer::start(
         config.common.http_addr,
@@ -161,7 +228,18 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningStore, S
         shutdown,
     )
     .await?;
-    tracing::info!(prefix = subjects.prefix(), "snapshot-store ready");
+    let event_state_max_bytes = limit.effective(&nats.client);
+    if limit.max_bytes > 0 && event_state_max_bytes == 0 {
+        tracing::warn!(
+            max_payload = nats.client.server_info().max_payload,
+            "the nats server's max_payload leaves no room for states in events: watchers will read them"
+        );
+    }
+    tracing::info!(
+        prefix = subjects.prefix(),
+        event_state_max_bytes,
+        "snapshot-store ready"
+    );
     Ok(RunningStore {
         http,
         servers,
@@ -206,6 +284,7 @@ async fn serve_all(
     client: &async_nats::Client,
     subjects: &Subjects,
     store: &Store,
+    limit: StateLimit,
     shutdown: &Shutdown,
     grace: Duration,
 ) -> Result<Vec<rpc::Server>, async_nats::SubscribeError> {
@@ -228,7 +307,7 @@ async fn serve_all(
         let (s, n, j) = (s.clone(), n.clone(), j.clone());
         move |req: UpdateStartupRequest, headers: Option<HeaderMap>| {
             let trace = TraceContext::from_nats(headers.as_ref());
-            update_startup(s.clone(), n.clone(), j.clone(), trace, req)
+            update_startup(s.clone(), n.clone(), j.clone(), limit, trace, req)
         }
     });
     let push = endpoint(client, subjects.store_push(), shutdown, grace, {
@@ -236,7 +315,7 @@ async fn serve_all(
         move |req: StorePushRequest, headers: Option<HeaderMap>| {
             let trace = TraceContext::from_nats(headers.as_ref());
             let (s, n, j) = (s.clone(), n.clone(), j.clone());
-            async move { handle_push(&s, &n, &j, trace, req).await }
+            async move { handle_push(&s, &n, &j, limit, trace, req).await }
         }
     });
     let get = endpoint(client, subjects.store_get_agent_state(), shutdown, grace, {
@@ -283,6 +362,7 @@ async fn update_startup(
     store: Store,
     nats: async_nats::Client,
     subjects: Subjects,
+    limit: StateLimit,
     trace: Option<TraceContext>,
     req: UpdateStartupRequest,
 ) -> UpdateStartupReply {
@@ -295,14 +375,18 @@ async fn update_startup(
         Err(error) => Err(error),
     };
     let result = match result {
-        Ok((response, event)) => {
+        Ok(StartupOutcome {
+            response,
+            discovery_changed,
+        }) => {
             tracing::info!(
                 agent_id = %req.agent_id,
                 trace_id = trace.map(|t| t.trace_id()).unwrap_or_default(),
                 run_id_changed = response.run_id_changed,
                 "startup committed"
             );
-            if let Some(event) = event {
+            if let Some(mut event) = discovery_changed {
+                limit.apply(&nats, &event.agent_id, &mut event.state);
                 publish(
                     &nats,
                     subjects.discovery_changed(&event.agent_id),
@@ -336,14 +420,16 @@ async fn handle_push(
     store: &Store,
     nats: &async_nats::Client,
     subjects: &Subjects,
+    limit: StateLimit,
     trace: Option<TraceContext>,
     request: StorePushRequest,
 ) -> StorePushReply {
     let trace_id = trace.map(|t| t.trace_id()).unwrap_or_default();
     let push = request.push.unwrap_or_default();
+    let version = push.version;
     let result = async {
         let agent_id = db::parse_agent_id(&request.agent_id)?;
-        store.push(agent_id, &push).await
+        store.push(agent_id, push).await
     }
     .await;
     match result {
@@ -352,8 +438,9 @@ async fn handle_push(
             snapshot_committed,
         }) => {
             metrics::counter!("ctxsync_store_pushes_total", "outcome" => "accepted").increment(1);
-            tracing::info!(agent_id = %request.agent_id, %trace_id, version = push.version, "push committed");
-            if let Some(event) = discovery_changed {
+            tracing::info!(agent_id = %request.agent_id, %trace_id, version, "push committed");
+            if let Some(mut event) = discovery_changed {
+                limit.apply(nats, &event.agent_id, &mut event.state);
                 tracing::info!(
                     agent_id = %event.agent_id,
                     %trace_id,
@@ -369,15 +456,15 @@ async fn handle_push(
                 )
                 .await;
             }
-            if let Some(event) = snapshot_committed {
-                publish(
-                    nats,
-                    subjects.snapshot_committed(&event.agent_id),
-                    trace,
-                    &event,
-                )
-                .await;
-            }
+            let mut event = snapshot_committed;
+            limit.apply(nats, &event.agent_id, &mut event.state);
+            publish(
+                nats,
+                subjects.snapshot_committed(&event.agent_id),
+                trace,
+                &event,
+            )
+            .await;
             StorePushReply {
                 response: Some(PushContextStateResponse {
                     accepted: true,

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use ctxsync_proto::subjects::Subjects;
 use ctxsync_proto::v1::*;
-use ctxsync_runtime::{CommonArgs, DatabaseArgs, Shutdown};
+use ctxsync_runtime::{CommonArgs, Shutdown};
 use snapshot_store::{Config, RunningStore};
 pub use testkit::report::*;
 use testkit::store::StoreClient;
@@ -25,10 +25,7 @@ pub struct StoreHarness {
 }
 
 pub fn config(nats_url: &str, prefix: &str, db_url: &str) -> Config {
-    Config {
-        common: CommonArgs::for_nats(nats_url, prefix),
-        database: DatabaseArgs::new(db_url),
-    }
+    Config::new(CommonArgs::for_nats(nats_url, prefix), db_url)
 }
 
 impl StoreHarness {
@@ -37,6 +34,16 @@ impl StoreHarness {
     }
 
     pub async fn spawn_replicas(replicas: usize) -> Self {
+        Self::spawn_with(replicas, |_| {}).await
+    }
+
+    /// One store whose events carry states of at most `max_bytes`.
+    pub async fn spawn_with_event_state_max_bytes(max_bytes: usize) -> Self {
+        Self::spawn_with(1, |config| config.event_state_max_bytes = max_bytes).await
+    }
+
+    /// `replicas` stores, each with the configuration `configure` leaves.
+    pub async fn spawn_with(replicas: usize, configure: impl Fn(&mut Config)) -> Self {
         testkit::init_logs();
         let nats = NatsServer::start();
         let db = TestDatabase::create().await;
@@ -44,8 +51,10 @@ impl StoreHarness {
         let shutdown = Shutdown::new();
         let mut stores = Vec::new();
         for _ in 0..replicas {
+            let mut config = config(&nats.url(), &prefix, db.url());
+            configure(&mut config);
             stores.push(
-                snapshot_store::start(config(&nats.url(), &prefix, db.url()), shutdown.clone())
+                snapshot_store::start(config, shutdown.clone())
                     .await
                     .expect("snapshot-store starts"),
             );

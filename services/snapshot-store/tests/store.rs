@@ -258,12 +258,16 @@ async fn resources_round_trip_with_errors_and_warnings() {
 }
 
 /// Waits for the next message on `sub`, or fails after a deadline.
-async fn next_event(sub: &mut async_nats::Subscriber) -> DiscoveryChanged {
+async fn next_message<M: Message + Default>(sub: &mut async_nats::Subscriber) -> M {
     let message = tokio::time::timeout(TIMEOUT, sub.next())
         .await
         .expect("an event within the deadline")
         .expect("subscription open");
-    DiscoveryChanged::decode(message.payload).expect("event decodes")
+    M::decode(message.payload).expect("event decodes")
+}
+
+async fn next_event(sub: &mut async_nats::Subscriber) -> DiscoveryChanged {
+    next_message(sub).await
 }
 
 #[tokio::test]
@@ -455,4 +459,204 @@ async fn store_stops_gracefully_and_answers_nothing_after() {
         result,
         Err(ctxsync_runtime::rpc::RpcError::NoResponders { .. })
     ));
+}
+
+#[tokio::test]
+async fn the_event_state_equals_a_read_after_the_commit() {
+    let h = StoreHarness::spawn().await;
+    let agent = h.register("a").await;
+    let mut discovery = testkit::subscribe(&h.client, h.subjects.discovery_changed(&agent)).await;
+    let mut committed = testkit::subscribe(&h.client, h.subjects.snapshot_committed(&agent)).await;
+
+    // A startup with a new run id: the state rides on DiscoveryChanged.
+    h.startup(&agent, RUN_A).await;
+    let changed = next_event(&mut discovery).await;
+    let read = h.state(&agent).await;
+    assert!(read.snapshot.is_none());
+    assert_eq!(changed.revision, read.revision);
+    assert_eq!(changed.state, Some(read));
+
+    // Content and phase change (the run's first push): on both events (a
+    // watcher may take either first). Errors, warnings and non-ASCII text must survive as a read has them.
+    let mut kept = server("kept", &["t"]);
+    kept.warning = "reconnect failed; kept the previous connection".into();
+    let first = vec![
+        instruction("/w/AGENTS.md", "Sois bref — ✓"),
+        failed_server("broken", "connect failed: [redacted]"),
+        kept,
+        skill("/w/.agents/skills/review", "review", "Review a change"),
+    ];
+    h.push_ok(&agent, pending(RUN_A, 1, first.clone())).await;
+    let changed = next_event(&mut discovery).await;
+    let commit: SnapshotCommitted = next_message(&mut committed).await;
+    let read = h.state(&agent).await;
+    assert_eq!(read.resources, first);
+    assert_eq!(
+        (changed.revision, commit.revision),
+        (read.revision, read.revision)
+    );
+    assert_eq!(commit.state.as_ref(), Some(&read));
+    assert_eq!(changed.state, Some(read));
+
+    // Content changes, the phase stays: on SnapshotCommitted. No context
+    // config in the push: a read has the default one.
+    let mut same_phase = pending(RUN_A, 2, vec![server("s", &["t", "u"])]);
+    same_phase.context_config = None;
+    h.push_ok(&agent, same_phase).await;
+    let commit: SnapshotCommitted = next_message(&mut committed).await;
+    let read = h.state(&agent).await;
+    assert_eq!(
+        read.snapshot.as_ref().unwrap().context_config,
+        Some(ContextConfig::default())
+    );
+    assert_eq!(commit.revision, read.revision);
+    assert_eq!(commit.state, Some(read));
+
+    // Content and phase change again: on both. DiscoveryChanged's revision shows
+    // it is the first DiscoveryChanged since the first push's: the same-phase
+    // push published none.
+    h.push_ok(&agent, complete(RUN_A, 3, vec![server("s", &["t"])]))
+        .await;
+    let changed = next_event(&mut discovery).await;
+    let commit: SnapshotCommitted = next_message(&mut committed).await;
+    let read = h.state(&agent).await;
+    assert_eq!(changed.phase(), Phase::Complete);
+    assert_eq!(
+        (changed.revision, commit.revision),
+        (read.revision, read.revision)
+    );
+    assert_eq!(commit.state.as_ref(), Some(&read));
+    assert_eq!(changed.state, Some(read));
+
+    // An unchanged re-push is announced too: its version moved.
+    h.push_ok(&agent, complete(RUN_A, 4, vec![server("s", &["t"])]))
+        .await;
+    let commit: SnapshotCommitted = next_message(&mut committed).await;
+    let read = h.state(&agent).await;
+    assert_eq!(commit.version, 4);
+    assert_eq!(commit.state, Some(read));
+
+    // A restart over a stored snapshot: on DiscoveryChanged.
+    h.startup(&agent, RUN_B).await;
+    let changed = next_event(&mut discovery).await;
+    let read = h.state(&agent).await;
+    assert_eq!(changed.cause(), discovery_changed::Cause::Startup);
+    assert_eq!(read.snapshot.as_ref().unwrap().agent_run_id, RUN_A);
+    assert_eq!(changed.revision, read.revision);
+    assert_eq!(changed.state, Some(read));
+}
+
+#[tokio::test]
+async fn revision_rises_by_one_per_accepted_write_and_not_for_dropped_ones() {
+    let h = StoreHarness::spawn_replicas(2).await;
+    let agent = h.register("a").await;
+    let revision = |state: AgentState| state.revision;
+    assert_eq!(revision(h.state(&agent).await), 0);
+
+    h.startup(&agent, RUN_A).await;
+    assert_eq!(revision(h.state(&agent).await), 1);
+    h.push_ok(&agent, pending(RUN_A, 1, vec![])).await;
+    assert_eq!(revision(h.state(&agent).await), 2);
+
+    // Dropped for its version, for its run, refused as invalid: no change.
+    let reply = h
+        .push(&agent, push(RUN_A, 1, false, Some(Phase::Pending), vec![]))
+        .await;
+    assert_eq!(dropped(&reply), Some(PushDropReason::StaleVersion));
+    let reply = h.push(&agent, pending(RUN_B, 1, vec![])).await;
+    assert_eq!(dropped(&reply), Some(PushDropReason::StaleRun));
+    let reply = h.push(&agent, pending(&"r".repeat(65), 1, vec![])).await;
+    assert!(reply.error.is_some());
+    assert_eq!(revision(h.state(&agent).await), 2);
+
+    // Accepted writes that change nothing a watcher sees still count: a
+    // repeated startup and an unchanged re-push.
+    h.startup(&agent, RUN_A).await;
+    assert_eq!(revision(h.state(&agent).await), 3);
+    h.push_ok(&agent, pending(RUN_A, 2, vec![])).await;
+    assert_eq!(revision(h.state(&agent).await), 4);
+
+    // Racing pushes on two replicas: each accepted one takes the next
+    // revision, none shares one, the dropped ones take none.
+    let mut committed = testkit::subscribe(&h.client, h.subjects.snapshot_committed(&agent)).await;
+    let mut versions: Vec<u64> = (3..=30).collect();
+    versions.reverse();
+    versions.rotate_left(11);
+    let (store, agent_id) = (&h.api, agent.as_str());
+    let pushes = versions.iter().map(|&version| async move {
+        let tool = format!("t{version}");
+        let reply = store
+            .push(
+                agent_id,
+                pending(RUN_A, version, vec![server("s", &[&tool])]),
+            )
+            .await;
+        reply.response.expect("push response").accepted
+    });
+    let accepted = futures::future::join_all(pushes)
+        .await
+        .into_iter()
+        .filter(|&accepted| accepted)
+        .count() as u64;
+    assert!(accepted >= 1);
+    let state = h.state(&agent).await;
+    assert_eq!(state.revision, 4 + accepted);
+    let mut revisions = Vec::new();
+    for _ in 0..accepted {
+        let commit: SnapshotCommitted = next_message(&mut committed).await;
+        revisions.push(commit.revision);
+    }
+    revisions.sort_unstable();
+    assert_eq!(revisions, (5..=4 + accepted).collect::<Vec<_>>());
+}
+
+#[tokio::test]
+async fn a_state_over_the_event_limit_is_left_out_and_read_instead() {
+    let h = StoreHarness::spawn_with_event_state_max_bytes(2048).await;
+    let agent = h.register("a").await;
+    let mut discovery = testkit::subscribe(&h.client, h.subjects.discovery_changed(&agent)).await;
+    let mut committed = testkit::subscribe(&h.client, h.subjects.snapshot_committed(&agent)).await;
+
+    // A small state still rides.
+    h.startup(&agent, RUN_A).await;
+    let changed = next_event(&mut discovery).await;
+    assert_eq!(changed.state, Some(h.state(&agent).await));
+
+    let big = vec![instruction("/w/AGENTS.md", &"Be brief. ".repeat(1000))];
+    h.push_ok(&agent, pending(RUN_A, 1, big.clone())).await;
+    let changed = next_event(&mut discovery).await;
+    let commit: SnapshotCommitted = next_message(&mut committed).await;
+    assert_eq!((changed.state, commit.state), (None, None));
+    let read = h.state(&agent).await;
+    assert!(read.encoded_len() > 2048);
+    assert_eq!(read.resources, big);
+    assert_eq!(
+        (changed.revision, commit.revision),
+        (read.revision, read.revision)
+    );
+
+    // Same phase, still too big: SnapshotCommitted goes out without it too.
+    let mut bigger = big.clone();
+    bigger.push(server("s", &["t"]));
+    h.push_ok(&agent, pending(RUN_A, 2, bigger)).await;
+    let commit: SnapshotCommitted = next_message(&mut committed).await;
+    assert_eq!(commit.state, None);
+    assert_eq!(commit.revision, h.state(&agent).await.revision);
+
+    let metrics = ctxsync_runtime::metrics::handle().render();
+    assert!(
+        metrics.contains("ctxsync_store_event_state_omitted_total"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn an_event_state_limit_of_zero_never_attaches_the_state() {
+    let h = StoreHarness::spawn_with_event_state_max_bytes(0).await;
+    let agent = h.register("a").await;
+    let mut discovery = testkit::subscribe(&h.client, h.subjects.discovery_changed(&agent)).await;
+    h.startup(&agent, RUN_A).await;
+    let changed = next_event(&mut discovery).await;
+    assert_eq!(changed.state, None);
+    assert_eq!(changed.revision, h.state(&agent).await.revision);
 }

@@ -12,7 +12,7 @@ use ctxsync_proto::v1::{
     AgentState, DiscoveryChanged, ResourceStatus, context_resource::Body, discovery_changed::Cause,
     mcp_discovery::Phase,
 };
-use ctxsync_runtime::{CommonArgs, DatabaseArgs, Shutdown};
+use ctxsync_runtime::{CommonArgs, Shutdown};
 use futures::StreamExt;
 use prost::Message;
 use testkit::store::StoreClient;
@@ -69,10 +69,7 @@ impl Harness {
     async fn start_store(&mut self) {
         let shutdown = Shutdown::new();
         let store = snapshot_store::start(
-            snapshot_store::Config {
-                common: CommonArgs::for_nats(self.nats.url(), &self.prefix),
-                database: DatabaseArgs::new(self.db.url()),
-            },
+            snapshot_store::Config::new(CommonArgs::for_nats(self.nats.url(), &self.prefix), self.db.url()),
             shutdown.clone(),
         )
         .await

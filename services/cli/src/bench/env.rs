@@ -11,7 +11,7 @@ use ctxsync_proto::v1::{
     PushContextStateResponse, StartupRequest, StorePushReply, StorePushRequest, TurnReply,
     TurnRequest, UpdateStartupReply, UpdateStartupRequest,
 };
-use ctxsync_runtime::{CommonArgs, DatabaseArgs, Shutdown, rpc};
+use ctxsync_runtime::{CommonArgs, Shutdown, rpc};
 use futures::StreamExt;
 use rand::RngCore;
 use serde::Serialize;
@@ -182,10 +182,7 @@ impl Env {
         let common = CommonArgs::for_nats(nats_url, prefix);
 
         let store = snapshot_store::start(
-            snapshot_store::Config {
-                common: common.clone(),
-                database: DatabaseArgs::new(database_url.to_owned()),
-            },
+            snapshot_store::Config::new(common.clone(), database_url.to_owned()),
             shutdown.child_token(),
         )
         .await

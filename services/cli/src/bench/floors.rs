@@ -111,7 +111,14 @@ const SCRATCH_SCHEMA: &str = "
 CREATE SCHEMA bench_raw;
 CREATE TABLE bench_raw.agents (
     agent_id      uuid PRIMARY KEY,
-    agent_run_id  text NOT NULL DEFAULT '' CHECK (octet_length(agent_run_id) <= 64)
+    tenant        text NOT NULL DEFAULT 'bench',
+    workspace     text NOT NULL DEFAULT 'bench',
+    name          text NOT NULL DEFAULT 'bench',
+    agent_run_id  text NOT NULL DEFAULT '' CHECK (octet_length(agent_run_id) <= 64),
+    agent_version text NOT NULL DEFAULT '',
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    startup_at    timestamptz,
+    revision      bigint NOT NULL DEFAULT 0
 );
 CREATE TABLE bench_raw.snapshots (
     agent_id       uuid PRIMARY KEY REFERENCES bench_raw.agents (agent_id) ON DELETE CASCADE,
@@ -170,8 +177,9 @@ fn raw_rows(counter: u64) -> RawRows {
 }
 
 /// The statements of snapshot-store's push transaction, on the scratch schema:
-/// lock the agent row (its own statement), read the snapshot, upsert it,
-/// replace the resources (DELETE + UNNEST insert), commit.
+/// lock the agent row raising its revision (its own statement, returning the
+/// row), read the snapshot, upsert it, replace the resources (DELETE + UNNEST
+/// insert), commit.
 async fn raw_push(
     pool: &PgPool,
     agent_id: Uuid,
@@ -180,7 +188,9 @@ async fn raw_push(
 ) -> Result<Duration, sqlx::Error> {
     let mut tx = pool.begin().await?;
     let run_id: String = sqlx::query_scalar(
-        "SELECT agent_run_id FROM bench_raw.agents WHERE agent_id = $1 FOR UPDATE",
+        "UPDATE bench_raw.agents SET revision = revision + 1 WHERE agent_id = $1
+         RETURNING agent_run_id, tenant, workspace, name, agent_version,
+                   created_at, startup_at, revision",
     )
     .bind(agent_id)
     .fetch_one(&mut *tx)
