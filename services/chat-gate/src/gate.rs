@@ -4,7 +4,9 @@
 //! One wait ("attempt") per (chat, agent, run id) runs in its own task, so
 //! concurrent callers join it and a caller that goes away cancels nothing.
 //! A timed-out attempt is remembered for a while so the chat's later first
-//! turns don't wait again; a finished one is forgotten at once.
+//! turns don't wait again; a finished one is forgotten at once. Every turn
+//! is answered from the agent's view (see [`crate::watch`]): a fresh one at
+//! once, otherwise after one read.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -18,7 +20,7 @@ use tokio::time::Instant;
 use crate::catalog::CatalogClient;
 use crate::projection::{self, Readiness};
 use crate::store::{ReadError, StoreReader};
-use crate::watch::{Interest, Published, View, Watches};
+use crate::watch::{Interest, Published, Trust, View, ViewLimits, Watches};
 
 /// Longest accepted `chat_id` and `tenant`, in bytes.
 pub const MAX_ID_BYTES: usize = 256;
@@ -34,6 +36,8 @@ pub struct GateSettings {
     pub store_timeout: Duration,
     /// How long a timed-out attempt is remembered.
     pub attempt_ttl: Duration,
+    /// How many agents' views are kept, and for how long after their last turn.
+    pub views: ViewLimits,
 }
 
 impl Default for GateSettings {
@@ -43,6 +47,7 @@ impl Default for GateSettings {
             stale_grace: Duration::from_secs(3),
             store_timeout: Duration::from_secs(2),
             attempt_ttl: Duration::from_secs(600),
+            views: ViewLimits::default(),
         }
     }
 }
@@ -175,14 +180,17 @@ fn record(reply: &TurnReply) {
 }
 
 impl Gate {
+    /// `gaps` changes whenever events may have been lost (a NATS disconnect,
+    /// reconnect or slow-consumer drop): views are only trusted between changes.
     pub fn new(
         settings: GateSettings,
         store: StoreReader,
+        gaps: watch::Receiver<u64>,
         shutdown: tokio_util::sync::CancellationToken,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
-                watches: Watches::new(store.clone()),
+                watches: Watches::new(store.clone(), gaps, settings.views),
                 settings,
                 store,
                 catalog: None,
@@ -227,8 +235,11 @@ impl Gate {
         self.inner.store.reads()
     }
 
-    /// Forgets timed-out attempts past their time; returns how many remain.
+    /// Forgets timed-out attempts and idle views past their time; returns
+    /// how many attempts remain.
     pub fn prune(&self) -> usize {
+        let views = self.inner.watches.prune();
+        metrics::gauge!("ctxsync_gate_views").set(views as f64);
         let now = Instant::now();
         let mut attempts = self.inner.attempts.lock().expect("attempts lock");
         attempts.retain(|_, attempt| match attempt {
@@ -249,9 +260,14 @@ impl Gate {
                 truncate(agent_id, 64)
             )));
         }
-        let state = self.inner.store.read(agent_id).await?;
-        let mut projection = projection::build(agent_id, &state);
-        let decision = match Readiness::of(&state) {
+        let (view, _) = self
+            .inner
+            .watches
+            .register(agent_id)
+            .fresh_view(Trust::ReadFirst, self.inner.settings.store_timeout)
+            .await?;
+        let mut projection = view.projection.clone();
+        let decision = match view.readiness {
             Readiness::Legacy => GateDecision::Legacy,
             Readiness::Ready => GateDecision::Ready,
             _ => GateDecision::NotFirstTurn,
@@ -296,7 +312,21 @@ impl Gate {
         }
     }
 
+    /// May this turn run, and with which context. For callers outside the
+    /// gate's NATS connection (HTTP, in-process): the agent's state is read,
+    /// since an event of a commit the caller has seen may still be in flight.
     pub async fn turn(&self, request: TurnRequest) -> TurnReply {
+        self.turn_with(request, Trust::ReadFirst).await
+    }
+
+    /// [`Gate::turn`] for a request that came over the gate's own NATS
+    /// connection with every event delivered before it already applied
+    /// (`rpc::serve_after`): a fresh view answers without a read.
+    pub async fn turn_after_events(&self, request: TurnRequest) -> TurnReply {
+        self.turn_with(request, Trust::FreshView).await
+    }
+
+    async fn turn_with(&self, request: TurnRequest, trust: Trust) -> TurnReply {
         // A first turn with a tenant also gets the tenant's catalog pins, asked
         // at the same time as the wait so neither delays the other.
         let catalog = match (
@@ -317,13 +347,13 @@ impl Gate {
         let (first_turn, tenant) = (request.first_turn, request.tenant.clone());
         let reply = match catalog {
             Some(catalog) => {
-                let (mut reply, section) = tokio::join!(self.decide(request), catalog);
+                let (mut reply, section) = tokio::join!(self.decide(request, trust), catalog);
                 if let Some(projection) = reply.projection.as_mut() {
                     projection::add_catalog(projection, section);
                 }
                 reply
             }
-            None => self.decide(request).await,
+            None => self.decide(request, trust).await,
         };
         record(&reply);
         if first_turn {
@@ -332,29 +362,25 @@ impl Gate {
         reply
     }
 
-    async fn decide(&self, request: TurnRequest) -> TurnReply {
+    async fn decide(&self, request: TurnRequest, trust: Trust) -> TurnReply {
         let started = Instant::now();
         if let Err(message) = validate(&request) {
             return error_reply(Code::InvalidArgument, message);
         }
         let agent_id = request.agent_id.as_str();
-        if !request.first_turn {
-            return match self.inner.store.read(agent_id).await {
-                Ok(state) => {
-                    let view = View::new(agent_id, state, None);
-                    answer(&view, GateDecision::NotFirstTurn, Duration::ZERO)
-                }
-                Err(error) => read_error_reply(agent_id, error),
-            };
-        }
-
-        // Register before reading: an event committed after this point finds
-        // the watch, and the read below started after it.
+        // Register before looking: an event committed after this point finds
+        // the watch, and a read (if the view is not fresh) starts after it.
         let interest = self.inner.watches.register(agent_id);
-        let (view, views) = match interest.fresh_view(self.inner.settings.store_timeout).await {
+        let (view, views) = match interest
+            .fresh_view(trust, self.inner.settings.store_timeout)
+            .await
+        {
             Ok(fresh) => fresh,
             Err(error) => return read_error_reply(agent_id, error),
         };
+        if !request.first_turn {
+            return answer(&view, GateDecision::NotFirstTurn, Duration::ZERO);
+        }
         let key = AttemptKey {
             chat_id: request.chat_id.clone(),
             agent_id: agent_id.to_owned(),
@@ -377,7 +403,7 @@ impl Gate {
             match attempts.get(&key) {
                 Some(Attempt::TimedOut { expires_at }) if *expires_at > Instant::now() => {
                     drop(attempts);
-                    // The read above was this turn's one refresh: still not ready.
+                    // The view above was this turn's one refresh: still not ready.
                     let mut reply = answer(&view, view.readiness.decision(), started.elapsed());
                     reply.attempt_reused = true;
                     return reply;

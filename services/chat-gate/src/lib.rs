@@ -5,7 +5,9 @@
 //! MCP discovery to complete, woken by snapshot-store's discovery event (one
 //! subscription per replica, never a polling loop), bounded by a deadline;
 //! the answer carries the chat projection of the committed snapshot (tools of
-//! a previous process withheld). The API is NATS request/reply on
+//! a previous process withheld). Views of agents stay in memory, kept current
+//! by the events (which carry the committed state), so most turns need no
+//! store read. The API is NATS request/reply on
 //! `<prefix>.gate.turn` in a queue group, and HTTP (`POST /api/v1/gate`,
 //! `GET /api/v1/agents/{agent_id}/context`).
 
@@ -27,6 +29,8 @@ use ctxsync_proto::v1::{
 use ctxsync_runtime::nats::NatsConnection;
 use ctxsync_runtime::{CommonArgs, HttpServer, Readiness, Shutdown, rpc};
 use prost::Message;
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use tokio::task::JoinHandle;
 
 pub use gate::{Gate, GateSettings};
@@ -64,6 +68,16 @@ pub struct Config {
     #[arg(long, env = "CTXSYNC_GATE_MAX_TURNS", default_value_t = 20_000)]
     pub max_turns: usize,
 
+    /// Agents whose views are kept in memory (held ones are never evicted;
+    /// past this, idle ones go, oldest first).
+    #[arg(long, env = "CTXSYNC_GATE_MAX_VIEWS", default_value_t = 10_000)]
+    pub max_views: usize,
+
+    /// How long an agent's view is kept after its last turn (events keep it
+    /// current meanwhile, so a new chat on a busy agent needs no store read).
+    #[arg(long, env = "CTXSYNC_GATE_VIEW_TTL", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub view_ttl: Duration,
+
     /// Safety net only: re-read every waited-on agent this often in case an
     /// event was lost without a reconnect. Waits end on events, not on this.
     /// 0 disables it.
@@ -83,6 +97,8 @@ impl Config {
             attempt_ttl: settings.attempt_ttl,
             catalog_timeout: Duration::from_secs(12),
             max_turns: 20_000,
+            max_views: settings.views.max_views,
+            view_ttl: settings.views.idle_ttl,
             sweep_interval: Duration::from_secs(120),
         }
     }
@@ -95,11 +111,22 @@ impl Config {
                 reason: "must be above zero",
             });
         }
+        if self.max_views == 0 {
+            return Err(StartError::Setting {
+                env: "CTXSYNC_GATE_MAX_VIEWS",
+                value: "0".into(),
+                reason: "must be above zero (views are how waits are woken)",
+            });
+        }
         Ok(GateSettings {
             pending_timeout: self.pending_timeout,
             stale_grace: self.stale_grace,
             store_timeout: self.store_timeout,
             attempt_ttl: self.attempt_ttl,
+            views: watch::ViewLimits {
+                max_views: self.max_views,
+                idle_ttl: self.view_ttl,
+            },
         })
     }
 }
@@ -174,80 +201,86 @@ async fn subscribe(
         })
 }
 
-/// Follows the discovery events: each wakes the watch of its agent, if any.
-fn follow_discovery(
+/// The store's events as one stream, each applied to its agent's view as it
+/// is yielded. The turn server polls it ahead of the turns, so a turn sent
+/// after an event was published is answered with the event applied.
+fn apply_events(
     gate: Gate,
-    mut events: async_nats::Subscriber,
-    shutdown: Shutdown,
-) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        while let Some(message) = ctxsync_runtime::nats::next_until(&mut events, &shutdown).await {
-            let trace = ctxsync_runtime::trace::TraceContext::from_nats(message.headers.as_ref());
-            match DiscoveryChanged::decode(message.payload) {
-                Ok(event) => {
-                    tracing::info!(
-                        agent_id = %event.agent_id,
-                        trace_id = trace.map(|t| t.trace_id()).unwrap_or_default(),
-                        phase = event.phase().as_str_name(),
-                        waiting = gate.watches().is_watched(&event.agent_id),
-                        "discovery event: waking the agent's waiters"
-                    );
-                    gate.watches().on_event(
-                        &event.agent_id,
-                        watch::Expectation::discovery(&event),
-                        timestamp_to_system(event.committed_at.as_ref()),
-                    )
-                }
-                Err(error) => {
-                    tracing::warn!(subject = %message.subject, %error, "malformed discovery event ignored")
-                }
-            }
-        }
-    })
-}
-
-/// Follows the every-commit events: a content change refreshes a watched agent's view.
-fn follow_snapshots(
-    gate: Gate,
-    mut events: async_nats::Subscriber,
-    shutdown: Shutdown,
-) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        while let Some(message) = ctxsync_runtime::nats::next_until(&mut events, &shutdown).await {
-            match SnapshotCommitted::decode(message.payload) {
-                Ok(event) => gate.watches().on_event(
+    discovery: async_nats::Subscriber,
+    snapshots: async_nats::Subscriber,
+) -> BoxStream<'static, ()> {
+    let on_discovery = gate.clone();
+    let discovery = discovery.map(move |message| {
+        let trace = ctxsync_runtime::trace::TraceContext::from_nats(message.headers.as_ref());
+        match DiscoveryChanged::decode(message.payload) {
+            Ok(event) => {
+                tracing::info!(
+                    agent_id = %event.agent_id,
+                    trace_id = trace.map(|t| t.trace_id()).unwrap_or_default(),
+                    phase = event.phase().as_str_name(),
+                    revision = event.revision,
+                    watched = on_discovery.watches().is_watched(&event.agent_id),
+                    "discovery event: updating the agent's view"
+                );
+                on_discovery.watches().on_event(
                     &event.agent_id,
-                    watch::Expectation::snapshot(&event),
-                    None,
-                ),
-                Err(error) => {
-                    tracing::warn!(subject = %message.subject, %error, "malformed snapshot event ignored")
-                }
+                    watch::EventUpdate {
+                        revision: event.revision,
+                        state: event.state,
+                        committed_at: timestamp_to_system(event.committed_at.as_ref()),
+                    },
+                );
+            }
+            Err(error) => {
+                tracing::warn!(subject = %message.subject, %error, "malformed discovery event ignored")
             }
         }
-    })
+    });
+    let snapshots = snapshots.map(move |message| {
+        match SnapshotCommitted::decode(message.payload) {
+            Ok(event) => gate.watches().on_event(
+                &event.agent_id,
+                watch::EventUpdate {
+                    revision: event.revision,
+                    state: event.state,
+                    committed_at: timestamp_to_system(event.committed_at.as_ref()),
+                },
+            ),
+            Err(error) => {
+                tracing::warn!(subject = %message.subject, %error, "malformed snapshot event ignored")
+            }
+        }
+    });
+    futures::stream::select(discovery, snapshots).boxed()
 }
 
-/// After a reconnect, events published while disconnected are lost: re-read
-/// every agent someone waits on.
-fn recheck_on_reconnect(gate: Gate, nats: &NatsConnection, shutdown: Shutdown) -> JoinHandle<()> {
-    let mut reconnects = nats.reconnects();
+/// Events published while disconnected (or dropped as a slow consumer) are
+/// lost. Views are distrusted as soon as the gap is counted (they compare
+/// epochs); once connected, every agent someone waits on is read again.
+fn recheck_after_gaps(gate: Gate, nats: &NatsConnection, shutdown: Shutdown) -> JoinHandle<()> {
+    let mut gaps = nats.gaps();
+    let nats = nats.clone();
     tokio::spawn(async move {
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
-                changed = reconnects.changed() => if changed.is_err() { break },
+                changed = gaps.changed() => if changed.is_err() { break },
+            }
+            if !nats.is_connected() {
+                // The reconnect is another gap: re-read then, not into the void.
+                continue;
             }
             let agents = gate.watches().recheck_all();
-            tracing::info!(agents, "nats reconnected: re-reading every waited-on agent");
+            tracing::info!(agents, "events may have been lost: re-reading every waited-on agent");
         }
     })
 }
 
 /// The slow safety sweep and the expiry of remembered attempts.
 fn housekeeping(gate: Gate, sweep: Duration, shutdown: Shutdown) -> JoinHandle<()> {
-    let prune_every =
-        (gate.settings().attempt_ttl / 4).clamp(Duration::from_millis(50), Duration::from_secs(30));
+    let settings = gate.settings();
+    let prune_every = (settings.attempt_ttl.min(settings.views.idle_ttl) / 4)
+        .clamp(Duration::from_millis(50), Duration::from_secs(30));
     tokio::spawn(async move {
         let mut prune = tokio::time::interval(prune_every);
         prune.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -294,7 +327,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, St
     let store = store::StoreReader::new(nats.client.clone(), &subjects, settings.store_timeout);
     let catalog =
         catalog::CatalogClient::new(nats.client.clone(), &subjects, config.catalog_timeout);
-    let gate = Gate::new(settings, store, shutdown.clone())
+    let gate = Gate::new(settings, store, nats.gaps(), shutdown.clone())
         .with_catalog(catalog)
         .with_wait_events(nats.client.clone(), subjects.gate_turn_waited());
 
@@ -309,24 +342,23 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, St
             reason: e.to_string(),
         })?;
     let tasks = vec![
-        follow_discovery(gate.clone(), discovery, shutdown.clone()),
-        follow_snapshots(gate.clone(), snapshots, shutdown.clone()),
-        recheck_on_reconnect(gate.clone(), &nats, shutdown.clone()),
+        recheck_after_gaps(gate.clone(), &nats, shutdown.clone()),
         housekeeping(gate.clone(), config.sweep_interval, shutdown.clone()),
     ];
 
     let handler_gate = gate.clone();
-    let server = rpc::serve_with_limit(
+    let server = rpc::serve_after(
         nats.client.clone(),
         subjects.gate_turn(),
         GATE_QUEUE_GROUP,
         shutdown.clone(),
         config.common.shutdown_grace,
         config.max_turns.max(1),
+        apply_events(gate.clone(), discovery, snapshots),
         malformed,
         move |request: TurnRequest, _headers: Option<HeaderMap>| {
             let gate = handler_gate.clone();
-            async move { gate.turn(request).await }
+            async move { gate.turn_after_events(request).await }
         },
     )
     .await

@@ -445,6 +445,7 @@ mod tests {
                 })),
                 ..Default::default()
             }],
+            revision: 1,
         }
     }
 

@@ -1,21 +1,26 @@
-//! Agents being waited on: one in-memory watch per agent, refreshed by the
-//! discovery events, never by a polling loop.
+//! Views of agents: one in-memory watch per agent, kept current by the
+//! store's events, never by a polling loop.
 //!
-//! A watch exists while something holds an [`Interest`] in the agent. It owns
-//! one reader task that reads the agent's state from the store, one read at a
-//! time, whenever an event (or a reconnect, or a caller) asks for it, and
-//! publishes each result with the sequence number of the read. Reads are
-//! sequential, so results are published in the order they started: a caller
-//! that registered before taking its ticket accepts only reads that started
-//! after it registered, so nothing committed before it registered is missed,
-//! and anything committed after is announced by an event that finds the watch.
+//! A watch is created by the first turn that asks about an agent and stays
+//! after its last turn ends, idle, until it expires or is evicted. Events
+//! carry the state they committed, so a watch applies them without a read;
+//! states are ordered by the agent's revision, so a late or repeated event
+//! never moves a view back. An event too large to carry its state asks for a
+//! read instead. Reads are made by the watch's reader task, one at a time,
+//! and published with the sequence number of the read.
+//!
+//! A view is *fresh* when a read that started after the watch was created
+//! succeeded and every event since then was applied, all within one NATS
+//! gap epoch (see [`ctxsync_runtime::nats::NatsConnection::gaps`]). A fresh
+//! view answers without a read; anything else reads first. Freshness ends at
+//! a disconnect, a reconnect, a slow-consumer drop, or an event without state.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use ctxsync_proto::v1::{AgentState, ChatProjection, DiscoveryChanged, SnapshotCommitted};
+use ctxsync_proto::v1::{AgentState, ChatProjection};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -27,17 +32,15 @@ use crate::store::{ReadError, StoreReader};
 /// reconnects after a NATS restart is back within a second), then capped.
 const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(1);
-/// Events remembered while a read is in flight before a re-read is forced anyway.
-const MAX_RECHECKS: usize = 16;
 
-/// One read of an agent's state and its projection, shared by every waiter.
+/// One state of an agent and its projection, shared by every waiter.
 #[derive(Debug)]
 pub struct View {
     pub state: AgentState,
     pub readiness: Readiness,
-    /// Built once per read; answers clone it and add their summary.
+    /// Built once per state; answers clone it and add their summary.
     pub projection: ChatProjection,
-    /// Commit time of the event that caused this read, for the wake latency.
+    /// Commit time of the event that brought this state, for the wake latency.
     pub woken_by_commit: Option<SystemTime>,
 }
 
@@ -58,75 +61,26 @@ impl View {
             .map(|a| a.agent_run_id.as_str())
             .unwrap_or_default()
     }
+
+    pub fn revision(&self) -> u64 {
+        self.state.revision
+    }
 }
 
-/// A read's result with the order in which it started.
+/// The newest view after a read, with the order in which that read started.
 #[derive(Debug, Clone, Default)]
 pub struct Published {
     pub seq: u64,
     pub result: Option<Result<Arc<View>, ReadError>>,
 }
 
-/// What an event says the state is after its commit; a view that already
-/// shows it needs no new read.
+/// What an event says about an agent after its commit.
 #[derive(Debug, Clone)]
-pub struct Expectation {
-    agent_run_id: Option<String>,
-    /// `None`: the agent has no snapshot.
-    snapshot: Option<ExpectedSnapshot>,
-}
-
-#[derive(Debug, Clone)]
-struct ExpectedSnapshot {
-    run_id: String,
-    version: u64,
-    phase: Option<i32>,
-    hash: Option<String>,
-}
-
-impl Expectation {
-    pub fn discovery(event: &DiscoveryChanged) -> Self {
-        Self {
-            agent_run_id: Some(event.agent_run_id.clone()),
-            snapshot: event.has_snapshot.then(|| ExpectedSnapshot {
-                run_id: event.snapshot_agent_run_id.clone(),
-                version: event.snapshot_version,
-                phase: Some(event.phase),
-                hash: None,
-            }),
-        }
-    }
-
-    pub fn snapshot(event: &SnapshotCommitted) -> Self {
-        Self {
-            agent_run_id: None,
-            snapshot: Some(ExpectedSnapshot {
-                run_id: event.agent_run_id.clone(),
-                version: event.version,
-                phase: Some(event.phase),
-                hash: Some(event.hash.clone()),
-            }),
-        }
-    }
-
-    fn shown_by(&self, view: &View) -> bool {
-        let state = &view.state;
-        if let Some(run_id) = &self.agent_run_id
-            && Some(run_id.as_str()) != state.agent.as_ref().map(|a| a.agent_run_id.as_str())
-        {
-            return false;
-        }
-        match (&self.snapshot, &state.snapshot) {
-            (None, None) => true,
-            (Some(expected), Some(actual)) => {
-                expected.run_id == actual.agent_run_id
-                    && expected.version == actual.version
-                    && expected.phase.is_none_or(|p| p == actual.phase)
-                    && expected.hash.as_ref().is_none_or(|h| *h == actual.hash)
-            }
-            _ => false,
-        }
-    }
+pub struct EventUpdate {
+    pub revision: u64,
+    /// The committed state; absent when it was over the store's event limit.
+    pub state: Option<AgentState>,
+    pub committed_at: Option<SystemTime>,
 }
 
 #[derive(Default)]
@@ -134,18 +88,31 @@ struct ReadState {
     /// A read was asked for and has not started: anything asking now is covered by it.
     requested: bool,
     reading: bool,
-    /// Events that arrived during the read in flight: re-read unless its result shows them.
-    recheck: Vec<Expectation>,
-    /// Re-read after the read in flight whatever it shows (reconnect, sweep).
+    /// Newest revision announced without its state during the read in
+    /// flight: read again unless that read shows it.
+    announced: u64,
+    /// Read again after the read in flight whatever it shows (a gap, a sweep).
     force: bool,
-    /// Commit time of the newest event not yet covered by a started read.
+    /// Commit time of the newest stateless event not yet covered by a started read.
     commit_at: Option<SystemTime>,
     latest: Option<Arc<View>>,
+    /// Sequence number of the last finished read.
+    finished: u64,
+    /// The gap epoch within which `latest` is fresh, if it is.
+    fresh_in: Option<u64>,
+}
+
+impl ReadState {
+    fn shows(&self, revision: u64) -> bool {
+        self.latest.as_ref().is_some_and(|v| v.revision() >= revision)
+    }
 }
 
 pub struct AgentWatch {
     agent_id: String,
     holders: AtomicUsize,
+    /// When the last holder left (only read and written under the watches lock).
+    idle_since: Mutex<Option<Instant>>,
     refresh: Notify,
     started: AtomicU64,
     views: watch::Sender<Published>,
@@ -154,10 +121,14 @@ pub struct AgentWatch {
 }
 
 impl AgentWatch {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ReadState> {
+        self.state.lock().expect("watch state lock")
+    }
+
     /// Asks for a read that starts after this call. Asks made before the
     /// reader picks a request up share that one read.
     fn request_read(&self) {
-        let mut state = self.state.lock().expect("watch state lock");
+        let mut state = self.lock();
         if state.reading {
             state.force = true;
         } else if !state.requested {
@@ -167,33 +138,60 @@ impl AgentWatch {
         }
     }
 
-    fn on_event(&self, expectation: Expectation, commit_at: Option<SystemTime>) {
-        let mut state = self.state.lock().expect("watch state lock");
-        if !state.reading
-            && state
-                .latest
-                .as_ref()
-                .is_some_and(|view| expectation.shown_by(view))
-        {
+    fn on_event(&self, update: EventUpdate) {
+        if self.lock().shows(update.revision) {
             return;
         }
-        if commit_at.is_some() {
-            state.commit_at = commit_at;
-        }
-        if state.reading {
-            if state.recheck.len() < MAX_RECHECKS {
-                state.recheck.push(expectation);
-            } else {
-                state.force = true;
+        match update.state {
+            Some(state) => {
+                // Built outside the lock: a projection of a large state takes a while.
+                let view = Arc::new(View::new(&self.agent_id, state, update.committed_at));
+                let mut state = self.lock();
+                if state.shows(view.revision()) {
+                    return;
+                }
+                state.latest = Some(view.clone());
+                metrics::counter!("ctxsync_gate_view_updates_total", "source" => "event")
+                    .increment(1);
+                // Published under the lock, so views never go out of order.
+                self.views.send_replace(Published {
+                    seq: state.finished,
+                    result: Some(Ok(view)),
+                });
             }
-        } else if !state.requested {
-            state.requested = true;
-            drop(state);
-            self.refresh.notify_one();
+            None => {
+                let mut state = self.lock();
+                if state.shows(update.revision) {
+                    return;
+                }
+                if update.committed_at.is_some() {
+                    state.commit_at = update.committed_at;
+                }
+                if state.reading {
+                    state.announced = state.announced.max(update.revision);
+                    return;
+                }
+                state.fresh_in = None;
+                if self.holders.load(Ordering::SeqCst) > 0 && !state.requested {
+                    state.requested = true;
+                    drop(state);
+                    self.refresh.notify_one();
+                }
+            }
         }
     }
 
-    async fn reader(self: Arc<Self>, store: StoreReader) {
+    /// A gap or a sweep: the view is no longer trusted; a held one is re-read.
+    fn distrust(&self) -> bool {
+        self.lock().fresh_in = None;
+        let held = self.holders.load(Ordering::SeqCst) > 0;
+        if held {
+            self.request_read();
+        }
+        held
+    }
+
+    async fn reader(self: Arc<Self>, store: StoreReader, gaps: watch::Receiver<u64>) {
         let mut retry_at: Option<Instant> = None;
         let mut backoff = RETRY_MIN;
         loop {
@@ -204,45 +202,56 @@ impl AgentWatch {
                 _ = sleep_until_some(retry_at) => {}
             }
             retry_at = None;
+            let epoch = *gaps.borrow();
             let commit_at = {
-                let mut state = self.state.lock().expect("watch state lock");
+                let mut state = self.lock();
                 state.requested = false;
                 state.reading = true;
                 state.force = false;
-                state.recheck.clear();
+                state.announced = 0;
                 state.commit_at.take()
             };
             let seq = self.started.fetch_add(1, Ordering::SeqCst) + 1;
-            let result = store
-                .read(&self.agent_id)
-                .await
-                .map(|s| Arc::new(View::new(&self.agent_id, s, commit_at)));
+            let result = store.read(&self.agent_id).await;
             let again = {
-                let mut state = self.state.lock().expect("watch state lock");
+                let mut state = self.lock();
                 state.reading = false;
-                let again = match &result {
-                    Ok(view) => {
-                        state.latest = Some(view.clone());
-                        state.force || state.recheck.iter().any(|e| !e.shown_by(view))
+                state.finished = seq;
+                let again = match result {
+                    Ok(read) => {
+                        if !state.shows(read.revision) || state.latest.is_none() {
+                            let view = View::new(&self.agent_id, read, commit_at);
+                            state.latest = Some(Arc::new(view));
+                            metrics::counter!("ctxsync_gate_view_updates_total", "source" => "read")
+                                .increment(1);
+                        }
+                        let again = state.force || !state.shows(state.announced);
+                        state.fresh_in = (!again && *gaps.borrow() == epoch).then_some(epoch);
+                        backoff = RETRY_MIN;
+                        self.views.send_replace(Published {
+                            seq,
+                            result: state.latest.clone().map(Ok),
+                        });
+                        again
                     }
-                    Err(_) => false,
+                    Err(error) => {
+                        state.fresh_in = None;
+                        if let ReadError::Unavailable(reason) = &error {
+                            tracing::debug!(agent_id = %self.agent_id, %reason, "store read failed; retrying while waiters remain");
+                            retry_at = Some(Instant::now() + backoff);
+                            backoff = (backoff * 2).min(RETRY_MAX);
+                        }
+                        self.views.send_replace(Published {
+                            seq,
+                            result: Some(Err(error)),
+                        });
+                        false
+                    }
                 };
                 state.force = false;
-                state.recheck.clear();
+                state.announced = 0;
                 again
             };
-            match &result {
-                Err(ReadError::Unavailable(reason)) => {
-                    tracing::debug!(agent_id = %self.agent_id, %reason, "store read failed; retrying while waiters remain");
-                    retry_at = Some(Instant::now() + backoff);
-                    backoff = (backoff * 2).min(RETRY_MAX);
-                }
-                _ => backoff = RETRY_MIN,
-            }
-            self.views.send_replace(Published {
-                seq,
-                result: Some(result),
-            });
             if again {
                 self.request_read();
             }
@@ -257,6 +266,24 @@ async fn sleep_until_some(at: Option<Instant>) {
     }
 }
 
+/// How many views are kept, and for how long after their last turn.
+#[derive(Debug, Clone, Copy)]
+pub struct ViewLimits {
+    /// Watches kept in all; past it idle ones are evicted, oldest first.
+    pub max_views: usize,
+    /// An idle watch is dropped this long after its last turn.
+    pub idle_ttl: Duration,
+}
+
+impl Default for ViewLimits {
+    fn default() -> Self {
+        Self {
+            max_views: 10_000,
+            idle_ttl: Duration::from_secs(600),
+        }
+    }
+}
+
 /// Every watched agent, by id.
 #[derive(Clone)]
 pub struct Watches {
@@ -266,39 +293,58 @@ pub struct Watches {
 struct WatchesInner {
     agents: Mutex<HashMap<String, Arc<AgentWatch>>>,
     store: StoreReader,
+    gaps: watch::Receiver<u64>,
+    limits: ViewLimits,
 }
 
 impl Watches {
-    pub fn new(store: StoreReader) -> Self {
+    /// `gaps` changes whenever events may have been lost (see the module docs).
+    pub fn new(store: StoreReader, gaps: watch::Receiver<u64>, limits: ViewLimits) -> Self {
         Self {
             inner: Arc::new(WatchesInner {
                 agents: Mutex::new(HashMap::new()),
                 store,
+                gaps,
+                limits,
             }),
         }
     }
 
-    /// Registers interest in `agent_id`: from now on its events refresh the watch.
+    fn agents(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<AgentWatch>>> {
+        self.inner.agents.lock().expect("watches lock")
+    }
+
+    /// Registers interest in `agent_id`: its events keep the watch current.
     pub fn register(&self, agent_id: &str) -> Interest {
-        let mut agents = self.inner.agents.lock().expect("watches lock");
-        let watch = agents
-            .entry(agent_id.to_owned())
-            .or_insert_with(|| {
+        let mut agents = self.agents();
+        let watch = match agents.get(agent_id) {
+            Some(watch) => watch.clone(),
+            None => {
                 let (views, _) = watch::channel(Published::default());
                 let watch = Arc::new(AgentWatch {
                     agent_id: agent_id.to_owned(),
                     holders: AtomicUsize::new(0),
+                    idle_since: Mutex::new(None),
                     refresh: Notify::new(),
                     started: AtomicU64::new(0),
                     views,
                     state: Mutex::new(ReadState::default()),
                     stop: CancellationToken::new(),
                 });
-                tokio::spawn(watch.clone().reader(self.inner.store.clone()));
+                tokio::spawn(
+                    watch
+                        .clone()
+                        .reader(self.inner.store.clone(), self.inner.gaps.clone()),
+                );
+                agents.insert(agent_id.to_owned(), watch.clone());
+                if agents.len() > self.inner.limits.max_views {
+                    evict_oldest_idle(&mut agents, self.inner.limits.max_views);
+                }
                 watch
-            })
-            .clone();
+            }
+        };
         watch.holders.fetch_add(1, Ordering::SeqCst);
+        *watch.idle_since.lock().expect("idle lock") = None;
         Interest {
             watches: self.clone(),
             watch,
@@ -306,71 +352,132 @@ impl Watches {
     }
 
     fn get(&self, agent_id: &str) -> Option<Arc<AgentWatch>> {
-        self.inner
-            .agents
-            .lock()
-            .expect("watches lock")
-            .get(agent_id)
-            .cloned()
+        self.agents().get(agent_id).cloned()
     }
 
-    /// A discovery event or a snapshot event for `agent_id`.
-    pub fn on_event(
-        &self,
-        agent_id: &str,
-        expectation: Expectation,
-        commit_at: Option<SystemTime>,
-    ) {
+    /// An event for `agent_id`; agents without a watch are not kept.
+    pub fn on_event(&self, agent_id: &str, update: EventUpdate) {
         if let Some(watch) = self.get(agent_id) {
-            watch.on_event(expectation, commit_at);
+            watch.on_event(update);
         }
     }
 
-    /// Re-reads every watched agent (after a reconnect, events may have been lost).
+    fn all(&self) -> Vec<Arc<AgentWatch>> {
+        self.agents().values().cloned().collect()
+    }
+
+    /// Distrusts every view (events may have been lost) and re-reads the
+    /// ones someone waits on; returns how many are re-read.
     pub fn recheck_all(&self) -> usize {
-        let watches: Vec<Arc<AgentWatch>> = self
-            .inner
-            .agents
-            .lock()
-            .expect("watches lock")
-            .values()
-            .cloned()
-            .collect();
-        for watch in &watches {
-            watch.request_read();
-        }
-        watches.len()
+        self.all().iter().filter(|watch| watch.distrust()).count()
     }
 
-    /// Whether a waiter (or reader) holds a watch on `agent_id` now.
+    /// Drops idle watches past their time; returns how many remain.
+    pub fn prune(&self) -> usize {
+        let now = Instant::now();
+        let ttl = self.inner.limits.idle_ttl;
+        let mut agents = self.agents();
+        let before = agents.len();
+        agents.retain(|_, watch| {
+            let expired = watch
+                .idle_since
+                .lock()
+                .expect("idle lock")
+                .is_some_and(|since| now.duration_since(since) >= ttl);
+            if expired {
+                watch.stop.cancel();
+            }
+            !expired
+        });
+        let evicted = before - agents.len();
+        if evicted > 0 {
+            metrics::counter!("ctxsync_gate_views_evicted_total", "why" => "idle").increment(evicted as u64);
+        }
+        agents.len()
+    }
+
+    /// Whether `agent_id` has a watch (held or idle).
     pub fn is_watched(&self, agent_id: &str) -> bool {
         self.get(agent_id).is_some()
     }
 
-    /// Agents currently watched.
+    /// Agents with a watch, held or idle.
     pub fn len(&self) -> usize {
-        self.inner.agents.lock().expect("watches lock").len()
+        self.agents().len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Agents some turn is asking about now.
+    pub fn held(&self) -> usize {
+        self.agents()
+            .values()
+            .filter(|w| w.holders.load(Ordering::SeqCst) > 0)
+            .count()
+    }
 }
 
-/// Holds an agent's watch open; dropping the last one stops its reader.
+/// Evicts idle watches, oldest first, down to nine tenths of `max` (so a
+/// full map doesn't scan on every new agent). Held watches are never evicted.
+fn evict_oldest_idle(agents: &mut HashMap<String, Arc<AgentWatch>>, max: usize) {
+    let target = max - max / 10;
+    let mut idle: Vec<(Instant, String)> = agents
+        .iter()
+        .filter_map(|(id, watch)| {
+            let since = (*watch.idle_since.lock().expect("idle lock"))?;
+            Some((since, id.clone()))
+        })
+        .collect();
+    idle.sort_unstable();
+    let excess = agents.len().saturating_sub(target);
+    for (_, id) in idle.into_iter().take(excess) {
+        if let Some(watch) = agents.remove(&id) {
+            watch.stop.cancel();
+        }
+    }
+    metrics::counter!("ctxsync_gate_views_evicted_total", "why" => "capacity")
+        .increment(excess as u64);
+}
+
+/// Whether a fresh view may answer without a read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trust {
+    /// The caller's request came after every event it could have seen was
+    /// applied (the NATS turn server guarantees it): a fresh view will do.
+    FreshView,
+    /// The caller may have seen a commit whose event is still in flight: read.
+    ReadFirst,
+}
+
+/// Holds an agent's watch: while any is held, the watch re-reads when it
+/// must; after the last is dropped, the watch stays idle until it expires.
 pub struct Interest {
     watches: Watches,
     watch: Arc<AgentWatch>,
 }
 
 impl Interest {
-    /// A read that started after this interest was registered, bounded by
-    /// `timeout`, and a receiver of every later read.
+    /// A view as new as every commit announced before this call (with
+    /// [`Trust::FreshView`], a fresh one at once; otherwise a read that
+    /// started after it, bounded by `timeout`), and a receiver of every later view.
     pub async fn fresh_view(
         &self,
+        trust: Trust,
         timeout: Duration,
     ) -> Result<(Arc<View>, watch::Receiver<Published>), ReadError> {
         let mut views = self.watch.views.subscribe();
+        if trust == Trust::FreshView {
+            let state = self.watch.lock();
+            if let (Some(view), Some(epoch)) = (&state.latest, state.fresh_in)
+                && !state.requested
+                && !state.reading
+                && *self.watches.inner.gaps.borrow() == epoch
+            {
+                return Ok((view.clone(), views));
+            }
+        }
         // The ticket is taken before asking: the read asked for (or one
         // already asked for and not yet started) has a sequence number at least this.
         let ticket = self.watch.started.load(Ordering::SeqCst) + 1;
@@ -397,15 +504,10 @@ impl Interest {
 
 impl Drop for Interest {
     fn drop(&mut self) {
-        let mut agents = self.watches.inner.agents.lock().expect("watches lock");
+        // Under the watches lock, so eviction sees holders and idle_since agree.
+        let _agents = self.watches.agents();
         if self.watch.holders.fetch_sub(1, Ordering::SeqCst) == 1 {
-            if agents
-                .get(&self.watch.agent_id)
-                .is_some_and(|w| Arc::ptr_eq(w, &self.watch))
-            {
-                agents.remove(&self.watch.agent_id);
-            }
-            self.watch.stop.cancel();
+            *self.watch.idle_since.lock().expect("idle lock") = Some(Instant::now());
         }
     }
 }

@@ -290,7 +290,7 @@ async fn caller_cancelled_while_pending_does_not_cancel_the_others() {
     let h = Harness::spawn().await;
     let agent = h.agent_reporting(pending(RUN_A, 1, vec![])).await;
 
-    let cancelled = h.spawn_turn("chat-1", &agent);
+    let cancelled = h.spawn_turn_in_process("chat-1", &agent);
     let other_chat = h.spawn_turn("chat-2", &agent);
     h.until_waiting(2).await;
     cancelled.abort();
@@ -315,9 +315,9 @@ async fn caller_cancelled_while_pending_does_not_cancel_the_others() {
     assert_eq!(h.gate().waiters_held(), 0);
     assert_eq!(h.gate().attempts_held(), 0);
     let gate = h.gate().clone();
-    until("no agent is watched".into(), move || {
-        let empty = gate.watches().is_empty();
-        async move { empty }
+    until("no turn holds the agent's view".into(), move || {
+        let held = gate.watches().held();
+        async move { held == 0 }
     })
     .await;
 }
@@ -332,11 +332,11 @@ async fn attempt_concurrent_callers_share_one_wait() {
     let first = h.spawn_turn("chat-1", &agent);
     h.until_waiting(1).await;
     let joiners: Vec<_> = (0..4).map(|_| h.spawn_turn("chat-1", &agent)).collect();
-    // Every joiner has read the state and joined before the commit.
+    // Every joiner has joined before the commit.
     let gate = h.gate().clone();
-    until("the joiners have read".into(), move || {
-        let reads = gate.store_reads();
-        async move { reads >= 2 }
+    until("the joiners have joined".into(), move || {
+        let joined = gate.attempts_joined();
+        async move { joined == 4 }
     })
     .await;
     h.push_ok(&agent, complete(RUN_A, 2, vec![])).await;
@@ -352,7 +352,7 @@ async fn attempt_concurrent_callers_share_one_wait() {
 }
 
 #[tokio::test]
-async fn attempt_timed_out_is_reused_with_one_refresh_read() {
+async fn attempt_timed_out_is_reused_and_refreshed_from_the_view_without_a_read() {
     let h = Harness::spawn_with(|c| {
         c.stale_grace = Duration::from_millis(300);
         c.pending_timeout = Duration::from_millis(300);
@@ -383,7 +383,7 @@ async fn attempt_timed_out_is_reused_with_one_refresh_read() {
     ctxsync_runtime::nats::sync_with_server(&h.client)
         .await
         .unwrap();
-    assert_eq!(reads.get(), 1, "exactly one refresh read");
+    assert_eq!(reads.get(), 0, "the fresh view is the refresh");
     assert_eq!(h.gate().attempts_started(), 1);
 
     // Another chat is not affected by chat-1's memory.
@@ -463,7 +463,7 @@ async fn attempt_new_run_rearms_the_wait() {
 }
 
 #[tokio::test]
-async fn attempt_completed_is_not_cached() {
+async fn attempt_completed_is_forgotten_and_the_next_first_turn_follows_the_view() {
     let h = Harness::spawn().await;
     let agent = h.agent_reporting(pending(RUN_A, 1, vec![])).await;
     let turn = h.spawn_turn("chat-1", &agent);
@@ -474,15 +474,173 @@ async fn attempt_completed_is_not_cached() {
     assert_eq!(decision(&reply), GateDecision::Ready);
     assert_eq!(h.gate().attempts_held(), 0);
 
-    // A later first turn reads the state again rather than trusting a memory.
+    // Nothing of the finished attempt is trusted: the agent restarts, and the
+    // chat's next first turn waits for the new run, with no store read (the
+    // startup's event carried the state).
     let reads = h.count_store_reads().await;
-    let again = h.turn("chat-1", &agent, true).await;
+    h.startup(&agent, RUN_B).await;
+    let again = h.spawn_turn("chat-1", &agent);
+    h.until_waiting(1).await;
+    h.push_ok(&agent, complete(RUN_B, 1, vec![server("s", &["t"])]))
+        .await;
+    let (again, _) = answer(again).await;
     assert_eq!(decision(&again), GateDecision::Ready);
     assert!(!again.attempt_reused && !again.joined_attempt);
+    assert_eq!(projection(&again).agent_run_id, RUN_B);
+    assert_eq!(tool_names(&again), ["s__t"]);
     ctxsync_runtime::nats::sync_with_server(&h.client)
         .await
         .unwrap();
-    assert_eq!(reads.get(), 1);
+    assert_eq!(reads.get(), 0, "the events carried every state");
+}
+
+// ---- views kept by events --------------------------------------------------
+
+#[tokio::test]
+async fn a_fresh_view_answers_new_chats_without_a_store_read() {
+    let h = Harness::spawn().await;
+    let agent = h
+        .agent_reporting(complete(RUN_A, 1, vec![server("s", &["t"])]))
+        .await;
+    let reads = h.count_store_reads().await;
+    let first = h.turn("chat-1", &agent, true).await;
+    assert_eq!(decision(&first), GateDecision::Ready);
+    ctxsync_runtime::nats::sync_with_server(&h.client)
+        .await
+        .unwrap();
+    assert_eq!(reads.get(), 1, "the first turn on the agent reads");
+
+    for chat in 2..=5 {
+        let reply = h.turn(&format!("chat-{chat}"), &agent, true).await;
+        assert_eq!(decision(&reply), GateDecision::Ready);
+        assert_eq!(tool_names(&reply), ["s__t"]);
+        let later = h.turn(&format!("chat-{chat}"), &agent, false).await;
+        assert_eq!(decision(&later), GateDecision::NotFirstTurn);
+    }
+    ctxsync_runtime::nats::sync_with_server(&h.client)
+        .await
+        .unwrap();
+    assert_eq!(reads.get(), 1, "later turns are answered from the view");
+    assert_eq!(h.gate().watches().len(), 1);
+    assert_eq!(h.gate().watches().held(), 0, "the view stays, idle");
+}
+
+/// A turn sent after a commit's reply is answered with that commit, every
+/// time: the gate applies the events its connection delivered before the
+/// turn ahead of the turn, and never reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_sent_after_a_commit_is_answered_with_it_without_a_read() {
+    let h = Harness::spawn().await;
+    let agent = h
+        .agent_reporting(complete(RUN_A, 1, vec![server("s", &["t1"])]))
+        .await;
+    assert_eq!(
+        decision(&h.turn("warm", &agent, true).await),
+        GateDecision::Ready
+    );
+    let reads = h.count_store_reads().await;
+    for version in 2..=150u64 {
+        let tool = format!("t{version}");
+        h.push_ok(&agent, complete(RUN_A, version, vec![server("s", &[&tool])]))
+            .await;
+        let reply = h.turn(&format!("chat-{version}"), &agent, true).await;
+        assert_eq!(decision(&reply), GateDecision::Ready);
+        assert_eq!(tool_names(&reply), [format!("s__{tool}")], "version {version}");
+    }
+    ctxsync_runtime::nats::sync_with_server(&h.client)
+        .await
+        .unwrap();
+    assert_eq!(reads.get(), 0);
+}
+
+#[tokio::test]
+async fn an_event_without_its_state_makes_the_next_turn_read() {
+    // The store leaves states over 1 byte out of its events.
+    let h = Harness::spawn_with_store(|_| {}, |store| store.event_state_max_bytes = 1).await;
+    let agent = h
+        .agent_reporting(complete(RUN_A, 1, vec![server("s", &["t1"])]))
+        .await;
+    assert_eq!(tool_names(&h.turn("chat-1", &agent, true).await), ["s__t1"]);
+
+    let reads = h.count_store_reads().await;
+    h.push_ok(&agent, complete(RUN_A, 2, vec![server("s", &["t2"])]))
+        .await;
+    let reply = h.turn("chat-2", &agent, true).await;
+    assert_eq!(tool_names(&reply), ["s__t2"]);
+    ctxsync_runtime::nats::sync_with_server(&h.client)
+        .await
+        .unwrap();
+    assert_eq!(reads.get(), 1, "one read for the stateless event");
+}
+
+#[tokio::test]
+async fn idle_views_expire_and_their_number_is_bounded() {
+    let h = Harness::spawn_with(|c| {
+        c.max_views = 4;
+        c.view_ttl = Duration::from_millis(300);
+    })
+    .await;
+    let mut agents = Vec::new();
+    for i in 0..10 {
+        let agent = h.register(&format!("a{i}")).await;
+        h.startup(&agent, RUN_A).await;
+        h.push_ok(&agent, complete(RUN_A, 1, vec![])).await;
+        assert_eq!(
+            decision(&h.turn("chat", &agent, true).await),
+            GateDecision::Ready
+        );
+        assert!(h.gate().watches().len() <= 4, "at most 4 views");
+        agents.push(agent);
+    }
+    // The newest agent's view survived the evictions.
+    assert!(h.gate().watches().is_watched(&agents[9]));
+    assert!(!h.gate().watches().is_watched(&agents[0]));
+    let gate = h.gate().clone();
+    until("idle views expire".into(), move || {
+        let empty = gate.watches().is_empty();
+        async move { empty }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_view_is_not_trusted_across_a_nats_disconnect() {
+    let h = Harness::spawn_behind_proxy(|_| {}).await;
+    let agent = h
+        .agent_reporting(complete(RUN_A, 1, vec![server("s", &["t1"])]))
+        .await;
+    assert_eq!(tool_names(&h.turn("chat-1", &agent, true).await), ["s__t1"]);
+
+    // The commit's event is lost while the gate is cut off.
+    let proxy = h.proxy.as_ref().unwrap();
+    proxy.cut();
+    let (http, ready) = (h.http.clone(), h.url("/readyz"));
+    until("the gate sees NATS gone".into(), || {
+        let (http, ready) = (http.clone(), ready.clone());
+        async move {
+            http.get(ready)
+                .send()
+                .await
+                .is_ok_and(|r| r.status() == 503)
+        }
+    })
+    .await;
+    h.push_ok(&agent, complete(RUN_A, 2, vec![server("s", &["t2"])]))
+        .await;
+    proxy.restore();
+    let (http, ready) = (h.http.clone(), h.url("/readyz"));
+    until("the gate is back on NATS".into(), || {
+        let (http, ready) = (http.clone(), ready.clone());
+        async move {
+            http.get(ready)
+                .send()
+                .await
+                .is_ok_and(|r| r.status() == 200)
+        }
+    })
+    .await;
+    let reply = h.turn("chat-2", &agent, true).await;
+    assert_eq!(tool_names(&reply), ["s__t2"], "read again after the gap");
 }
 
 // ---- projection freshness --------------------------------------------------

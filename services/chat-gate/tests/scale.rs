@@ -140,9 +140,9 @@ async fn ten_thousand_chats_waiting_on_a_thousand_agents_are_all_answered_correc
         "completed attempts are not kept"
     );
     let gate = h.gate().clone();
-    until("every agent watch is released".into(), move || {
-        let empty = gate.watches().is_empty();
-        async move { empty }
+    until("every agent view is released".into(), move || {
+        let held = gate.watches().held();
+        async move { held == 0 }
     })
     .await;
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime};
 use chat_gate::{Config, RunningGate};
 use ctxsync_proto::subjects::Subjects;
 use ctxsync_proto::v1::*;
-use ctxsync_runtime::{CommonArgs, DatabaseArgs, Shutdown, rpc};
+use ctxsync_runtime::{CommonArgs, Shutdown, rpc};
 use snapshot_store::RunningStore;
 // `server` below stands in for testkit's: its tools take `Q_SCHEMA`.
 pub use testkit::report::*;
@@ -53,16 +53,28 @@ impl Harness {
     }
 
     pub async fn spawn_with(configure: impl FnOnce(&mut Config)) -> Self {
-        Self::spawn_inner(configure, false).await
+        Self::spawn_inner(configure, |_| {}, false).await
+    }
+
+    /// With the snapshot-store's configuration changed too.
+    pub async fn spawn_with_store(
+        configure: impl FnOnce(&mut Config),
+        configure_store: impl FnOnce(&mut snapshot_store::Config),
+    ) -> Self {
+        Self::spawn_inner(configure, configure_store, false).await
     }
 
     /// The gate reaches NATS through a proxy the test can cut, while the store
     /// and the test's client stay connected.
     pub async fn spawn_behind_proxy(configure: impl FnOnce(&mut Config)) -> Self {
-        Self::spawn_inner(configure, true).await
+        Self::spawn_inner(configure, |_| {}, true).await
     }
 
-    async fn spawn_inner(configure: impl FnOnce(&mut Config), behind_proxy: bool) -> Self {
+    async fn spawn_inner(
+        configure: impl FnOnce(&mut Config),
+        configure_store: impl FnOnce(&mut snapshot_store::Config),
+        behind_proxy: bool,
+    ) -> Self {
         testkit::init_logs();
         let nats = NatsServer::start();
         let proxy = if behind_proxy {
@@ -73,15 +85,12 @@ impl Harness {
         let db = TestDatabase::create().await;
         let prefix = testkit::unique_prefix();
         let store_shutdown = Shutdown::new();
-        let store = snapshot_store::start(
-            snapshot_store::Config {
-                common: CommonArgs::for_nats(nats.url(), &prefix),
-                database: DatabaseArgs::new(db.url()),
-            },
-            store_shutdown.clone(),
-        )
-        .await
-        .expect("snapshot-store starts");
+        let mut store_config =
+            snapshot_store::Config::new(CommonArgs::for_nats(nats.url(), &prefix), db.url());
+        configure_store(&mut store_config);
+        let store = snapshot_store::start(store_config, store_shutdown.clone())
+            .await
+            .expect("snapshot-store starts");
         let gate_nats_url = match &proxy {
             Some(proxy) => format!("nats://127.0.0.1:{}", proxy.port),
             None => nats.url(),
@@ -184,8 +193,31 @@ impl Harness {
         .expect("gate answers")
     }
 
-    /// A first turn in the background; the answer comes with the time it arrived.
+    /// A first turn over NATS in the background; the answer comes with the
+    /// time it arrived.
     pub fn spawn_turn(
+        &self,
+        chat_id: &str,
+        agent_id: &str,
+    ) -> tokio::task::JoinHandle<(TurnReply, SystemTime)> {
+        let (client, subject) = (self.client.clone(), self.subjects.gate_turn());
+        let request = TurnRequest {
+            chat_id: chat_id.into(),
+            agent_id: agent_id.into(),
+            first_turn: true,
+            tenant: String::new(),
+        };
+        tokio::spawn(async move {
+            let reply: TurnReply = rpc::request(&client, subject, &request, None, TIMEOUT)
+                .await
+                .expect("gate answers");
+            (reply, SystemTime::now())
+        })
+    }
+
+    /// A first turn called on the gate in-process, so that aborting the task
+    /// drops the caller's future (a NATS caller going away cancels nothing).
+    pub fn spawn_turn_in_process(
         &self,
         chat_id: &str,
         agent_id: &str,
