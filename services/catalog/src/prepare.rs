@@ -218,13 +218,6 @@ impl Core {
                 ..Default::default()
             };
         };
-        // A session is prepared once; asking again answers its stored pins.
-        match store::load_pins(&self.pool, tenant, session_id).await {
-            Ok(Some(_)) => return self.follow_up(tenant, session_id, started).await,
-            Ok(None) => {}
-            Err(e) => return internal(format!("cannot read the session's pins: {e}")),
-        }
-
         let mut outcomes: Vec<Option<Outcome>> = servers
             .iter()
             .map(|s| {
@@ -234,6 +227,17 @@ impl Core {
             })
             .collect();
         let lookup = started.elapsed();
+
+        // A session is prepared once; asking again answers its stored pins.
+        // Checked up front only when a server would be started: otherwise the
+        // write itself finds the session (one round trip fewer for new chats).
+        if outcomes.iter().any(Option::is_none) {
+            match store::load_pins(&self.pool, tenant, session_id).await {
+                Ok(Some(_)) => return self.follow_up(tenant, session_id, started).await,
+                Ok(None) => {}
+                Err(e) => return internal(format!("cannot read the session's pins: {e}")),
+            }
+        }
 
         let discovery_started = Instant::now();
         let live = futures::future::join_all(
