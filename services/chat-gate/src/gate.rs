@@ -294,7 +294,8 @@ impl Gate {
         self
     }
 
-    async fn announce_wait(&self, tenant: &str, reply: &TurnReply) {
+    /// Announced from its own task, so the turn's answer goes out first.
+    fn announce_wait(&self, tenant: String, reply: &TurnReply) {
         let Some((client, subject)) = &self.inner.waits else {
             return;
         };
@@ -302,14 +303,17 @@ impl Gate {
             return;
         }
         let event = ctxsync_proto::v1::GateTurnWaited {
-            tenant: tenant.to_owned(),
+            tenant,
             outcome: crate::http::decision_name(reply.decision()).to_owned(),
             wait_ms: reply.waited_ms,
         };
-        let payload = prost::Message::encode_to_vec(&event).into();
-        if let Err(error) = client.publish(subject.clone(), payload).await {
-            tracing::debug!(%error, "cannot announce a gate wait");
-        }
+        let (client, subject) = (client.clone(), subject.clone());
+        tokio::spawn(async move {
+            let payload = prost::Message::encode_to_vec(&event).into();
+            if let Err(error) = client.publish(subject, payload).await {
+                tracing::debug!(%error, "cannot announce a gate wait");
+            }
+        });
     }
 
     /// May this turn run, and with which context. For callers outside the
@@ -357,7 +361,7 @@ impl Gate {
         };
         record(&reply);
         if first_turn {
-            self.announce_wait(&tenant, &reply).await;
+            self.announce_wait(tenant, &reply);
         }
         reply
     }
