@@ -560,17 +560,31 @@ pub async fn polling(
             loop {
                 tick.tick().await;
                 let state = read_state(&client, subject.clone(), &agent_id).await?;
-                if let Some(commit) = ready_in(&state, &poll_run) {
-                    return Ok::<_, String>((commit, SystemTime::now()));
+                if ready_in(&state, &poll_run).is_some() {
+                    return Ok::<_, String>(SystemTime::now());
                 }
             }
         });
+        // Both waiters are timed from the instant COMMIT returned, as the
+        // wake rounds are (the event says when): the snapshot's received_at
+        // is stamped before COMMIT and would add the commit's own time.
+        let events = env
+            .client
+            .subscribe(env.subjects.discovery_changed(&agent[0].id))
+            .await
+            .step("subscribe to discovery events")?;
+        ctxsync_runtime::nats::sync_with_server(&env.client)
+            .await
+            .step("subscribe to discovery events")?;
         // The commit lands anywhere in the poller's period.
         let offset = rand::random_range(0..interval.as_millis() as u64);
         tokio::time::sleep(Duration::from_millis(offset)).await;
         complete_runs(env, agent, &runs).await?;
+        let wanted = HashMap::from([(agent[0].id.clone(), run.clone())]);
+        let (commits, _) = collect_commits(events, wanted).await?;
+        let commit = commits[&agent[0].id];
 
-        let (commit, seen) = poller
+        let seen = poller
             .await
             .step("poller")?
             .map_err(|e| BenchError::new("poller", e))?;
