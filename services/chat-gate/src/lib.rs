@@ -27,10 +27,11 @@ use ctxsync_proto::v1::{
     DiscoveryChanged, GateError, SnapshotCommitted, TurnReply, TurnRequest, gate_error::Code,
 };
 use ctxsync_runtime::nats::NatsConnection;
+use ctxsync_runtime::telemetry::continue_trace;
 use ctxsync_runtime::{CommonArgs, HttpServer, Readiness, Shutdown, rpc};
-use prost::Message;
 use futures::StreamExt;
 use futures::stream::BoxStream;
+use prost::Message;
 use tokio::task::JoinHandle;
 
 pub use gate::{Gate, GateSettings};
@@ -212,6 +213,7 @@ fn apply_events(
     let on_discovery = gate.clone();
     let discovery = discovery.map(move |message| {
         let trace = ctxsync_runtime::trace::TraceContext::from_nats(message.headers.as_ref());
+        let _span = continue_trace(tracing::info_span!("gate.discovery"), trace.as_ref()).entered();
         match DiscoveryChanged::decode(message.payload) {
             Ok(event) => {
                 tracing::info!(
@@ -237,6 +239,12 @@ fn apply_events(
         }
     });
     let snapshots = snapshots.map(move |message| {
+        // Most commits are of agents nobody asks about: skip decoding their
+        // states (the subject ends with the agent id).
+        let agent_id = message.subject.rsplit('.').next().unwrap_or_default();
+        if !gate.watches().is_watched(agent_id) {
+            return;
+        }
         match SnapshotCommitted::decode(message.payload) {
             Ok(event) => gate.watches().on_event(
                 &event.agent_id,
@@ -271,7 +279,10 @@ fn recheck_after_gaps(gate: Gate, nats: &NatsConnection, shutdown: Shutdown) -> 
                 continue;
             }
             let agents = gate.watches().recheck_all();
-            tracing::info!(agents, "events may have been lost: re-reading every waited-on agent");
+            tracing::info!(
+                agents,
+                "events may have been lost: re-reading every waited-on agent"
+            );
         }
     })
 }
