@@ -31,6 +31,7 @@ use ctxsync_runtime::{CommonArgs, HttpServer, Readiness, Shutdown, rpc};
 use prost::Message;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tracing::Instrument as _;
 
 pub use error::ApiError;
 
@@ -313,6 +314,8 @@ async fn ask_store<R: StoreReply>(
 async fn startup(State(state): State<Arc<AppState>>, request: Request) -> Response {
     let started = Instant::now();
     let trace = trace_of(&request);
+    let span =
+        ctxsync_runtime::telemetry::continue_trace(tracing::info_span!("ingest.startup"), &trace);
     let result = async {
         let (agent_id, format, startup): (_, _, StartupRequest) = accept(&state, request).await?;
         validate::startup(&startup).map_err(ApiError::Validation)?;
@@ -326,6 +329,7 @@ async fn startup(State(state): State<Arc<AppState>>, request: Request) -> Respon
         tracing::info!(agent_id = %agent_id, trace_id = %trace.trace_id(), run_id_changed = response.run_id_changed, "agent startup");
         Ok(encode(format, &response))
     }
+    .instrument(span)
     .await;
     finish("startup", started, result)
 }
@@ -333,6 +337,8 @@ async fn startup(State(state): State<Arc<AppState>>, request: Request) -> Respon
 async fn context_state(State(state): State<Arc<AppState>>, request: Request) -> Response {
     let started = Instant::now();
     let trace = trace_of(&request);
+    let span =
+        ctxsync_runtime::telemetry::continue_trace(tracing::info_span!("ingest.push"), &trace);
     let result = async {
         let (agent_id, format, push): (_, _, PushContextStateRequest) =
             accept(&state, request).await?;
@@ -357,6 +363,7 @@ async fn context_state(State(state): State<Arc<AppState>>, request: Request) -> 
         }
         Ok(encode(format, &response))
     }
+    .instrument(span)
     .await;
     finish("context_state", started, result)
 }

@@ -11,7 +11,7 @@ struct Cli {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    ctxsync_runtime::telemetry::init(cli.config.common.log_format, &cli.config.common.log_filter)?;
+    let _telemetry = ctxsync_runtime::telemetry::init_service("agent-ingest", &cli.config.common)?;
     let shutdown = ctxsync_runtime::shutdown::on_signals();
     agent_ingest::run(cli.config, shutdown).await?;
     Ok(())

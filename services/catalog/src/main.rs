@@ -22,7 +22,7 @@ struct Args {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let args_config_path = args.catalog.config.clone();
-    ctxsync_runtime::telemetry::init(args.common.log_format, &args.common.log_filter)?;
+    let _telemetry = ctxsync_runtime::telemetry::init_service("catalog", &args.common)?;
     let config = args
         .catalog
         .into_config(args.common, args.database)

@@ -104,7 +104,9 @@ struct ReadState {
 
 impl ReadState {
     fn shows(&self, revision: u64) -> bool {
-        self.latest.as_ref().is_some_and(|v| v.revision() >= revision)
+        self.latest
+            .as_ref()
+            .is_some_and(|v| v.revision() >= revision)
     }
 }
 
@@ -391,7 +393,8 @@ impl Watches {
         });
         let evicted = before - agents.len();
         if evicted > 0 {
-            metrics::counter!("ctxsync_gate_views_evicted_total", "why" => "idle").increment(evicted as u64);
+            metrics::counter!("ctxsync_gate_views_evicted_total", "why" => "idle")
+                .increment(evicted as u64);
         }
         agents.len()
     }

@@ -541,11 +541,18 @@ async fn a_turn_sent_after_a_commit_is_answered_with_it_without_a_read() {
     let reads = h.count_store_reads().await;
     for version in 2..=150u64 {
         let tool = format!("t{version}");
-        h.push_ok(&agent, complete(RUN_A, version, vec![server("s", &[&tool])]))
-            .await;
+        h.push_ok(
+            &agent,
+            complete(RUN_A, version, vec![server("s", &[&tool])]),
+        )
+        .await;
         let reply = h.turn(&format!("chat-{version}"), &agent, true).await;
         assert_eq!(decision(&reply), GateDecision::Ready);
-        assert_eq!(tool_names(&reply), [format!("s__{tool}")], "version {version}");
+        assert_eq!(
+            tool_names(&reply),
+            [format!("s__{tool}")],
+            "version {version}"
+        );
     }
     ctxsync_runtime::nats::sync_with_server(&h.client)
         .await

@@ -77,7 +77,7 @@ async fn main() -> anyhow::Result<()> {
             // sqlx's slow-statement warnings (CREATE/DROP DATABASE) would break the progress line.
             ctxsync_runtime::telemetry::init(ctxsync_runtime::LogFormat::Text, "warn,sqlx=error")?;
             let progress = ctxsync_cli::bench::Progress::default();
-            let report = ctxsync_cli::bench::run(&args, &progress).await?;
+            let report = Box::pin(ctxsync_cli::bench::run(&args, &progress)).await?;
             if args.json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {

@@ -41,6 +41,11 @@ pub struct CommonArgs {
     /// How long in-flight work may take to finish after SIGTERM.
     #[arg(long, env = "CTXSYNC_SHUTDOWN_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Duration,
+
+    /// OTLP/HTTP collector to export spans to, e.g. `http://collector:4318`
+    /// (`/v1/traces` is appended). Unset: no spans are exported.
+    #[arg(long, env = "CTXSYNC_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
 }
 
 impl CommonArgs {
@@ -53,6 +58,7 @@ impl CommonArgs {
             log_format: LogFormat::Text,
             log_filter: "info".into(),
             shutdown_grace: Duration::from_secs(10),
+            otlp_endpoint: None,
         }
     }
 
@@ -62,6 +68,53 @@ impl CommonArgs {
             source,
         })
     }
+
+    /// The URL spans are posted to, when `--otlp-endpoint` is set.
+    pub fn otlp_traces_url(&self) -> Result<Option<String>, ConfigError> {
+        match self.otlp_endpoint.as_deref().map(str::trim) {
+            None | Some("") => Ok(None),
+            Some(value) => otlp_traces_url(value).map(Some),
+        }
+    }
+}
+
+/// The base URL plus `/v1/traces`, as OTLP/HTTP's `OTEL_EXPORTER_OTLP_ENDPOINT`
+/// is read; a URL that already names `/v1/traces` is kept.
+fn otlp_traces_url(value: &str) -> Result<String, ConfigError> {
+    let invalid = |reason: String| ConfigError::OtlpEndpoint {
+        value: crate::nats::redact_url(value),
+        reason,
+    };
+    let mut url = url::Url::parse(value).map_err(|e| invalid(e.to_string()))?;
+    match url.scheme() {
+        "http" => {}
+        // The exporter's client is built without TLS: collectors are reached in-cluster.
+        "https" => {
+            return Err(invalid(
+                "https is not supported: use the collector's http endpoint".into(),
+            ));
+        }
+        other => return Err(invalid(format!("expected an http URL, not {other}"))),
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(invalid("the URL has no host".into()));
+    }
+    // Export errors quote the URL: credentials go in OTEL_EXPORTER_OTLP_HEADERS.
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(invalid(
+            "credentials in the URL are not supported: set OTEL_EXPORTER_OTLP_HEADERS".into(),
+        ));
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(invalid("the URL has a query or fragment".into()));
+    }
+    if !url.path().trim_end_matches('/').ends_with("/v1/traces") {
+        url.path_segments_mut()
+            .map_err(|()| invalid("the URL cannot be a base".into()))?
+            .pop_if_empty()
+            .extend(["v1", "traces"]);
+    }
+    Ok(url.to_string())
 }
 
 /// Options of services that own a database.
@@ -97,4 +150,66 @@ pub enum ConfigError {
         #[source]
         source: SubjectError,
     },
+    #[error("invalid CTXSYNC_OTLP_ENDPOINT {value:?}: {reason}")]
+    OtlpEndpoint { value: String, reason: String },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn traces_url(endpoint: &str) -> Result<Option<String>, ConfigError> {
+        CommonArgs {
+            otlp_endpoint: Some(endpoint.to_owned()),
+            ..CommonArgs::for_nats("nats://127.0.0.1:4222", "ctxsync")
+        }
+        .otlp_traces_url()
+    }
+
+    #[test]
+    fn otlp_endpoint_is_a_base_url_of_http() {
+        let unset = CommonArgs::for_nats("nats://127.0.0.1:4222", "ctxsync");
+        assert_eq!(unset.otlp_traces_url().unwrap(), None);
+        assert_eq!(traces_url("  ").unwrap(), None);
+        for (given, used) in [
+            ("http://collector:4318", "http://collector:4318/v1/traces"),
+            ("http://collector:4318/", "http://collector:4318/v1/traces"),
+            (
+                "http://collector:4318/otlp",
+                "http://collector:4318/otlp/v1/traces",
+            ),
+            (
+                "http://collector:4318/v1/traces",
+                "http://collector:4318/v1/traces",
+            ),
+        ] {
+            assert_eq!(traces_url(given).unwrap().as_deref(), Some(used), "{given}");
+        }
+    }
+
+    #[test]
+    fn a_bad_otlp_endpoint_names_the_variable_and_the_value() {
+        for (given, reason) in [
+            ("collector:4318", "expected an http URL, not collector"),
+            ("not a url", "relative URL without a base"),
+            ("https://collector:4318", "https is not supported"),
+            ("grpc://collector:4317", "expected an http URL, not grpc"),
+            ("http://collector:4318/?x=1", "query or fragment"),
+        ] {
+            let message = traces_url(given).unwrap_err().to_string();
+            assert!(
+                message.starts_with(&format!("invalid CTXSYNC_OTLP_ENDPOINT {given:?}: ")),
+                "{message}"
+            );
+            assert!(message.contains(reason), "{message}");
+        }
+        for given in [
+            "ftp://user:secret@collector",
+            "http://user:secret@collector:4318",
+        ] {
+            let message = traces_url(given).unwrap_err().to_string();
+            assert!(!message.contains("secret"), "{message}");
+            assert!(message.contains("[redacted]@collector"), "{message}");
+        }
+    }
 }

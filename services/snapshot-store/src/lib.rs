@@ -20,9 +20,11 @@ use ctxsync_proto::v1::{
     UpdateStartupRequest, store_error::Code,
 };
 use ctxsync_runtime::nats::NatsConnection;
+use ctxsync_runtime::telemetry::continue_trace;
 use ctxsync_runtime::trace::TraceContext;
 use ctxsync_runtime::{CommonArgs, DatabaseArgs, HttpServer, Readiness, Shutdown, rpc};
 use prost::Message;
+use tracing::Instrument as _;
 
 pub use db::{PushOutcome, StartupOutcome, Store, StoreError};
 
@@ -307,15 +309,17 @@ async fn serve_all(
         let (s, n, j) = (s.clone(), n.clone(), j.clone());
         move |req: UpdateStartupRequest, headers: Option<HeaderMap>| {
             let trace = TraceContext::from_nats(headers.as_ref());
-            update_startup(s.clone(), n.clone(), j.clone(), limit, trace, req)
+            let span = continue_trace(tracing::info_span!("store.startup"), trace.as_ref());
+            update_startup(s.clone(), n.clone(), j.clone(), limit, trace, req).instrument(span)
         }
     });
     let push = endpoint(client, subjects.store_push(), shutdown, grace, {
         let (s, n, j) = (s.clone(), n.clone(), j.clone());
         move |req: StorePushRequest, headers: Option<HeaderMap>| {
             let trace = TraceContext::from_nats(headers.as_ref());
+            let span = continue_trace(tracing::info_span!("store.push"), trace.as_ref());
             let (s, n, j) = (s.clone(), n.clone(), j.clone());
-            async move { handle_push(&s, &n, &j, limit, trace, req).await }
+            async move { handle_push(&s, &n, &j, limit, trace, req).await }.instrument(span)
         }
     });
     let get = endpoint(client, subjects.store_get_agent_state(), shutdown, grace, {

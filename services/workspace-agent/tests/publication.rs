@@ -69,7 +69,10 @@ impl Harness {
     async fn start_store(&mut self) {
         let shutdown = Shutdown::new();
         let store = snapshot_store::start(
-            snapshot_store::Config::new(CommonArgs::for_nats(self.nats.url(), &self.prefix), self.db.url()),
+            snapshot_store::Config::new(
+                CommonArgs::for_nats(self.nats.url(), &self.prefix),
+                self.db.url(),
+            ),
             shutdown.clone(),
         )
         .await
