@@ -224,13 +224,10 @@ fn apply_events(
                     watched = on_discovery.watches().is_watched(&event.agent_id),
                     "discovery event: updating the agent's view"
                 );
+                let committed_at = timestamp_to_system(event.committed_at.as_ref());
                 on_discovery.watches().on_event(
                     &event.agent_id,
-                    watch::EventUpdate {
-                        revision: event.revision,
-                        state: event.state,
-                        committed_at: timestamp_to_system(event.committed_at.as_ref()),
-                    },
+                    watch::EventUpdate::new(event.revision, event.state, committed_at),
                 );
             }
             Err(error) => {
@@ -246,14 +243,13 @@ fn apply_events(
             return;
         }
         match SnapshotCommitted::decode(message.payload) {
-            Ok(event) => gate.watches().on_event(
-                &event.agent_id,
-                watch::EventUpdate {
-                    revision: event.revision,
-                    state: event.state,
-                    committed_at: timestamp_to_system(event.committed_at.as_ref()),
-                },
-            ),
+            Ok(event) => {
+                let committed_at = timestamp_to_system(event.committed_at.as_ref());
+                gate.watches().on_event(
+                    &event.agent_id,
+                    watch::EventUpdate::new(event.revision, event.state, committed_at),
+                )
+            }
             Err(error) => {
                 tracing::warn!(subject = %message.subject, %error, "malformed snapshot event ignored")
             }

@@ -83,6 +83,16 @@ pub struct EventUpdate {
     pub committed_at: Option<SystemTime>,
 }
 
+impl EventUpdate {
+    pub fn new(revision: u64, state: Option<AgentState>, committed_at: Option<SystemTime>) -> Self {
+        Self {
+            revision,
+            state,
+            committed_at,
+        }
+    }
+}
+
 #[derive(Default)]
 struct ReadState {
     /// A read was asked for and has not started: anything asking now is covered by it.

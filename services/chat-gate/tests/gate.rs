@@ -621,31 +621,11 @@ async fn a_view_is_not_trusted_across_a_nats_disconnect() {
     // The commit's event is lost while the gate is cut off.
     let proxy = h.proxy.as_ref().unwrap();
     proxy.cut();
-    let (http, ready) = (h.http.clone(), h.url("/readyz"));
-    until("the gate sees NATS gone".into(), || {
-        let (http, ready) = (http.clone(), ready.clone());
-        async move {
-            http.get(ready)
-                .send()
-                .await
-                .is_ok_and(|r| r.status() == 503)
-        }
-    })
-    .await;
+    h.until_readyz(503, "the gate sees NATS gone").await;
     h.push_ok(&agent, complete(RUN_A, 2, vec![server("s", &["t2"])]))
         .await;
     proxy.restore();
-    let (http, ready) = (h.http.clone(), h.url("/readyz"));
-    until("the gate is back on NATS".into(), || {
-        let (http, ready) = (http.clone(), ready.clone());
-        async move {
-            http.get(ready)
-                .send()
-                .await
-                .is_ok_and(|r| r.status() == 200)
-        }
-    })
-    .await;
+    h.until_readyz(200, "the gate is back on NATS").await;
     let reply = h.turn("chat-2", &agent, true).await;
     assert_eq!(tool_names(&reply), ["s__t2"], "read again after the gap");
 }
@@ -985,18 +965,7 @@ async fn nats_server_restarted_while_chats_wait_every_waiter_answers() {
 
     // Once the gate is back on NATS, half the agents complete their run and
     // the other half restart and complete a new one.
-    let ready = h.url("/readyz");
-    let http = h.http.clone();
-    until("the gate is back on NATS".into(), || {
-        let (http, ready) = (http.clone(), ready.clone());
-        async move {
-            http.get(ready)
-                .send()
-                .await
-                .is_ok_and(|r| r.status() == 200)
-        }
-    })
-    .await;
+    h.until_readyz(200, "the gate is back on NATS").await;
     for (i, agent) in agents.iter().enumerate() {
         let push = if i % 2 == 0 {
             complete(RUN_A, 2, vec![server("s", &["t"])])
@@ -1086,17 +1055,7 @@ async fn events_lost_while_the_gate_was_disconnected_are_recovered_on_reconnect(
 
     let proxy = h.proxy.as_ref().unwrap();
     proxy.cut();
-    let (http, ready) = (h.http.clone(), h.url("/readyz"));
-    until("the gate sees NATS gone".into(), || {
-        let (http, ready) = (http.clone(), ready.clone());
-        async move {
-            http.get(ready)
-                .send()
-                .await
-                .is_ok_and(|r| r.status() == 503)
-        }
-    })
-    .await;
+    h.until_readyz(503, "the gate sees NATS gone").await;
     h.push_ok(&agent, complete(RUN_A, 2, vec![server("s", &["t"])]))
         .await;
     assert!(!turn.is_finished(), "the gate cannot have seen the commit");

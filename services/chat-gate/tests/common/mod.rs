@@ -201,12 +201,7 @@ impl Harness {
         agent_id: &str,
     ) -> tokio::task::JoinHandle<(TurnReply, SystemTime)> {
         let (client, subject) = (self.client.clone(), self.subjects.gate_turn());
-        let request = TurnRequest {
-            chat_id: chat_id.into(),
-            agent_id: agent_id.into(),
-            first_turn: true,
-            tenant: String::new(),
-        };
+        let request = first_turn_request(chat_id, agent_id);
         tokio::spawn(async move {
             let reply: TurnReply = rpc::request(&client, subject, &request, None, TIMEOUT)
                 .await
@@ -223,16 +218,27 @@ impl Harness {
         agent_id: &str,
     ) -> tokio::task::JoinHandle<(TurnReply, SystemTime)> {
         let gate = self.gate().clone();
-        let request = TurnRequest {
-            chat_id: chat_id.into(),
-            agent_id: agent_id.into(),
-            first_turn: true,
-            tenant: String::new(),
-        };
+        let request = first_turn_request(chat_id, agent_id);
         tokio::spawn(async move {
             let reply = gate.turn(request).await;
             (reply, SystemTime::now())
         })
+    }
+
+    /// Waits (bounded) until the gate's `/readyz` answers `status` (503
+    /// while it has no NATS connection).
+    pub async fn until_readyz(&self, status: u16, what: &str) {
+        let (http, ready) = (self.http.clone(), self.url("/readyz"));
+        until(what.into(), || {
+            let (http, ready) = (http.clone(), ready.clone());
+            async move {
+                http.get(ready)
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status() == status)
+            }
+        })
+        .await;
     }
 
     /// Waits (bounded) until the gate holds `n` waits.
@@ -282,6 +288,15 @@ impl ReadCounter {
 impl Drop for ReadCounter {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+fn first_turn_request(chat_id: &str, agent_id: &str) -> TurnRequest {
+    TurnRequest {
+        chat_id: chat_id.into(),
+        agent_id: agent_id.into(),
+        first_turn: true,
+        tenant: String::new(),
     }
 }
 
