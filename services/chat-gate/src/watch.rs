@@ -445,13 +445,14 @@ fn evict_oldest_idle(agents: &mut HashMap<String, Arc<AgentWatch>>, max: usize) 
         .collect();
     idle.sort_unstable();
     let excess = agents.len().saturating_sub(target);
+    let mut evicted = 0u64;
     for (_, id) in idle.into_iter().take(excess) {
         if let Some(watch) = agents.remove(&id) {
             watch.stop.cancel();
+            evicted += 1;
         }
     }
-    metrics::counter!("ctxsync_gate_views_evicted_total", "why" => "capacity")
-        .increment(excess as u64);
+    metrics::counter!("ctxsync_gate_views_evicted_total", "why" => "capacity").increment(evicted);
 }
 
 /// Whether a fresh view may answer without a read.

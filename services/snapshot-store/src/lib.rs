@@ -3,8 +3,8 @@
 //! It serves the store API over NATS request/reply in a queue group (so
 //! replicas share the load), commits each push in one transaction, and only
 //! after commit publishes `DiscoveryChanged` when the phase or run id changed
-//! and `SnapshotCommitted` when the content changed. One of them carries the
-//! agent's state after the commit, unless it is over the event size limit.
+//! and `SnapshotCommitted` after every accepted push. Both carry the agent's
+//! state after the commit, unless it is over the event size limit.
 
 pub mod db;
 
