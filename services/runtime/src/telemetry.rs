@@ -74,6 +74,7 @@ pub fn init_with(
     let provider = match otlp {
         Some(otlp) => {
             let provider = tracer_provider(&otlp)?;
+            EXPORTING.store(true, std::sync::atomic::Ordering::Relaxed);
             let tracer = provider.tracer("ctxsync");
             // Spans are exported whatever CTXSYNC_LOG says; rmcp's events hold
             // URLs with credentials, and the exporter's own would loop back.
@@ -161,6 +162,10 @@ impl Drop for Telemetry {
     }
 }
 
+/// Whether this process installed a span exporter: without one, every push
+/// would otherwise format and parse a traceparent for nothing.
+static EXPORTING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Makes `span`, in the exported spans, a child of `trace`'s hop, so every
 /// service's spans of one push share its trace id. Call it before the span
 /// is first entered; without an exporter it does nothing.
@@ -168,9 +173,11 @@ pub fn continue_trace<'a>(
     span: tracing::Span,
     trace: impl Into<Option<&'a TraceContext>>,
 ) -> tracing::Span {
+    if !EXPORTING.load(std::sync::atomic::Ordering::Relaxed) {
+        return span;
+    }
     if let Some(trace) = trace.into() {
         let carrier = HashMap::from([(TRACEPARENT.to_owned(), trace.to_string())]);
-        // Without the OpenTelemetry layer (no exporter) this fails harmlessly.
         let _ = span.set_parent(TraceContextPropagator::new().extract(&carrier));
     }
     span
