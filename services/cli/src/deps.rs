@@ -166,8 +166,8 @@ pub async fn nats(given: Option<&str>, data_dir: &Path) -> Result<Dependency, De
     })
 }
 
-/// `url` with its database replaced by `name`.
-fn with_database(url: &str, name: &str) -> String {
+/// `url` with its database replaced by `name` (its query kept).
+pub(crate) fn with_database(url: &str, name: &str) -> String {
     let (base, query) = url
         .split_once('?')
         .map_or((url, None), |(b, q)| (b, Some(q)));

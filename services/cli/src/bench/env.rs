@@ -77,23 +77,6 @@ fn random_hex(bytes: usize) -> String {
     buf.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// `url` with its database replaced by `name`.
-pub fn with_database(url: &str, name: &str) -> String {
-    let (base, query) = url
-        .split_once('?')
-        .map_or((url, None), |(b, q)| (b, Some(q)));
-    let scheme_end = base.find("://").map_or(0, |i| i + 3);
-    let path_start = base[scheme_end..]
-        .find('/')
-        .map_or(base.len(), |i| scheme_end + i);
-    let mut out = format!("{}/{name}", &base[..path_start]);
-    if let Some(q) = query {
-        out.push('?');
-        out.push_str(q);
-    }
-    out
-}
-
 async fn admin_execute(admin_url: &str, sql: String) -> Result<(), sqlx::Error> {
     let mut admin = PgConnection::connect(admin_url).await?;
     let result = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
@@ -126,7 +109,7 @@ impl Env {
                     e,
                 )
             })?;
-        let database_url = with_database(&admin_url, &database);
+        let database_url = crate::deps::with_database(&admin_url, &database);
         let prefix = format!("bench{suffix}");
         let shutdown = Shutdown::new();
         let started = Self::start_services(&nats_dep.url, &prefix, &database_url, &shutdown).await;
@@ -417,11 +400,11 @@ mod tests {
     #[test]
     fn database_is_swapped() {
         assert_eq!(
-            super::with_database("postgres://u@h:5432/postgres?sslmode=disable", "x"),
+            crate::deps::with_database("postgres://u@h:5432/postgres?sslmode=disable", "x"),
             "postgres://u@h:5432/x?sslmode=disable"
         );
         assert_eq!(
-            super::with_database("postgres://u@h:5432", "x"),
+            crate::deps::with_database("postgres://u@h:5432", "x"),
             "postgres://u@h:5432/x"
         );
     }
