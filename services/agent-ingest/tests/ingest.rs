@@ -122,6 +122,7 @@ impl Harness {
         let startup = StartupRequest {
             agent_run_id: run_id.into(),
             agent_version: "1.0".into(),
+            ..Default::default()
         };
         self.post_proto(
             "/api/v1/agent/startup",

@@ -140,6 +140,7 @@ pub fn decision_name(decision: GateDecision) -> &'static str {
         GateDecision::TimedOutNoSnapshot => "timed_out_no_snapshot",
         GateDecision::TimedOutStale => "timed_out_stale",
         GateDecision::StoreUnavailable => "store_unavailable",
+        GateDecision::ShuttingDown => "shutting_down",
     }
 }
 

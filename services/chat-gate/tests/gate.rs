@@ -985,6 +985,7 @@ async fn nats_server_restarted_while_chats_wait_every_waiter_answers() {
                             startup: Some(StartupRequest {
                                 agent_run_id: RUN_B.into(),
                                 agent_version: "test".into(),
+                                ..Default::default()
                             }),
                         },
                         None,

@@ -243,6 +243,7 @@ impl Store {
             response: StartupResponse {
                 previous_agent_run_id: previous,
                 run_id_changed: changed,
+                ..Default::default()
             },
             discovery_changed,
         })

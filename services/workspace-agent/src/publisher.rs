@@ -212,6 +212,7 @@ impl Publisher {
         let request = StartupRequest {
             agent_run_id: self.run_id.clone(),
             agent_version: self.agent_version.clone(),
+            ..Default::default()
         };
         self.call(STARTUP_PATH, &request).await
     }

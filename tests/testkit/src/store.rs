@@ -96,6 +96,7 @@ impl StoreClient {
                 startup: Some(StartupRequest {
                     agent_run_id: run_id.into(),
                     agent_version: "test".into(),
+                    ..Default::default()
                 }),
             },
         )

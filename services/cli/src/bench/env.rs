@@ -302,6 +302,7 @@ impl Env {
                 startup: Some(StartupRequest {
                     agent_run_id: run_id.to_owned(),
                     agent_version: "bench".into(),
+                    ..Default::default()
                 }),
             },
             None,

@@ -157,6 +157,7 @@ async fn start_agent(
         StartupRequest {
             agent_run_id: run_id.clone(),
             agent_version: "bench".into(),
+            ..Default::default()
         }
         .encode_to_vec(),
     )
