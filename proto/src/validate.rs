@@ -69,6 +69,12 @@ fn check_run_id(run_id: &str) -> Result<(), ValidationError> {
 
 pub fn startup(request: &StartupRequest) -> Result<(), ValidationError> {
     check_run_id(&request.agent_run_id)?;
+    if request.reclaim && request.agent_run_id.is_empty() {
+        return Err(ValidationError::Invalid {
+            field: "reclaim".into(),
+            reason: "a reclaim needs a run id (legacy agents have nothing to reclaim)".into(),
+        });
+    }
     check_len(
         "agent_version_bytes",
         || "agent_version".into(),

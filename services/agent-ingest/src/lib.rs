@@ -21,8 +21,8 @@ use axum::routing::post;
 use ctxsync_proto::limits::MAX_REQUEST_BYTES;
 use ctxsync_proto::subjects::Subjects;
 use ctxsync_proto::v1::{
-    PushContextStateRequest, StartupRequest, StoreError as ProtoStoreError, StorePushReply,
-    StorePushRequest, UpdateStartupReply, UpdateStartupRequest, store_error::Code,
+    PushContextStateRequest, StartupDropReason, StartupRequest, StoreError as ProtoStoreError,
+    StorePushReply, StorePushRequest, UpdateStartupReply, UpdateStartupRequest, store_error::Code,
 };
 use ctxsync_proto::validate;
 use ctxsync_runtime::nats::NatsConnection;
@@ -326,7 +326,16 @@ async fn startup(State(state): State<Arc<AppState>>, request: Request) -> Respon
         let response =
             ask_store::<UpdateStartupReply>(&state, state.subjects.store_update_startup(), &request, &trace)
                 .await?;
-        tracing::info!(agent_id = %agent_id, trace_id = %trace.trace_id(), run_id_changed = response.run_id_changed, "agent startup");
+        if response.drop_reason() == StartupDropReason::Unspecified {
+            tracing::info!(agent_id = %agent_id, trace_id = %trace.trace_id(), run_id_changed = response.run_id_changed, "agent startup");
+        } else {
+            tracing::info!(
+                agent_id = %agent_id,
+                trace_id = %trace.trace_id(),
+                reason = response.drop_reason().as_str_name(),
+                "agent startup dropped by the store"
+            );
+        }
         Ok(encode(format, &response))
     }
     .instrument(span)

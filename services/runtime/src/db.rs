@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
 
 use crate::DatabaseArgs;
@@ -15,24 +15,36 @@ pub enum DbError {
     Migrate(#[from] sqlx::migrate::MigrateError),
 }
 
+/// A transaction left open this long is ended by Postgres: a replica that
+/// stalls (SIGSTOP, a paused VM) inside a transaction holds its row locks
+/// only this long, not until it resumes. Every transaction of ours is
+/// milliseconds long.
+pub const IDLE_IN_TRANSACTION_TIMEOUT: &str = "15s";
+
 pub async fn connect(args: &DatabaseArgs) -> Result<PgPool, DbError> {
-    // One direct connection first: a pool reports only "timed out", this
-    // reports why (refused, unknown database, authentication failed).
-    let probe = tokio::time::timeout(
-        Duration::from_secs(5),
-        PgConnection::connect(&args.database_url),
-    )
-    .await
-    .unwrap_or_else(|_| Err(sqlx::Error::PoolTimedOut))
-    .map_err(|e| DbError::Connect {
+    let connect_error = |e: sqlx::Error| DbError::Connect {
         url: crate::nats::redact_url(&args.database_url),
         reason: e.to_string(),
-    })?;
+    };
+    let options = args
+        .database_url
+        .parse::<PgConnectOptions>()
+        .map_err(connect_error)?
+        .options([(
+            "idle_in_transaction_session_timeout",
+            IDLE_IN_TRANSACTION_TIMEOUT,
+        )]);
+    // One direct connection first: a pool reports only "timed out", this
+    // reports why (refused, unknown database, authentication failed).
+    let probe = tokio::time::timeout(Duration::from_secs(5), PgConnection::connect_with(&options))
+        .await
+        .unwrap_or_else(|_| Err(sqlx::Error::PoolTimedOut))
+        .map_err(connect_error)?;
     let _ = probe.close().await;
     PgPoolOptions::new()
         .max_connections(args.db_max_connections)
         .acquire_timeout(Duration::from_secs(5))
-        .connect(&args.database_url)
+        .connect_with(options)
         .await
         .map_err(|e| DbError::Connect {
             url: crate::nats::redact_url(&args.database_url),

@@ -4,7 +4,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_nats::{Client, HeaderMap};
 use futures::stream::BoxStream;
@@ -44,7 +44,27 @@ impl RpcError {
     }
 }
 
-/// Sends `request` and decodes the answer.
+/// The NATS header that carries a request's deadline: milliseconds since the
+/// Unix epoch after which its sender no longer waits for the answer. A server
+/// drops a request it picks up past its deadline without executing it: work
+/// nobody waits for is not done. Deadlines are an economy, never what keeps
+/// state correct (replicas' clocks may disagree; the ordering rules of the
+/// services do not read clocks).
+pub const DEADLINE_HEADER: &str = "Ctxsync-Deadline";
+
+/// The deadline a request carries, if any.
+pub fn deadline_of(headers: Option<&HeaderMap>) -> Option<SystemTime> {
+    let millis: u64 = headers?.get(DEADLINE_HEADER)?.as_str().parse().ok()?;
+    UNIX_EPOCH.checked_add(Duration::from_millis(millis))
+}
+
+/// True once `deadline` has passed (a request without one never expires).
+pub fn expired(deadline: Option<SystemTime>) -> bool {
+    deadline.is_some_and(|deadline| SystemTime::now() >= deadline)
+}
+
+/// Sends `request` and decodes the answer. The request carries its deadline
+/// (now + `timeout`) in [`DEADLINE_HEADER`].
 pub async fn request<Req: Message, Resp: Message + Default>(
     client: &Client,
     subject: String,
@@ -52,12 +72,16 @@ pub async fn request<Req: Message, Resp: Message + Default>(
     headers: Option<HeaderMap>,
     timeout: Duration,
 ) -> Result<Resp, RpcError> {
-    let mut nats_request = async_nats::Request::new()
+    let mut headers = headers.unwrap_or_default();
+    let deadline = SystemTime::now()
+        .checked_add(timeout)
+        .and_then(|at| at.duration_since(UNIX_EPOCH).ok())
+        .map_or(u128::MAX, |since_epoch| since_epoch.as_millis());
+    headers.insert(DEADLINE_HEADER, deadline.to_string().as_str());
+    let nats_request = async_nats::Request::new()
         .payload(request.encode_to_vec().into())
-        .timeout(Some(timeout));
-    if let Some(headers) = headers {
-        nats_request = nats_request.headers(headers);
-    }
+        .timeout(Some(timeout))
+        .headers(headers);
     let answer = client
         .send_request(subject.clone(), nats_request)
         .await
@@ -225,7 +249,16 @@ where
             };
             let handler = handler.clone();
             let client = client.clone();
+            let subject = subject.clone();
             tracker.spawn(async move {
+                // Picked up after its sender gave up (a stalled replica, a
+                // long queue): nobody reads the answer, so nothing is done.
+                if expired(deadline_of(message.headers.as_ref())) {
+                    metrics::counter!("ctxsync_rpc_expired_total", "subject" => subject.clone())
+                        .increment(1);
+                    tracing::debug!(%subject, "request past its deadline dropped unexecuted");
+                    return;
+                }
                 let response = match Req::decode(message.payload) {
                     Ok(request) => handler(request, message.headers).await,
                     Err(error) => on_malformed(format!("malformed request: {error}")),

@@ -4,19 +4,19 @@
 //! The lock also raises the agent's revision, so every accepted write is
 //! numbered in commit order.
 
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use chrono::{DateTime, Utc};
 use ctxsync_proto::v1::{
     Agent, AgentState, ContextConfig, ContextResource, DiscoveryChanged, PushContextStateRequest,
-    PushDropReason, Snapshot, SnapshotCommitted, StartupRequest, StartupResponse,
-    discovery_changed::Cause, mcp_discovery::Phase,
+    PushDropReason, Snapshot, SnapshotCommitted, StartupDropReason, StartupRequest,
+    StartupResponse, discovery_changed::Cause, mcp_discovery::Phase,
 };
 use ctxsync_proto::validate::{self, ValidationError};
 use prost::Message;
 use sha2::{Digest, Sha256};
 use sqlx::postgres::PgRow;
-use sqlx::{PgConnection, PgPool, Postgres, Row};
+use sqlx::{PgConnection, PgPool, Postgres, Row, Transaction};
 use uuid::Uuid;
 
 #[derive(Debug, thiserror::Error)]
@@ -34,14 +34,26 @@ pub enum StoreError {
         name: String,
     },
     #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
+    Database(sqlx::Error),
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
+    /// The request's sender gave up before it could commit: rolled back.
+    #[error("the request's deadline passed before it committed: nothing was written")]
+    DeadlineExceeded,
 }
+
+/// How many superseded runs are remembered per agent (oldest forgotten first).
+/// A run older than that could take the agent back with a late startup only
+/// until the live process reclaims it.
+const SUPERSEDED_RUNS_KEPT: i64 = 100;
+
+/// Postgres' SQLSTATE for `lock_timeout` (lock_not_available).
+const LOCK_NOT_AVAILABLE: &str = "55P03";
 
 /// What a startup did.
 #[derive(Debug)]
 pub struct StartupOutcome {
+    /// `drop_reason` is set when the startup was dropped (nothing written).
     pub response: StartupResponse,
     /// The run-id-changed event to publish, if the run id changed; it carries
     /// the state after the commit.
@@ -73,6 +85,15 @@ pub fn phase_to_db(phase: Phase) -> &'static str {
         Phase::Unspecified => "unspecified",
         Phase::Pending => "pending",
         Phase::Complete => "complete",
+    }
+}
+
+/// Phases in the order a run moves through them.
+fn phase_rank(phase: Phase) -> u8 {
+    match phase {
+        Phase::Unspecified => 0,
+        Phase::Pending => 1,
+        Phase::Complete => 2,
     }
 }
 
@@ -114,6 +135,52 @@ fn content_hash(push: &PushContextStateRequest, phase: Phase, config: &[u8]) -> 
         hasher.update(&encoded);
     }
     hex::encode(hasher.finalize())
+}
+
+/// Begins a transaction whose lock waits end at `deadline`: a replica that
+/// stalls while holding an agent's row lock cannot keep the others' requests
+/// waiting past the moment their senders give up.
+async fn begin(
+    pool: &PgPool,
+    deadline: Option<SystemTime>,
+) -> Result<Transaction<'static, Postgres>, StoreError> {
+    let Some(deadline) = deadline else {
+        return Ok(pool.begin().await?);
+    };
+    let remaining = deadline
+        .duration_since(SystemTime::now())
+        .map_err(|_| StoreError::DeadlineExceeded)?;
+    // lock_timeout 0 would mean "no limit".
+    let millis = remaining.as_millis().clamp(1, i32::MAX as u128);
+    let statement = format!("BEGIN; SET LOCAL lock_timeout = {millis}");
+    Ok(pool.begin_with(sqlx::AssertSqlSafe(statement)).await?)
+}
+
+impl From<sqlx::Error> for StoreError {
+    /// A lock wait that ran out of time (`lock_timeout` is only set from a
+    /// request's deadline) is the deadline passing.
+    fn from(error: sqlx::Error) -> Self {
+        match &error {
+            sqlx::Error::Database(db) if db.code().as_deref() == Some(LOCK_NOT_AVAILABLE) => {
+                Self::DeadlineExceeded
+            }
+            _ => Self::Database(error),
+        }
+    }
+}
+
+/// Commits unless the sender has given up: then rolls back, so work nobody
+/// waits for never lands (it would be late by definition).
+async fn commit_before(
+    tx: Transaction<'static, Postgres>,
+    deadline: Option<SystemTime>,
+) -> Result<(), StoreError> {
+    if ctxsync_runtime::rpc::expired(deadline) {
+        tx.rollback().await?;
+        return Err(StoreError::DeadlineExceeded);
+    }
+    tx.commit().await?;
+    Ok(())
 }
 
 #[derive(Clone)]
@@ -191,15 +258,68 @@ impl Store {
         Ok(row.map(|r| r.get("agent_id")))
     }
 
-    /// UpdateStartup: always overwrites the agent's run id, empty included.
+    /// UpdateStartup: overwrites the agent's run id (empty included), unless
+    /// the startup names a run the agent already moved away from: that one is
+    /// late or replayed and is dropped, unless it is a reclaim.
     pub async fn update_startup(
         &self,
         agent_id: Uuid,
         startup: &StartupRequest,
+        deadline: Option<SystemTime>,
     ) -> Result<StartupOutcome, StoreError> {
         validate::startup(startup)?;
-        let mut tx = self.pool.begin().await?;
+        // A re-announcement of the current run changes nothing: answer it
+        // without a write (live agents repeat it periodically).
+        if !startup.reclaim {
+            let row = sqlx::query(
+                "SELECT agent_run_id, agent_version FROM snapshot.agents WHERE agent_id = $1",
+            )
+            .bind(agent_id)
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or(StoreError::NotFound(agent_id))?;
+            let (run_id, version): (String, String) =
+                (row.get("agent_run_id"), row.get("agent_version"));
+            if run_id == startup.agent_run_id && version == startup.agent_version {
+                return Ok(StartupOutcome {
+                    response: StartupResponse {
+                        previous_agent_run_id: run_id,
+                        ..Default::default()
+                    },
+                    discovery_changed: None,
+                });
+            }
+        }
+
+        let mut tx = begin(&self.pool, deadline).await?;
         let previous = lock_agent(&mut tx, agent_id).await?.agent.agent_run_id;
+        let changed = previous != startup.agent_run_id;
+        if changed && !startup.agent_run_id.is_empty() {
+            let superseded: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM snapshot.superseded_runs
+                                WHERE agent_id = $1 AND agent_run_id = $2)",
+            )
+            .bind(agent_id)
+            .bind(&startup.agent_run_id)
+            .fetch_one(&mut *tx)
+            .await?;
+            if superseded && !startup.reclaim {
+                tx.rollback().await?;
+                return Ok(StartupOutcome {
+                    response: StartupResponse {
+                        previous_agent_run_id: previous.clone(),
+                        run_id_changed: false,
+                        drop_reason: StartupDropReason::SupersededRun as i32,
+                        message: format!(
+                            "run {:?} was already replaced by another run of this agent \
+                             (now {previous:?}): the startup is late or replayed and changed nothing",
+                            startup.agent_run_id
+                        ),
+                    },
+                    discovery_changed: None,
+                });
+            }
+        }
         sqlx::query(
             "UPDATE snapshot.agents
              SET agent_run_id = $2, agent_version = $3, startup_at = clock_timestamp()
@@ -210,7 +330,9 @@ impl Store {
         .bind(&startup.agent_version)
         .execute(&mut *tx)
         .await?;
-        let changed = previous != startup.agent_run_id;
+        if changed {
+            record_superseded(&mut tx, agent_id, &previous, &startup.agent_run_id).await?;
+        }
         // Only an event needs the state; read under the lock, it is exactly
         // what commits.
         let state = if changed {
@@ -218,7 +340,7 @@ impl Store {
         } else {
             None
         };
-        tx.commit().await?;
+        commit_before(tx, deadline).await?;
         let now = Utc::now();
 
         let discovery_changed = state.map(|state| {
@@ -254,6 +376,7 @@ impl Store {
         &self,
         agent_id: Uuid,
         push: PushContextStateRequest,
+        deadline: Option<SystemTime>,
     ) -> Result<PushOutcome, StoreError> {
         validate::push(&push)?;
         let started = Instant::now();
@@ -266,7 +389,7 @@ impl Store {
             reason: "must fit in a signed 64-bit integer".into(),
         })?;
 
-        let mut tx = self.pool.begin().await?;
+        let mut tx = begin(&self.pool, deadline).await?;
         let locked = lock_agent(&mut tx, agent_id).await?;
         let agent_run_id = locked.agent.agent_run_id.clone();
         let row = sqlx::query(
@@ -297,20 +420,35 @@ impl Store {
                 ),
             });
         }
-        // Within a run, versions only move forward (a new process restarts with `initial`).
-        if !agent_run_id.is_empty()
-            && stored_run_id.as_deref() == Some(push.agent_run_id.as_str())
-            && !push.initial
-            && stored_version.is_some_and(|stored| version <= stored)
-        {
+        // Within a run, versions only move forward and so does the phase. A
+        // new process starts over with its own run id, so `initial` is only
+        // the first push of a run, never a reset: a late or replayed first
+        // push of the running process is an old version like any other.
+        let same_run = !agent_run_id.is_empty()
+            && stored_run_id.as_deref() == Some(push.agent_run_id.as_str());
+        if same_run && let Some(stored) = stored_version.filter(|&stored| version <= stored) {
             tx.rollback().await?;
             record_push_transaction(started, "dropped");
             return Ok(PushOutcome::Dropped {
                 reason: PushDropReason::StaleVersion,
                 message: format!(
-                    "version {} is not above the stored version {} of this run",
-                    push.version,
-                    stored_version.unwrap_or_default()
+                    "version {} is not above the stored version {stored} of this run",
+                    push.version
+                ),
+            });
+        }
+        if same_run
+            && let Some(stored) =
+                stored_phase.filter(|&stored| phase_rank(phase) < phase_rank(stored))
+        {
+            tx.rollback().await?;
+            record_push_transaction(started, "dropped");
+            return Ok(PushOutcome::Dropped {
+                reason: PushDropReason::PhaseRegression,
+                message: format!(
+                    "phase {} would move this run back from {}",
+                    phase.as_str_name(),
+                    stored.as_str_name()
                 ),
             });
         }
@@ -341,7 +479,10 @@ impl Store {
         if content_changed {
             write_resources(&mut tx, agent_id, &push.resources).await?;
         }
-        tx.commit().await?;
+        if let Err(error) = commit_before(tx, deadline).await {
+            record_push_transaction(started, "expired");
+            return Err(error);
+        }
         record_push_transaction(started, "accepted");
 
         // The event's commit time is when COMMIT returned, not when the row
@@ -535,6 +676,48 @@ async fn lock_agent(tx: &mut PgConnection, agent_id: Uuid) -> Result<LockedAgent
         agent: agent_from_row(agent_id, &row),
         revision: revision_from_row(&row),
     })
+}
+
+/// After the run moved from `previous` to `current`: `previous` is superseded
+/// (a late startup naming it will be dropped) and `current` is not (it may be
+/// a reclaim). Only the newest [`SUPERSEDED_RUNS_KEPT`] are remembered.
+async fn record_superseded(
+    tx: &mut PgConnection,
+    agent_id: Uuid,
+    previous: &str,
+    current: &str,
+) -> Result<(), sqlx::Error> {
+    if !current.is_empty() {
+        sqlx::query(
+            "DELETE FROM snapshot.superseded_runs WHERE agent_id = $1 AND agent_run_id = $2",
+        )
+        .bind(agent_id)
+        .bind(current)
+        .execute(&mut *tx)
+        .await?;
+    }
+    if previous.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "INSERT INTO snapshot.superseded_runs (agent_id, agent_run_id) VALUES ($1, $2)
+         ON CONFLICT (agent_id, agent_run_id) DO UPDATE SET superseded_at = clock_timestamp()",
+    )
+    .bind(agent_id)
+    .bind(previous)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "DELETE FROM snapshot.superseded_runs
+         WHERE agent_id = $1 AND agent_run_id IN (
+             SELECT agent_run_id FROM snapshot.superseded_runs WHERE agent_id = $1
+             ORDER BY superseded_at DESC OFFSET $2)",
+    )
+    .bind(agent_id)
+    .bind(SUPERSEDED_RUNS_KEPT)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
 }
 
 /// Replaces the agent's resources: sources absent from the push are deleted.

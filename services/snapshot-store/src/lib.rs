@@ -16,8 +16,8 @@ use ctxsync_proto::subjects::{STORE_QUEUE_GROUP, Subjects};
 use ctxsync_proto::v1::{
     AgentState, AuthenticateAgentReply, AuthenticateAgentRequest, GetAgentStateReply,
     GetAgentStateRequest, PushContextStateResponse, RegisterAgentReply, RegisterAgentRequest,
-    StoreError as ProtoError, StorePushReply, StorePushRequest, UpdateStartupReply,
-    UpdateStartupRequest, store_error::Code,
+    StartupDropReason, StoreError as ProtoError, StorePushReply, StorePushRequest,
+    UpdateStartupReply, UpdateStartupRequest, store_error::Code,
 };
 use ctxsync_runtime::nats::NatsConnection;
 use ctxsync_runtime::telemetry::continue_trace;
@@ -142,6 +142,7 @@ fn error_reply(error: &StoreError) -> ProtoError {
         StoreError::NotFound(_) => Code::NotFound,
         StoreError::InvalidAgentId(_) | StoreError::Invalid(_) => Code::InvalidArgument,
         StoreError::AlreadyExists { .. } => Code::AlreadyExists,
+        StoreError::DeadlineExceeded => Code::DeadlineExceeded,
         StoreError::Database(_) | StoreError::Corrupt(_) => Code::Internal,
     };
     if code == Code::Internal {
@@ -310,7 +311,9 @@ async fn serve_all(
         move |req: UpdateStartupRequest, headers: Option<HeaderMap>| {
             let trace = TraceContext::from_nats(headers.as_ref());
             let span = continue_trace(tracing::info_span!("store.startup"), trace.as_ref());
-            update_startup(s.clone(), n.clone(), j.clone(), limit, trace, req).instrument(span)
+            let deadline = rpc::deadline_of(headers.as_ref());
+            update_startup(s.clone(), n.clone(), j.clone(), limit, trace, deadline, req)
+                .instrument(span)
         }
     });
     let push = endpoint(client, subjects.store_push(), shutdown, grace, {
@@ -318,8 +321,10 @@ async fn serve_all(
         move |req: StorePushRequest, headers: Option<HeaderMap>| {
             let trace = TraceContext::from_nats(headers.as_ref());
             let span = continue_trace(tracing::info_span!("store.push"), trace.as_ref());
+            let deadline = rpc::deadline_of(headers.as_ref());
             let (s, n, j) = (s.clone(), n.clone(), j.clone());
-            async move { handle_push(&s, &n, &j, limit, trace, req).await }.instrument(span)
+            async move { handle_push(&s, &n, &j, limit, trace, deadline, req).await }
+                .instrument(span)
         }
     });
     let get = endpoint(client, subjects.store_get_agent_state(), shutdown, grace, {
@@ -362,33 +367,54 @@ async fn authenticate_agent(store: Store, req: AuthenticateAgentRequest) -> Auth
     })
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn update_startup(
     store: Store,
     nats: async_nats::Client,
     subjects: Subjects,
     limit: StateLimit,
     trace: Option<TraceContext>,
+    deadline: Option<std::time::SystemTime>,
     req: UpdateStartupRequest,
 ) -> UpdateStartupReply {
     let result = match db::parse_agent_id(&req.agent_id) {
         Ok(agent_id) => {
             store
-                .update_startup(agent_id, &req.startup.unwrap_or_default())
+                .update_startup(agent_id, &req.startup.unwrap_or_default(), deadline)
                 .await
         }
         Err(error) => Err(error),
     };
+    let trace_id = trace.map(|t| t.trace_id()).unwrap_or_default();
+    let outcome = match &result {
+        Ok(outcome) if outcome.response.drop_reason() != StartupDropReason::Unspecified => {
+            tracing::info!(
+                agent_id = %req.agent_id,
+                %trace_id,
+                reason = outcome.response.drop_reason().as_str_name(),
+                message = %outcome.response.message,
+                "startup dropped"
+            );
+            "dropped"
+        }
+        Ok(_) => "accepted",
+        Err(StoreError::DeadlineExceeded) => "expired",
+        Err(_) => "error",
+    };
+    metrics::counter!("ctxsync_store_startups_total", "outcome" => outcome).increment(1);
     let result = match result {
         Ok(StartupOutcome {
             response,
             discovery_changed,
         }) => {
-            tracing::info!(
-                agent_id = %req.agent_id,
-                trace_id = trace.map(|t| t.trace_id()).unwrap_or_default(),
-                run_id_changed = response.run_id_changed,
-                "startup committed"
-            );
+            if response.drop_reason() == StartupDropReason::Unspecified {
+                tracing::info!(
+                    agent_id = %req.agent_id,
+                    %trace_id,
+                    run_id_changed = response.run_id_changed,
+                    "startup committed"
+                );
+            }
             if let Some(mut event) = discovery_changed {
                 limit.apply(&nats, &event.agent_id, &mut event.state);
                 publish(
@@ -426,6 +452,7 @@ async fn handle_push(
     subjects: &Subjects,
     limit: StateLimit,
     trace: Option<TraceContext>,
+    deadline: Option<std::time::SystemTime>,
     request: StorePushRequest,
 ) -> StorePushReply {
     let trace_id = trace.map(|t| t.trace_id()).unwrap_or_default();
@@ -433,7 +460,7 @@ async fn handle_push(
     let version = push.version;
     let result = async {
         let agent_id = db::parse_agent_id(&request.agent_id)?;
-        store.push(agent_id, push).await
+        store.push(agent_id, push, deadline).await
     }
     .await;
     match result {
@@ -491,7 +518,11 @@ async fn handle_push(
             }
         }
         Err(e) => {
-            metrics::counter!("ctxsync_store_pushes_total", "outcome" => "error").increment(1);
+            let outcome = match e {
+                StoreError::DeadlineExceeded => "expired",
+                _ => "error",
+            };
+            metrics::counter!("ctxsync_store_pushes_total", "outcome" => outcome).increment(1);
             StorePushReply {
                 response: None,
                 error: Some(error_reply(&e)),

@@ -7,7 +7,7 @@ use std::time::Duration;
 use common::*;
 use ctxsync_proto::v1::mcp_discovery::Phase;
 use ctxsync_proto::v1::*;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use prost::Message;
 
 const RUN_A: &str = "0b7f2c1e-7d1a-4c59-9d2f-4a1b2c3d4e5f";
@@ -171,7 +171,7 @@ async fn oversized_run_id_is_refused_on_both_paths_and_changes_nothing() {
 }
 
 #[tokio::test]
-async fn versions_only_move_forward_within_a_run_and_initial_restarts_them() {
+async fn versions_only_move_forward_within_a_run_initial_included() {
     let h = StoreHarness::spawn().await;
     let agent = h.register("a").await;
     h.startup(&agent, RUN_A).await;
@@ -191,19 +191,277 @@ async fn versions_only_move_forward_within_a_run_and_initial_restarts_them() {
         );
     }
     assert_eq!(h.state(&agent).await.snapshot.unwrap().version, 5);
-    // `initial` is accepted whatever its version.
-    h.push_ok(&agent, push(RUN_A, 1, true, Some(Phase::Pending), vec![]))
-        .await;
-    h.push_ok(&agent, push(RUN_A, 2, false, Some(Phase::Complete), vec![]))
-        .await;
-    let snapshot = h.state(&agent).await.snapshot.unwrap();
-    assert_eq!((snapshot.version, snapshot.phase()), (2, Phase::Complete));
 
     // A new run's first push is accepted even with a lower version than the old run's.
     h.startup(&agent, RUN_B).await;
     h.push_ok(&agent, push(RUN_B, 1, false, Some(Phase::Pending), vec![]))
         .await;
     assert_eq!(h.state(&agent).await.snapshot.unwrap().agent_run_id, RUN_B);
+}
+
+/// The replay: v2 COMPLETE, then the same run's first push again
+/// (late from a stalled replica, or replayed). `initial` is the first push
+/// of a run, not a reset: it is an old version and changes nothing.
+#[tokio::test]
+async fn a_late_or_replayed_initial_push_never_moves_the_run_back() {
+    let h = StoreHarness::spawn().await;
+    let agent = h.register("a").await;
+    h.startup(&agent, RUN_A).await;
+    let first = push(RUN_A, 1, true, Some(Phase::Pending), vec![]);
+    h.push_ok(&agent, first.clone()).await;
+    h.push_ok(&agent, complete(RUN_A, 2, vec![server("s", &["t"])]))
+        .await;
+    let before = h.state(&agent).await;
+
+    let reply = h.push(&agent, first).await;
+    assert_eq!(dropped(&reply), Some(PushDropReason::StaleVersion));
+    let after = h.state(&agent).await;
+    assert_eq!(after, before);
+    let snapshot = after.snapshot.unwrap();
+    assert_eq!((snapshot.version, snapshot.phase()), (2, Phase::Complete));
+}
+
+#[tokio::test]
+async fn the_phase_never_moves_back_within_a_run() {
+    let h = StoreHarness::spawn().await;
+    let agent = h.register("a").await;
+    h.startup(&agent, RUN_A).await;
+    h.push_ok(&agent, pending(RUN_A, 1, vec![])).await;
+    h.push_ok(&agent, complete(RUN_A, 2, vec![])).await;
+    let before = h.state(&agent).await;
+    for (version, phase) in [(3, Some(Phase::Pending)), (4, None)] {
+        let reply = h
+            .push(&agent, push(RUN_A, version, false, phase, vec![]))
+            .await;
+        assert_eq!(
+            dropped(&reply),
+            Some(PushDropReason::PhaseRegression),
+            "version {version} with phase {phase:?}"
+        );
+        assert!(
+            reply.response.unwrap().message.contains("PHASE_COMPLETE"),
+            "the drop says what it would have moved back from"
+        );
+    }
+    assert_eq!(h.state(&agent).await, before);
+    // Forward within the run is still fine, and a new run starts over.
+    h.push_ok(&agent, complete(RUN_A, 5, vec![])).await;
+    h.startup(&agent, RUN_B).await;
+    h.push_ok(&agent, pending(RUN_B, 1, vec![])).await;
+}
+
+fn startup_dropped(reply: &UpdateStartupReply) -> Option<StartupDropReason> {
+    assert_eq!(reply.error, None);
+    let response = reply.response.as_ref().expect("startup response");
+    (response.drop_reason() != StartupDropReason::Unspecified).then(|| response.drop_reason())
+}
+
+/// The first failure: the old process's Startup, executed late by a
+/// replica that stalled while the agent process was replaced, used to put
+/// the old run id back for good. A run the agent moved away from never
+/// comes back by a startup, whatever the clocks say.
+#[tokio::test]
+async fn a_late_startup_of_a_replaced_run_is_dropped_and_changes_nothing() {
+    let h = StoreHarness::spawn().await;
+    let agent = h.register("a").await;
+    let mut discovery = testkit::subscribe(&h.client, h.subjects.discovery_changed(&agent)).await;
+    h.startup(&agent, RUN_A).await;
+    h.push_ok(&agent, complete(RUN_A, 1, vec![server("old", &["t"])]))
+        .await;
+    h.startup(&agent, RUN_B).await;
+    h.push_ok(&agent, pending(RUN_B, 1, vec![server("new", &["t"])]))
+        .await;
+    let before = h.state(&agent).await;
+
+    let reply = h.startup(&agent, RUN_A).await;
+    assert_eq!(
+        startup_dropped(&reply),
+        Some(StartupDropReason::SupersededRun)
+    );
+    let response = reply.response.unwrap();
+    assert!(!response.run_id_changed);
+    assert_eq!(response.previous_agent_run_id, RUN_B);
+    assert!(response.message.contains(RUN_A), "{}", response.message);
+    assert_eq!(h.state(&agent).await, before);
+    // The live run's pushes go on being accepted, and the dropped startup
+    // published nothing: the events are the two runs' and the last push's.
+    h.push_ok(&agent, complete(RUN_B, 2, vec![server("new", &["t"])]))
+        .await;
+    let mut causes = Vec::new();
+    for _ in 0..5 {
+        let event = next_event(&mut discovery).await;
+        causes.push((event.cause(), event.agent_run_id, event.snapshot_version));
+    }
+    use discovery_changed::Cause::{Push, Startup};
+    assert_eq!(
+        causes,
+        [
+            (Startup, RUN_A.to_owned(), 0),
+            (Push, RUN_A.to_owned(), 1),
+            (Startup, RUN_B.to_owned(), 1),
+            (Push, RUN_B.to_owned(), 1),
+            (Push, RUN_B.to_owned(), 2),
+        ]
+    );
+}
+
+/// What no rule without clocks can tell apart: a dead process's *first*
+/// startup, executed after its successor's. It takes the agent for a while;
+/// the live process, told its pushes are stale, reclaims the agent, and
+/// the late run then counts as replaced like any other.
+#[tokio::test]
+async fn a_live_process_reclaims_its_agent_from_a_late_unknown_run() {
+    const GHOST: &str = "9c1d2e3f-0000-4aaa-bbbb-cccccccccccc";
+    let h = StoreHarness::spawn().await;
+    let agent = h.register("a").await;
+    h.startup(&agent, RUN_B).await;
+    h.push_ok(&agent, complete(RUN_B, 1, vec![server("live", &["t"])]))
+        .await;
+
+    // The ghost's late first startup is indistinguishable from a new process.
+    let reply = h.startup(&agent, GHOST).await;
+    assert_eq!(startup_dropped(&reply), None);
+    let reply = h
+        .push(&agent, complete(RUN_B, 2, vec![server("live", &["t"])]))
+        .await;
+    assert_eq!(dropped(&reply), Some(PushDropReason::StaleRun));
+    // A plain startup of the live run is dropped (RUN_B was superseded)...
+    assert_eq!(
+        startup_dropped(&h.startup(&agent, RUN_B).await),
+        Some(StartupDropReason::SupersededRun)
+    );
+    // ...a reclaim takes it back, and the live report is accepted again.
+    let reply = h.api.reclaim(&agent, RUN_B).await;
+    assert_eq!(startup_dropped(&reply), None);
+    let response = reply.response.unwrap();
+    assert!(response.run_id_changed);
+    assert_eq!(response.previous_agent_run_id, GHOST);
+    h.push_ok(&agent, complete(RUN_B, 3, vec![server("live", &["t"])]))
+        .await;
+    let state = h.state(&agent).await;
+    assert_eq!(state.agent.unwrap().agent_run_id, RUN_B);
+    assert_eq!(state.snapshot.unwrap().version, 3);
+    // Another late copy of the ghost's startup is now dropped.
+    assert_eq!(
+        startup_dropped(&h.startup(&agent, GHOST).await),
+        Some(StartupDropReason::SupersededRun)
+    );
+    assert_eq!(h.state(&agent).await.agent.unwrap().agent_run_id, RUN_B);
+}
+
+#[tokio::test]
+async fn a_reclaim_needs_a_run_id() {
+    let h = StoreHarness::spawn().await;
+    let agent = h.register("a").await;
+    let reply = h.api.reclaim(&agent, "").await;
+    let error = reply.error.expect("refused");
+    assert_eq!(error.code(), store_error::Code::InvalidArgument);
+    assert!(error.message.contains("reclaim"), "{}", error.message);
+}
+
+#[tokio::test]
+async fn only_the_newest_superseded_runs_are_remembered() {
+    let h = StoreHarness::spawn().await;
+    let agent = h.register("a").await;
+    let runs: Vec<String> = (0..105).map(|i| format!("run-{i:03}")).collect();
+    for run in &runs {
+        assert_eq!(startup_dropped(&h.startup(&agent, run).await), None);
+    }
+    let pool = sqlx::PgPool::connect(h.db.url()).await.unwrap();
+    let kept: Vec<String> = sqlx::query_scalar(
+        "SELECT agent_run_id FROM snapshot.superseded_runs ORDER BY agent_run_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    // 104 runs were replaced; the 100 newest are kept.
+    assert_eq!(kept, runs[4..104].to_vec());
+}
+
+/// A request its sender has given up on is not executed: here its deadline
+/// passed before any replica picked it up.
+#[tokio::test]
+async fn a_request_past_its_deadline_is_dropped_unexecuted() {
+    let h = StoreHarness::spawn().await;
+    let agent = h.register("a").await;
+    h.startup(&agent, RUN_A).await;
+    let before = h.state(&agent).await;
+
+    let request = StorePushRequest {
+        agent_id: agent.clone(),
+        push: Some(complete(RUN_A, 1, vec![server("s", &["t"])])),
+    };
+    let mut headers = async_nats::HeaderMap::new();
+    let past = std::time::SystemTime::now() - Duration::from_secs(1);
+    let millis = past
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    headers.insert(
+        ctxsync_runtime::rpc::DEADLINE_HEADER,
+        millis.to_string().as_str(),
+    );
+    let inbox = h.client.new_inbox();
+    let mut replies = testkit::subscribe(&h.client, inbox.clone()).await;
+    h.client
+        .publish_with_reply_and_headers(
+            h.subjects.store_push(),
+            inbox,
+            headers,
+            request.encode_to_vec().into(),
+        )
+        .await
+        .unwrap();
+    // The subject carries this test's own prefix: the count is this request's.
+    let series = format!(
+        "ctxsync_rpc_expired_total{{subject=\"{}\"}}",
+        h.subjects.store_push()
+    );
+    metric_reaches(&series, 1.0).await;
+    assert!(
+        replies.next().now_or_never().is_none(),
+        "an expired request is not answered"
+    );
+    assert_eq!(h.state(&agent).await, before, "and not executed");
+}
+
+/// The deadline also bounds the wait for the agent's row lock (a replica
+/// stalled inside a transaction): past it the push rolls back, and once the
+/// lock is free nothing of it lands.
+#[tokio::test]
+async fn a_deadline_that_passes_in_a_lock_wait_writes_nothing() {
+    let h = StoreHarness::spawn().await;
+    let agent = h.register("a").await;
+    h.startup(&agent, RUN_A).await;
+    let before = h.state(&agent).await;
+
+    // Another session holds the agent's row lock, as a stalled replica would.
+    let pool = sqlx::PgPool::connect(h.db.url()).await.unwrap();
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM snapshot.agents WHERE agent_id = $1::uuid FOR UPDATE")
+        .bind(&agent)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+
+    let expired = "ctxsync_store_pushes_total{outcome=\"expired\"}";
+    let expired_before = metric(expired);
+    let answer = ctxsync_runtime::rpc::request::<_, StorePushReply>(
+        &h.client,
+        h.subjects.store_push(),
+        &StorePushRequest {
+            agent_id: agent.clone(),
+            push: Some(complete(RUN_A, 1, vec![])),
+        },
+        None,
+        Duration::from_millis(700),
+    )
+    .await;
+    assert!(answer.is_err(), "the sender gave up: {answer:?}");
+    // The store gives up at the deadline, while the lock is still held.
+    metric_reaches(expired, expired_before + 1.0).await;
+    holder.rollback().await.unwrap();
+    assert_eq!(h.state(&agent).await, before);
 }
 
 #[tokio::test]
@@ -264,6 +522,28 @@ async fn next_message<M: Message + Default>(sub: &mut async_nats::Subscriber) ->
         .expect("an event within the deadline")
         .expect("subscription open");
     M::decode(message.payload).expect("event decodes")
+}
+
+/// The value of one metric series of this process (0 when absent).
+fn metric(series: &str) -> f64 {
+    ctxsync_runtime::metrics::handle()
+        .render()
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Waits (bounded) until `series` reaches `value`.
+async fn metric_reaches(series: &str, value: f64) {
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while metric(series) < value {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{series} stayed at {} (waited for {value})",
+            metric(series)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 async fn next_event(sub: &mut async_nats::Subscriber) -> DiscoveryChanged {
@@ -569,12 +849,12 @@ async fn revision_rises_by_one_per_accepted_write_and_not_for_dropped_ones() {
     assert!(reply.error.is_some());
     assert_eq!(revision(h.state(&agent).await), 2);
 
-    // Accepted writes that change nothing a watcher sees still count: a
-    // repeated startup and an unchanged re-push.
+    // A repeated startup of the current run writes nothing (live agents
+    // re-announce themselves periodically); an unchanged re-push is a write.
     h.startup(&agent, RUN_A).await;
-    assert_eq!(revision(h.state(&agent).await), 3);
+    assert_eq!(revision(h.state(&agent).await), 2);
     h.push_ok(&agent, pending(RUN_A, 2, vec![])).await;
-    assert_eq!(revision(h.state(&agent).await), 4);
+    assert_eq!(revision(h.state(&agent).await), 3);
 
     // Racing pushes on two replicas: each accepted one takes the next
     // revision, none shares one, the dropped ones take none.
@@ -600,14 +880,14 @@ async fn revision_rises_by_one_per_accepted_write_and_not_for_dropped_ones() {
         .count() as u64;
     assert!(accepted >= 1);
     let state = h.state(&agent).await;
-    assert_eq!(state.revision, 4 + accepted);
+    assert_eq!(state.revision, 3 + accepted);
     let mut revisions = Vec::new();
     for _ in 0..accepted {
         let commit: SnapshotCommitted = next_message(&mut committed).await;
         revisions.push(commit.revision);
     }
     revisions.sort_unstable();
-    assert_eq!(revisions, (5..=4 + accepted).collect::<Vec<_>>());
+    assert_eq!(revisions, (4..=3 + accepted).collect::<Vec<_>>());
 }
 
 #[tokio::test]

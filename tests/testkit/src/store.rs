@@ -10,6 +10,15 @@ use ctxsync_runtime::rpc::{self, RpcError};
 
 use crate::report::sha;
 
+/// A Startup of `run_id` with agent version `test`.
+pub fn startup(run_id: &str, reclaim: bool) -> StartupRequest {
+    StartupRequest {
+        agent_run_id: run_id.into(),
+        agent_version: "test".into(),
+        reclaim,
+    }
+}
+
 /// Requests to one store (one subject prefix). Cheap to clone into tasks.
 /// Every call panics when the store does not answer, and the calls that name
 /// a result (`register`, `push_ok`, `state`) assert the store reported no error.
@@ -89,15 +98,25 @@ impl StoreClient {
 
     /// The agent's Startup with `run_id` (agent version `test`), as answered.
     pub async fn startup(&self, agent_id: &str, run_id: &str) -> UpdateStartupReply {
+        self.startup_request(agent_id, startup(run_id, false)).await
+    }
+
+    /// The Startup of a live process reclaiming its agent with `run_id`.
+    pub async fn reclaim(&self, agent_id: &str, run_id: &str) -> UpdateStartupReply {
+        self.startup_request(agent_id, startup(run_id, true)).await
+    }
+
+    /// Any Startup, as answered.
+    pub async fn startup_request(
+        &self,
+        agent_id: &str,
+        startup: StartupRequest,
+    ) -> UpdateStartupReply {
         self.request(
             self.subjects.store_update_startup(),
             &UpdateStartupRequest {
                 agent_id: agent_id.into(),
-                startup: Some(StartupRequest {
-                    agent_run_id: run_id.into(),
-                    agent_version: "test".into(),
-                    ..Default::default()
-                }),
+                startup: Some(startup),
             },
         )
         .await
