@@ -39,6 +39,12 @@ struct Cli {
     /// Do not watch the context files.
     #[arg(long, env = "CTXSYNC_NO_WATCH")]
     no_watch: bool,
+
+    /// Re-announce this process to the store this often, so a takeover of
+    /// its agent by a late message is noticed and undone even when nothing
+    /// changes (0s: never).
+    #[arg(long, env = "CTXSYNC_REANNOUNCE_INTERVAL", default_value = "30s", value_parser = humantime::parse_duration)]
+    reannounce_interval: Duration,
 }
 
 #[derive(Debug, clap::Args)]
@@ -118,9 +124,11 @@ async fn main() -> anyhow::Result<()> {
                 .token_file
                 .context("--token-file (CTXSYNC_AGENT_TOKEN_FILE) is required")?;
             let token = AgentToken::from_file(&token_file)?;
+            let mut publisher = PublisherConfig::new(ingest_url, token);
+            publisher.reannounce_interval = cli.reannounce_interval;
             let config = AgentConfig {
                 discovery: settings,
-                publisher: PublisherConfig::new(ingest_url, token),
+                publisher,
                 watch: !cli.no_watch,
                 watch_debounce: cli.watch_debounce,
                 http_addr: cli.http_addr,

@@ -7,13 +7,20 @@
 //! coalesced, never queued). Every request carries a higher version than the
 //! one before, so a retry of a push that did commit is not a stale version.
 //! `initial` is set until a push has been answered.
+//!
+//! The agent heals itself: when the store says its run was replaced (a push
+//! dropped as `STALE_RUN`, or a startup dropped as `SUPERSEDED_RUN`) while
+//! this process is running, the replacement can only be a late message of a
+//! process that is gone, so it reclaims the agent (Startup with `reclaim`)
+//! and republishes its current report. It also re-announces itself every
+//! `reannounce_interval`, so a takeover is noticed even when nothing changes.
 
 use std::fmt;
 use std::time::Duration;
 
 use ctxsync_proto::v1::{
-    PushContextStateRequest, PushContextStateResponse, PushDropReason, StartupRequest,
-    StartupResponse, mcp_discovery::Phase,
+    PushContextStateRequest, PushContextStateResponse, PushDropReason, StartupDropReason,
+    StartupRequest, StartupResponse, mcp_discovery::Phase,
 };
 use prost::Message;
 use tokio::sync::watch;
@@ -107,7 +114,13 @@ pub struct PublisherConfig {
     pub agent_version: String,
     pub request_timeout: Duration,
     pub backoff: Backoff,
+    /// How often the agent re-announces itself (a Startup of its run) to
+    /// notice a takeover by a late message while nothing changes; zero never.
+    pub reannounce_interval: Duration,
 }
+
+/// The default of `reannounce_interval`.
+pub const DEFAULT_REANNOUNCE_INTERVAL: Duration = Duration::from_secs(30);
 
 impl PublisherConfig {
     pub fn new(ingest_url: impl Into<String>, token: AgentToken) -> Self {
@@ -117,6 +130,7 @@ impl PublisherConfig {
             agent_version: crate::AGENT_VERSION.to_owned(),
             request_timeout: Duration::from_secs(10),
             backoff: Backoff::default(),
+            reannounce_interval: DEFAULT_REANNOUNCE_INTERVAL,
         }
     }
 }
@@ -169,6 +183,7 @@ pub struct Publisher {
     run_id: String,
     agent_version: String,
     backoff: Backoff,
+    reannounce_interval: Duration,
 }
 
 impl fmt::Debug for Publisher {
@@ -201,6 +216,7 @@ impl Publisher {
             run_id: run_id.into(),
             agent_version: config.agent_version.clone(),
             backoff: config.backoff,
+            reannounce_interval: config.reannounce_interval,
         })
     }
 
@@ -208,11 +224,13 @@ impl Publisher {
         &self.run_id
     }
 
-    pub async fn startup(&self) -> Result<StartupResponse, PublishError> {
+    /// Announces this process's run; `reclaim` takes the agent back from a
+    /// run that replaced it (see the module docs).
+    pub async fn startup(&self, reclaim: bool) -> Result<StartupResponse, PublishError> {
         let request = StartupRequest {
             agent_run_id: self.run_id.clone(),
             agent_version: self.agent_version.clone(),
-            ..Default::default()
+            reclaim,
         };
         self.call(STARTUP_PATH, &request).await
     }
@@ -310,8 +328,110 @@ pub struct PublishStatus {
     pub accepted_report: Option<SharedReport>,
     /// Pushes sent (answered or not).
     pub attempts: u64,
+    /// Times this process took its agent back from a run that replaced it.
+    pub reclaims: u64,
     /// The last failure, cleared by the next answer.
     pub last_error: Option<String>,
+}
+
+/// Reclaims within this window count as one episode: more than one means
+/// something keeps taking the agent over (two processes sharing a token), so
+/// they back off instead of fighting at full speed.
+const RECLAIM_WINDOW: Duration = Duration::from_secs(60);
+
+/// Startup until the store applies it; false when shutdown came first.
+/// A startup dropped as superseded turns into a reclaim.
+async fn announce(
+    publisher: &Publisher,
+    mut reclaim: bool,
+    reclaims: &mut Vec<tokio::time::Instant>,
+    status: &watch::Sender<PublishStatus>,
+    shutdown: &CancellationToken,
+) -> bool {
+    let run_id = &publisher.run_id;
+    let mut attempt: u32 = 0;
+    loop {
+        if reclaim {
+            let now = tokio::time::Instant::now();
+            reclaims.retain(|at| now.duration_since(*at) < RECLAIM_WINDOW);
+            reclaims.push(now);
+            if reclaims.len() > 1 {
+                let delay = publisher.backoff.delay(reclaims.len() as u32 - 1, None);
+                tracing::error!(
+                    agent_run_id = %run_id,
+                    reclaims = reclaims.len(),
+                    ?delay,
+                    "this agent keeps being taken over by another run: is a second agent process using the same token?"
+                );
+                if sleep_or_shutdown(delay, shutdown).await {
+                    return false;
+                }
+            }
+        }
+        match publisher.startup(reclaim).await {
+            Ok(answer) if answer.drop_reason() == StartupDropReason::SupersededRun && !reclaim => {
+                tracing::warn!(
+                    agent_run_id = %run_id,
+                    current_agent_run_id = %answer.previous_agent_run_id,
+                    message = %answer.message,
+                    "the store says another run replaced this one while it is running: reclaiming the agent"
+                );
+                reclaim = true;
+            }
+            Ok(answer) if answer.drop_reason() != StartupDropReason::Unspecified => {
+                // A reclaim is never dropped as superseded; anything else is
+                // a store this agent does not understand: keep trying.
+                attempt += 1;
+                let error = format!(
+                    "startup dropped ({}): {}",
+                    answer.drop_reason().as_str_name(),
+                    answer.message
+                );
+                tracing::warn!(agent_run_id = %run_id, %error, attempt, "startup dropped; retrying");
+                status.send_modify(|s| s.last_error = Some(error));
+                if sleep_or_shutdown(publisher.backoff.delay(attempt, None), shutdown).await {
+                    return false;
+                }
+            }
+            Ok(answer) => {
+                if reclaim {
+                    metrics::counter!("ctxsync_agent_reclaims_total").increment(1);
+                    tracing::warn!(
+                        agent_run_id = %run_id,
+                        previous_agent_run_id = %answer.previous_agent_run_id,
+                        "agent reclaimed: republishing the current report"
+                    );
+                } else if answer.run_id_changed {
+                    tracing::info!(
+                        agent_run_id = %run_id,
+                        previous_agent_run_id = %answer.previous_agent_run_id,
+                        "startup reported"
+                    );
+                }
+                status.send_modify(|s| {
+                    s.started = true;
+                    s.reclaims += u64::from(reclaim);
+                    s.last_error = None;
+                });
+                return true;
+            }
+            Err(error) => {
+                attempt += 1;
+                log_failure("startup", &error, attempt);
+                status.send_modify(|s| s.last_error = Some(error.to_string()));
+                let delay = publisher.backoff.delay(attempt, error.retry_after());
+                if sleep_or_shutdown(delay, shutdown).await {
+                    return false;
+                }
+            }
+        }
+    }
+}
+
+/// What woke the publication loop.
+enum Wake {
+    Report,
+    Reannounce,
 }
 
 /// Publishes until `shutdown`: Startup, then each new report (see module docs).
@@ -322,32 +442,9 @@ pub async fn run(
     shutdown: CancellationToken,
 ) {
     let run_id = publisher.run_id.clone();
-    let mut attempt: u32 = 0;
-    loop {
-        match publisher.startup().await {
-            Ok(answer) => {
-                tracing::info!(
-                    agent_run_id = %run_id,
-                    previous_agent_run_id = %answer.previous_agent_run_id,
-                    run_id_changed = answer.run_id_changed,
-                    "startup reported"
-                );
-                status.send_modify(|s| {
-                    s.started = true;
-                    s.last_error = None;
-                });
-                break;
-            }
-            Err(error) => {
-                attempt += 1;
-                log_failure("startup", &error, attempt);
-                status.send_modify(|s| s.last_error = Some(error.to_string()));
-                let delay = publisher.backoff.delay(attempt, error.retry_after());
-                if sleep_or_shutdown(delay, &shutdown).await {
-                    return;
-                }
-            }
-        }
+    let mut reclaims = Vec::new();
+    if !announce(&publisher, false, &mut reclaims, &status, &shutdown).await {
+        return;
     }
 
     let mut version: u64 = 0;
@@ -355,15 +452,30 @@ pub async fn run(
     let mut attempt: u32 = 0;
     // The current report has not been published yet.
     let mut unsent = true;
+    let reannounce_every = publisher.reannounce_interval;
+    let mut next_reannounce = tokio::time::Instant::now() + reannounce_every;
     loop {
         if !unsent {
-            tokio::select! {
+            let wake = tokio::select! {
                 changed = reports.changed() => {
                     if changed.is_err() {
                         return;
                     }
+                    Wake::Report
                 }
+                () = tokio::time::sleep_until(next_reannounce), if !reannounce_every.is_zero() => Wake::Reannounce,
                 () = shutdown.cancelled() => return,
+            };
+            if let Wake::Reannounce = wake {
+                next_reannounce = tokio::time::Instant::now() + reannounce_every;
+                let before = status.borrow().reclaims;
+                if !announce(&publisher, false, &mut reclaims, &status, &shutdown).await {
+                    return;
+                }
+                // Taken back from another run: what the store holds may be
+                // that run's, so the current report goes out again.
+                unsent = status.borrow().reclaims > before;
+                continue;
             }
         }
         let report: SharedReport = reports.borrow_and_update().clone();
@@ -394,30 +506,40 @@ pub async fn run(
                         s.accepted_report = Some(report.clone());
                         s.last_error = None;
                     });
+                    continue;
+                }
+                metrics::counter!("ctxsync_agent_pushes_total", "outcome" => "dropped")
+                    .increment(1);
+                let reason = PushDropReason::try_from(answer.drop_reason)
+                    .unwrap_or(PushDropReason::Unspecified);
+                status.send_modify(|s| {
+                    s.last_error = Some(format!(
+                        "push dropped ({}): {}",
+                        reason.as_str_name(),
+                        answer.message
+                    ));
+                });
+                if reason == PushDropReason::StaleRun {
+                    // This process is running, so the run that replaced it
+                    // can only be a late message of one that is gone.
+                    tracing::warn!(
+                        agent_run_id = %run_id,
+                        version,
+                        message = %answer.message,
+                        "the store dropped the push as from a previous run: reclaiming the agent"
+                    );
+                    if !announce(&publisher, true, &mut reclaims, &status, &shutdown).await {
+                        return;
+                    }
+                    unsent = true;
                 } else {
-                    metrics::counter!("ctxsync_agent_pushes_total", "outcome" => "dropped")
-                        .increment(1);
-                    let reason = PushDropReason::try_from(answer.drop_reason)
-                        .unwrap_or(PushDropReason::Unspecified);
                     tracing::error!(
                         agent_run_id = %run_id,
                         version,
                         drop_reason = reason.as_str_name(),
                         message = %answer.message,
-                        "the store dropped the push{}",
-                        if reason == PushDropReason::StaleRun {
-                            ": another agent process has registered with this agent's token since this one started"
-                        } else {
-                            ""
-                        }
+                        "the store dropped the push"
                     );
-                    status.send_modify(|s| {
-                        s.last_error = Some(format!(
-                            "push dropped ({}): {}",
-                            reason.as_str_name(),
-                            answer.message
-                        ));
-                    });
                 }
             }
             Err(error) if error.is_retryable() => {

@@ -172,16 +172,6 @@ impl Commits {
         }
     }
 
-    /// Waits until the committed snapshot is of run `run_id`.
-    async fn wait_run(&mut self, h: &Harness, agent_id: &str, what: &str, run_id: &str) {
-        self.wait_state(h, agent_id, what, |s| {
-            s.snapshot
-                .as_ref()
-                .is_some_and(|snap| snap.agent_run_id == run_id)
-        })
-        .await;
-    }
-
     /// DiscoveryChanged events received so far (without waiting).
     async fn discovery_events(&mut self) -> Vec<DiscoveryChanged> {
         let mut out = Vec::new();
@@ -487,38 +477,131 @@ async fn an_unknown_token_is_reported_as_401_and_retried() {
     stop_agent(agent, shutdown).await;
 }
 
+/// The late first startup of a process that is gone (executed by a store
+/// replica that stalled) takes the agent over. The live process, told its
+/// next push is from a previous run, reclaims the agent and republishes.
 #[tokio::test]
-async fn a_push_from_a_replaced_process_is_dropped_and_reported() {
+async fn a_live_agent_taken_over_by_a_late_startup_reclaims_it_and_republishes() {
+    const GHOST: &str = "6f0e6f0e-dead-4ead-beef-000000000001";
     let h = Harness::spawn().await;
     let token = token();
     let agent_id = h.register(&token).await;
     let mut commits = Commits::subscribe(&h, &agent_id).await;
     let ws = Workspace::new();
-    std::fs::write(ws.work().join("AGENTS.md"), "old").unwrap();
+    std::fs::write(ws.work().join("AGENTS.md"), "before").unwrap();
     ws.write_servers(&[]);
-    let (old, old_shutdown) = h.start_agent(&ws, &token, Duration::from_secs(5)).await;
+    let mut config = h.agent_config(&ws, &token, Duration::from_secs(5));
+    // Only the push should notice here.
+    config.publisher.reannounce_interval = Duration::ZERO;
+    let shutdown = Shutdown::new();
+    let agent = workspace_agent::start(config, shutdown.clone())
+        .await
+        .unwrap();
+    let run = agent.run_id().to_owned();
     commits
-        .wait_run(&h, &agent_id, "old run committed", old.run_id())
+        .wait_state(&h, &agent_id, "complete", |s| {
+            phase(s) == Some(Phase::Complete)
+        })
         .await;
-    // A new process with the same token takes over.
-    let ws2 = Workspace::new();
-    ws2.write_servers(&[]);
-    let (new, new_shutdown) = h.start_agent(&ws2, &token, Duration::from_secs(5)).await;
-    commits
-        .wait_run(&h, &agent_id, "new run committed", new.run_id())
-        .await;
-    // The old process changes: its push is stale.
-    std::fs::write(ws.work().join("AGENTS.md"), "changed").unwrap();
-    old.reload();
-    let mut status = old.publish_status();
-    let seen = wait_error(&mut status, "STALE_RUN", "drop reported").await;
-    assert!(seen.last_error.unwrap().contains("dropped"));
-    let state = h.state(&agent_id).await;
-    assert_eq!(
-        state.snapshot.unwrap().agent_run_id,
-        new.run_id(),
-        "rows untouched"
+
+    let reply = h.store_api.startup(&agent_id, GHOST).await;
+    assert!(
+        reply.response.unwrap().run_id_changed,
+        "the ghost took over"
     );
-    stop_agent(old, old_shutdown).await;
-    stop_agent(new, new_shutdown).await;
+    assert_eq!(h.state(&agent_id).await.agent.unwrap().agent_run_id, GHOST);
+
+    std::fs::write(ws.work().join("AGENTS.md"), "after").unwrap();
+    agent.reload();
+    let state = commits
+        .wait_state(&h, &agent_id, "reclaimed and republished", |s| {
+            s.agent.as_ref().is_some_and(|a| a.agent_run_id == run)
+                && s.resources.iter().any(
+                    |r| matches!(&r.body, Some(Body::InstructionFile(f)) if f.content == "after"),
+                )
+        })
+        .await;
+    assert_eq!(state.snapshot.unwrap().agent_run_id, run);
+    assert_eq!(agent.publish_status().borrow().reclaims, 1);
+    let metrics = ctxsync_runtime::metrics::handle().render();
+    assert!(
+        metrics.contains("ctxsync_agent_reclaims_total"),
+        "{metrics}"
+    );
+    // The ghost's run is now replaced like any other: a further late copy
+    // of its startup changes nothing.
+    let reply = h.store_api.startup(&agent_id, GHOST).await;
+    assert_eq!(
+        reply.response.unwrap().drop_reason(),
+        ctxsync_proto::v1::StartupDropReason::SupersededRun
+    );
+    assert_eq!(h.state(&agent_id).await.agent.unwrap().agent_run_id, run);
+    stop_agent(agent, shutdown).await;
+}
+
+/// Nothing changes in the workspace, so no push would notice the takeover:
+/// the periodic re-announcement does, and the context is right again.
+#[tokio::test]
+async fn a_takeover_is_undone_by_the_reannouncement_when_nothing_changes() {
+    const GHOST: &str = "6f0e6f0e-dead-4ead-beef-000000000002";
+    let h = Harness::spawn().await;
+    let token = token();
+    let agent_id = h.register(&token).await;
+    let mut commits = Commits::subscribe(&h, &agent_id).await;
+    let ws = Workspace::new();
+    ws.write_servers(&[]);
+    let mut config = h.agent_config(&ws, &token, Duration::from_secs(5));
+    config.publisher.reannounce_interval = Duration::from_millis(300);
+    config.watch = false;
+    let shutdown = Shutdown::new();
+    let agent = workspace_agent::start(config, shutdown.clone())
+        .await
+        .unwrap();
+    let run = agent.run_id().to_owned();
+    commits
+        .wait_state(&h, &agent_id, "complete", |s| {
+            phase(s) == Some(Phase::Complete)
+        })
+        .await;
+    let published = agent.publish_status().borrow().attempts;
+
+    h.store_api.startup(&agent_id, GHOST).await;
+    // The reclaim's own startup is the commit that wakes us; then the
+    // republished report.
+    let mut discovery = commits.discovery;
+    let deadline = Instant::now() + DEADLINE;
+    let mut taken_over = false;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let message = tokio::time::timeout(left, discovery.next())
+            .await
+            .expect("the agent takes its agent back within the deadline")
+            .expect("subscription open");
+        let event = DiscoveryChanged::decode(message.payload.as_ref()).unwrap();
+        if event.cause() != Cause::Startup {
+            continue;
+        }
+        if event.agent_run_id == GHOST {
+            taken_over = true;
+        } else if taken_over && event.agent_run_id == run {
+            assert_eq!(event.previous_agent_run_id, GHOST);
+            break;
+        }
+    }
+    let mut status = agent.publish_status();
+    tokio::time::timeout(
+        DEADLINE,
+        status.wait_for(|s| s.attempts > published && s.accepted.is_some_and(|(v, _)| v > 1)),
+    )
+    .await
+    .expect("the current report is published again")
+    .unwrap();
+    let state = h.state(&agent_id).await;
+    assert_eq!(state.agent.unwrap().agent_run_id, run);
+    let snapshot = state.snapshot.unwrap();
+    assert_eq!(
+        (snapshot.agent_run_id.as_str(), snapshot.phase()),
+        (run.as_str(), Phase::Complete)
+    );
+    stop_agent(agent, shutdown).await;
 }
