@@ -325,7 +325,8 @@ impl Gate {
         let (view, _) = self
             .inner
             .watches
-            .register(agent_id)
+            .register(agent_id, timeout)
+            .await?
             .fresh_view(Trust::ReadFirst, timeout)
             .await?;
         let mut projection = view.projection.clone();
@@ -479,7 +480,7 @@ impl Gate {
         // the watch, and a read (if the view is not fresh) starts after it.
         // Past the drain window nothing is read any more.
         let looked_up = async {
-            let interest = self.inner.watches.register(agent_id);
+            let interest = self.inner.watches.register(agent_id, timeout).await?;
             let (view, views) = interest.fresh_view(trust, timeout).await?;
             Ok::<_, ReadError>((interest, view, views))
         };
