@@ -7,15 +7,21 @@
 //! turns don't wait again; a finished one is forgotten at once. Every turn
 //! is answered from the agent's view (see [`crate::watch`]): a fresh one at
 //! once, otherwise after one read.
+//!
+//! On shutdown the gate drains: waits go on (still woken by events) for
+//! [`GateSettings::drain`], then the ones left are answered
+//! `GATE_DECISION_SHUTTING_DOWN` (ask again; not remembered as timed out).
+//! A turn that would start a new wait after shutdown is answered so at once.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use ctxsync_proto::v1::{GateDecision, GateError, TurnReply, TurnRequest, gate_error::Code};
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::catalog::CatalogClient;
 use crate::projection::{self, Readiness};
@@ -38,6 +44,9 @@ pub struct GateSettings {
     pub attempt_ttl: Duration,
     /// How many agents' views are kept, and for how long after their last turn.
     pub views: ViewLimits,
+    /// After shutdown is signalled, waits go on this long (see [`drain_window`]);
+    /// then the ones left are answered `shutting_down`.
+    pub drain: Duration,
 }
 
 impl Default for GateSettings {
@@ -48,8 +57,15 @@ impl Default for GateSettings {
             store_timeout: Duration::from_secs(2),
             attempt_ttl: Duration::from_secs(600),
             views: ViewLimits::default(),
+            drain: drain_window(Duration::from_secs(10)),
         }
     }
+}
+
+/// How long waits go on within a shutdown grace: all of it but a fifth (at
+/// most 1 s), left to send the answers before NATS is drained.
+pub fn drain_window(grace: Duration) -> Duration {
+    grace - (grace / 5).min(Duration::from_secs(1))
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -72,11 +88,12 @@ enum Attempt {
 }
 
 /// Counters of one gate instance (the Prometheus metrics are process-wide).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Stats {
     attempts_started: AtomicU64,
     attempts_joined: AtomicU64,
-    waiting: AtomicUsize,
+    /// Waits in progress (watched by [`Gate::until_no_waits`]).
+    waiting: watch::Sender<usize>,
 }
 
 #[derive(Clone)]
@@ -93,7 +110,9 @@ struct Inner {
     watches: Watches,
     attempts: Mutex<HashMap<AttemptKey, Attempt>>,
     stats: Stats,
-    shutdown: tokio_util::sync::CancellationToken,
+    shutdown: CancellationToken,
+    /// Cancelled when the drain window after shutdown has passed.
+    drained: CancellationToken,
 }
 
 fn error_reply(code: Code, message: impl Into<String>) -> TurnReply {
@@ -155,6 +174,17 @@ fn read_error_reply(agent_id: &str, error: ReadError) -> TurnReply {
     }
 }
 
+/// A turn cut short by the drain before the agent's state was known.
+fn shutting_down_reply(agent_id: &str, waited: Duration) -> TurnReply {
+    let waited_ms = millis(waited);
+    TurnReply {
+        decision: GateDecision::ShuttingDown as i32,
+        waited_ms,
+        projection: Some(projection::shutting_down(agent_id, waited_ms)),
+        ..Default::default()
+    }
+}
+
 fn answer(view: &View, decision: GateDecision, waited: Duration) -> TurnReply {
     let mut projection = view.projection.clone();
     let waited_ms = millis(waited);
@@ -182,12 +212,26 @@ fn record(reply: &TurnReply) {
 impl Gate {
     /// `gaps` changes whenever events may have been lost (a NATS disconnect,
     /// reconnect or slow-consumer drop): views are only trusted between changes.
+    /// `shutdown` starts the drain (see the module docs).
     pub fn new(
         settings: GateSettings,
         store: StoreReader,
         gaps: watch::Receiver<u64>,
-        shutdown: tokio_util::sync::CancellationToken,
+        shutdown: CancellationToken,
     ) -> Self {
+        let drained = CancellationToken::new();
+        tokio::spawn({
+            let (shutdown, drained, window) = (shutdown.clone(), drained.clone(), settings.drain);
+            async move {
+                shutdown.cancelled().await;
+                tracing::info!(
+                    drain_ms = millis(window),
+                    "shutdown: waiting first turns go on within the drain window"
+                );
+                tokio::time::sleep(window).await;
+                drained.cancel();
+            }
+        });
         Self {
             inner: Arc::new(Inner {
                 watches: Watches::new(store.clone(), gaps, settings.views),
@@ -196,10 +240,27 @@ impl Gate {
                 catalog: None,
                 waits: None,
                 attempts: Mutex::new(HashMap::new()),
-                stats: Stats::default(),
+                stats: Stats {
+                    attempts_started: AtomicU64::new(0),
+                    attempts_joined: AtomicU64::new(0),
+                    waiting: watch::channel(0).0,
+                },
                 shutdown,
+                drained,
             }),
         }
+    }
+
+    /// Cancelled once the drain window after shutdown has passed: no wait is
+    /// left then, and none starts.
+    pub fn drained(&self) -> &CancellationToken {
+        &self.inner.drained
+    }
+
+    /// Returns once no wait is in progress.
+    pub async fn until_no_waits(&self) {
+        let mut waiting = self.inner.stats.waiting.subscribe();
+        let _ = waiting.wait_for(|n| *n == 0).await;
     }
 
     pub fn watches(&self) -> &Watches {
@@ -212,7 +273,7 @@ impl Gate {
 
     /// Waits (attempts) in progress now.
     pub fn waiters_held(&self) -> usize {
-        self.inner.stats.waiting.load(Ordering::SeqCst)
+        *self.inner.stats.waiting.borrow()
     }
 
     /// Callers that joined a wait already in progress, since this gate started.
@@ -260,11 +321,13 @@ impl Gate {
                 truncate(agent_id, 64)
             )));
         }
+        let timeout = self.inner.settings.store_timeout;
         let (view, _) = self
             .inner
             .watches
-            .register(agent_id)
-            .fresh_view(Trust::ReadFirst, self.inner.settings.store_timeout)
+            .register(agent_id, timeout)
+            .await?
+            .fresh_view(Trust::ReadFirst, timeout)
             .await?;
         let mut projection = view.projection.clone();
         let decision = match view.readiness {
@@ -350,18 +413,58 @@ impl Gate {
         };
         let (first_turn, tenant) = (request.first_turn, request.tenant.clone());
         let reply = match catalog {
-            Some(catalog) => {
-                let (mut reply, section) = tokio::join!(self.decide(request, trust), catalog);
-                if let Some(projection) = reply.projection.as_mut() {
-                    projection::add_catalog(projection, section);
-                }
-                reply
-            }
+            Some(catalog) => self.decide_with_catalog(request, trust, catalog).await,
             None => self.decide(request, trust).await,
         };
         record(&reply);
         if first_turn {
             self.announce_wait(tenant, &reply);
+        }
+        reply
+    }
+
+    /// The decision and, at the same time, the catalog's preparation. A
+    /// preparation the drain cuts short makes the turn `shutting_down` too:
+    /// the caller asks again and gets both.
+    async fn decide_with_catalog(
+        &self,
+        request: TurnRequest,
+        trust: Trust,
+        catalog: impl std::future::Future<Output = ctxsync_proto::v1::CatalogSection>,
+    ) -> TurnReply {
+        let drained = self.inner.drained.clone();
+        let catalog = async move {
+            tokio::select! {
+                section = catalog => Some(section),
+                _ = drained.cancelled() => None,
+            }
+        };
+        let decide = self.decide(request, trust);
+        tokio::pin!(catalog, decide);
+        let mut section = None;
+        let mut reply = loop {
+            tokio::select! {
+                reply = &mut decide => break reply,
+                done = &mut catalog, if section.is_none() => section = Some(done),
+            }
+        };
+        if reply.decision() == GateDecision::ShuttingDown {
+            // Asked again anyway: the catalog's answer is not worth waiting for.
+            return reply;
+        }
+        let section = match section {
+            Some(section) => section,
+            None => catalog.await,
+        };
+        let Some(projection) = reply.projection.as_mut() else {
+            return reply;
+        };
+        match section {
+            Some(section) => projection::add_catalog(projection, section),
+            None => {
+                reply.decision = GateDecision::ShuttingDown as i32;
+                projection::finish(projection, GateDecision::ShuttingDown, reply.waited_ms);
+            }
         }
         reply
     }
@@ -372,15 +475,24 @@ impl Gate {
             return error_reply(Code::InvalidArgument, message);
         }
         let agent_id = request.agent_id.as_str();
+        let timeout = self.inner.settings.store_timeout;
         // Register before looking: an event committed after this point finds
         // the watch, and a read (if the view is not fresh) starts after it.
-        let interest = self.inner.watches.register(agent_id);
-        let (view, views) = match interest
-            .fresh_view(trust, self.inner.settings.store_timeout)
-            .await
-        {
-            Ok(fresh) => fresh,
-            Err(error) => return read_error_reply(agent_id, error),
+        // Past the drain window nothing is read any more.
+        let looked_up = async {
+            let interest = self.inner.watches.register(agent_id, timeout).await?;
+            let (view, views) = interest.fresh_view(trust, timeout).await?;
+            Ok::<_, ReadError>((interest, view, views))
+        };
+        let (interest, view, views) = tokio::select! {
+            biased;
+            looked_up = looked_up => match looked_up {
+                Ok(looked_up) => looked_up,
+                Err(error) => return read_error_reply(agent_id, error),
+            },
+            _ = self.inner.drained.cancelled() => {
+                return shutting_down_reply(agent_id, started.elapsed());
+            }
         };
         if !request.first_turn {
             return answer(&view, GateDecision::NotFirstTurn, Duration::ZERO);
@@ -419,6 +531,12 @@ impl Gate {
                         .fetch_add(1, Ordering::SeqCst);
                     metrics::counter!("ctxsync_gate_attempts_joined_total").increment(1);
                     (outcome.clone(), true)
+                }
+                _ if self.inner.shutdown.is_cancelled() => {
+                    drop(attempts);
+                    // This replica is going away: a new wait would only be
+                    // cut short. Another replica waits for the whole of it.
+                    return answer(&view, GateDecision::ShuttingDown, started.elapsed());
                 }
                 _ => {
                     let (tx, rx) = watch::channel(None);
@@ -467,7 +585,7 @@ impl Gate {
     ) {
         let settings = &self.inner.settings;
         let stats = &self.inner.stats;
-        stats.waiting.fetch_add(1, Ordering::SeqCst);
+        stats.waiting.send_modify(|n| *n += 1);
         metrics::gauge!("ctxsync_gate_waiters").increment(1.0);
         tracing::debug!(agent_id = %key.agent_id, chat_id = %key.chat_id, readiness = ?view.readiness, "first turn waits for discovery");
 
@@ -484,6 +602,8 @@ impl Gate {
                 settings.stale_grace
             };
             tokio::select! {
+                // A view that ends the wait wins over a deadline passing at the same time.
+                biased;
                 changed = views.changed() => {
                     if changed.is_err() {
                         break view.readiness.decision();
@@ -497,18 +617,19 @@ impl Gate {
                 _ = tokio::time::sleep_until(started + limit) => {
                     break view.readiness.decision();
                 }
-                _ = self.inner.shutdown.cancelled() => {
+                _ = self.inner.drained.cancelled() => {
                     stopped = true;
-                    break view.readiness.decision();
+                    break GateDecision::ShuttingDown;
                 }
             }
         };
         drop(interest);
 
-        let timed_out = !view.readiness.ends_wait();
+        let woken = !stopped && view.readiness.ends_wait();
+        let timed_out = !stopped && !woken;
         {
             let mut attempts = self.inner.attempts.lock().expect("attempts lock");
-            if timed_out && !stopped {
+            if timed_out {
                 attempts.insert(
                     key.clone(),
                     Attempt::TimedOut {
@@ -523,7 +644,7 @@ impl Gate {
         metrics::counter!("ctxsync_gate_waits_total", "outcome" => label).increment(1);
         metrics::histogram!("ctxsync_gate_wait_seconds", "outcome" => label)
             .record(started.elapsed().as_secs_f64());
-        if !timed_out && let Some(commit) = view.woken_by_commit {
+        if woken && let Some(commit) = view.woken_by_commit {
             let latency = SystemTime::now()
                 .duration_since(commit)
                 .unwrap_or_default()
@@ -531,8 +652,9 @@ impl Gate {
             metrics::histogram!("ctxsync_gate_wake_seconds").record(latency);
         }
         tracing::debug!(agent_id = %key.agent_id, chat_id = %key.chat_id, outcome = label, waited_ms = millis(started.elapsed()), "first-turn wait ended");
-        stats.waiting.fetch_sub(1, Ordering::SeqCst);
         metrics::gauge!("ctxsync_gate_waiters").decrement(1.0);
+        // The answer first: whoever waits for no waits finds it sent.
         outcome.send_replace(Some(Arc::new(Outcome { decision, view })));
+        stats.waiting.send_modify(|n| *n -= 1);
     }
 }

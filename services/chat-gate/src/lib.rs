@@ -33,6 +33,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use prost::Message;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 pub use gate::{Gate, GateSettings};
 
@@ -128,6 +129,7 @@ impl Config {
                 max_views: self.max_views,
                 idle_ttl: self.view_ttl,
             },
+            drain: gate::drain_window(self.common.shutdown_grace),
         })
     }
 }
@@ -156,6 +158,8 @@ pub struct RunningGate {
     http: HttpServer,
     server: rpc::Server,
     tasks: Vec<JoinHandle<()>>,
+    /// Stops `tasks` (they also stop when the drain window closes).
+    tasks_stop: CancellationToken,
     nats: NatsConnection,
     grace: Duration,
 }
@@ -170,10 +174,32 @@ impl RunningGate {
         &self.gate
     }
 
-    /// Waits for shutdown, then answers the turns in flight and drains NATS.
+    /// Waits for shutdown, then drains: no new turns are taken, waiting
+    /// first turns go on (woken by the events, still applied) until they end
+    /// or the drain window closes, their answers go out, and NATS is drained.
     pub async fn join(self) {
-        self.server.join().await;
-        self.http.join().await;
+        // The NATS turns: answered while the turn server applies the events.
+        let events = self.server.join_keeping_before().await;
+        // HTTP and in-process turns may still wait: keep applying the events
+        // until they are answered (at the latest when the drain window closes).
+        let gate = self.gate.clone();
+        let http = self.http.join();
+        let turns_done = async move {
+            http.await;
+            gate.until_no_waits().await;
+        };
+        tokio::pin!(turns_done);
+        match events {
+            Some(mut events) => loop {
+                tokio::select! {
+                    biased;
+                    () = &mut turns_done => break,
+                    Some(()) = events.next() => {}
+                }
+            },
+            None => turns_done.await,
+        }
+        self.tasks_stop.cancel();
         for task in self.tasks {
             let _ = task.await;
         }
@@ -261,13 +287,18 @@ fn apply_events(
 /// Events published while disconnected (or dropped as a slow consumer) are
 /// lost. Views are distrusted as soon as the gap is counted (they compare
 /// epochs); once connected, every agent someone waits on is read again.
-fn recheck_after_gaps(gate: Gate, nats: &NatsConnection, shutdown: Shutdown) -> JoinHandle<()> {
+/// Runs through the drain: waits still going on after shutdown are re-read too.
+fn recheck_after_gaps(
+    gate: Gate,
+    nats: &NatsConnection,
+    stop: CancellationToken,
+) -> JoinHandle<()> {
     let mut gaps = nats.gaps();
     let nats = nats.clone();
     tokio::spawn(async move {
         loop {
             tokio::select! {
-                _ = shutdown.cancelled() => break,
+                _ = stop.cancelled() => break,
                 changed = gaps.changed() => if changed.is_err() { break },
             }
             if !nats.is_connected() {
@@ -283,8 +314,9 @@ fn recheck_after_gaps(gate: Gate, nats: &NatsConnection, shutdown: Shutdown) -> 
     })
 }
 
-/// The slow safety sweep and the expiry of remembered attempts.
-fn housekeeping(gate: Gate, sweep: Duration, shutdown: Shutdown) -> JoinHandle<()> {
+/// The slow safety sweep and the expiry of remembered attempts (through the
+/// drain, like the re-reads after a gap).
+fn housekeeping(gate: Gate, sweep: Duration, stop: CancellationToken) -> JoinHandle<()> {
     let settings = gate.settings();
     let prune_every = (settings.attempt_ttl.min(settings.views.idle_ttl) / 4)
         .clamp(Duration::from_millis(50), Duration::from_secs(30));
@@ -294,7 +326,7 @@ fn housekeeping(gate: Gate, sweep: Duration, shutdown: Shutdown) -> JoinHandle<(
         let mut next_sweep = (!sweep.is_zero()).then(|| tokio::time::Instant::now() + sweep);
         loop {
             tokio::select! {
-                _ = shutdown.cancelled() => break,
+                _ = stop.cancelled() => break,
                 _ = prune.tick() => {
                     let held = gate.prune();
                     metrics::gauge!("ctxsync_gate_attempts_held").set(held as f64);
@@ -348,9 +380,10 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, St
             subject: subjects.discovery_changed_all(),
             reason: e.to_string(),
         })?;
+    let tasks_stop = gate.drained().child_token();
     let tasks = vec![
-        recheck_after_gaps(gate.clone(), &nats, shutdown.clone()),
-        housekeeping(gate.clone(), config.sweep_interval, shutdown.clone()),
+        recheck_after_gaps(gate.clone(), &nats, tasks_stop.clone()),
+        housekeeping(gate.clone(), config.sweep_interval, tasks_stop.clone()),
     ];
 
     let handler_gate = gate.clone();
@@ -388,6 +421,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, St
         http,
         server,
         tasks,
+        tasks_stop,
         nats,
         grace: config.common.shutdown_grace,
     })

@@ -213,6 +213,23 @@ fn source_name(source: &str) -> String {
         .to_owned()
 }
 
+/// A projection for a turn the drain cut short before the agent's state was known.
+pub fn shutting_down(agent_id: &str, waited_ms: u32) -> ChatProjection {
+    ChatProjection {
+        agent_id: agent_id.to_owned(),
+        counts: Some(ProjectionCounts::default()),
+        catalog: Some(CatalogSection {
+            status: catalog_section::Status::NotRequested as i32,
+            ..Default::default()
+        }),
+        summary: format!(
+            "This chat-gate replica is shutting down and stopped after {waited_ms} ms, before \
+             the agent's context was read. Ask again: another replica answers."
+        ),
+        ..Default::default()
+    }
+}
+
 /// A projection for a turn that proceeds without the store's state.
 pub fn unavailable(agent_id: &str, reason: &str) -> ChatProjection {
     let mut projection = ChatProjection {
@@ -242,6 +259,19 @@ fn plural(n: u32, one: &str, many: &str) -> String {
 /// The wording states what was reported and what was not; it never claims a
 /// server works now (a listed tool may still fail when called).
 pub fn finish(projection: &mut ChatProjection, decision: GateDecision, waited_ms: u32) {
+    describe(projection, decision, waited_ms);
+    if decision == GateDecision::ShuttingDown {
+        projection.summary.insert_str(
+            0,
+            &format!(
+                "This chat-gate replica is shutting down and stopped waiting after {waited_ms} ms, \
+                 before the wait ended: ask again, another replica answers. What it had: "
+            ),
+        );
+    }
+}
+
+fn describe(projection: &mut ChatProjection, decision: GateDecision, waited_ms: u32) {
     projection.wait_timed_out = matches!(
         decision,
         GateDecision::TimedOutPending

@@ -1,8 +1,13 @@
 //! Views of agents: one in-memory watch per agent, kept current by the
 //! store's events, never by a polling loop.
 //!
-//! A watch is created by the first turn that asks about an agent and stays
-//! after its last turn ends, idle, until it expires or is evicted. Events
+//! A watch is created by the first turn that asks about an agent. Until a
+//! state shows that the agent exists (a read found it, or an event carried
+//! it) the watch is a *lookup*: it holds one of a bounded number of lookup
+//! slots and goes away with its last turn, so ids of agents that don't exist
+//! leave nothing behind. Once the agent is known to exist the watch is a
+//! *view*: it stays after its last turn ends, idle, until it expires or is
+//! evicted (views are bounded separately, so lookups never evict them). Events
 //! carry the state they committed, so a watch applies them without a read;
 //! states are ordered by the agent's revision, so a late or repeated event
 //! never moves a view back. An event too large to carry its state asks for a
@@ -16,12 +21,12 @@
 //! a disconnect, a reconnect, a slow-consumer drop, or an event without state.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime};
 
 use ctxsync_proto::v1::{AgentState, ChatProjection};
-use tokio::sync::{Notify, watch};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -123,6 +128,10 @@ impl ReadState {
 pub struct AgentWatch {
     agent_id: String,
     holders: AtomicUsize,
+    /// A state showed the agent exists (only set under the watches lock; never unset).
+    exists: AtomicBool,
+    /// The lookup slot held until the agent is known to exist or the watch goes.
+    lookup: Mutex<Option<OwnedSemaphorePermit>>,
     /// When the last holder left (only read and written under the watches lock).
     idle_since: Mutex<Option<Instant>>,
     refresh: Notify,
@@ -203,7 +212,12 @@ impl AgentWatch {
         held
     }
 
-    async fn reader(self: Arc<Self>, store: StoreReader, gaps: watch::Receiver<u64>) {
+    async fn reader(
+        self: Arc<Self>,
+        watches: Weak<WatchesInner>,
+        store: StoreReader,
+        gaps: watch::Receiver<u64>,
+    ) {
         let mut retry_at: Option<Instant> = None;
         let mut backoff = RETRY_MIN;
         loop {
@@ -225,6 +239,12 @@ impl AgentWatch {
             };
             let seq = self.started.fetch_add(1, Ordering::SeqCst) + 1;
             let result = store.read(&self.agent_id).await;
+            // Before the view is published: whoever sees it sees a view, not a lookup.
+            if result.is_ok()
+                && let Some(watches) = watches.upgrade()
+            {
+                watches.confirm(&self);
+            }
             let again = {
                 let mut state = self.lock();
                 state.reading = false;
@@ -281,7 +301,9 @@ async fn sleep_until_some(at: Option<Instant>) {
 /// How many views are kept, and for how long after their last turn.
 #[derive(Debug, Clone, Copy)]
 pub struct ViewLimits {
-    /// Watches kept in all; past it idle ones are evicted, oldest first.
+    /// Views of agents known to exist; past it idle ones are evicted, oldest
+    /// first. Also the number of lookups (agents not yet known to exist) at
+    /// once: more wait for a slot.
     pub max_views: usize,
     /// An idle watch is dropped this long after its last turn.
     pub idle_ttl: Duration,
@@ -303,10 +325,55 @@ pub struct Watches {
 }
 
 struct WatchesInner {
-    agents: Mutex<HashMap<String, Arc<AgentWatch>>>,
+    table: Mutex<Table>,
+    /// One slot per lookup: ids that may not exist can't hold more watches than this.
+    lookups: Arc<Semaphore>,
     store: StoreReader,
     gaps: watch::Receiver<u64>,
     limits: ViewLimits,
+}
+
+struct Table {
+    agents: HashMap<String, Arc<AgentWatch>>,
+    /// How many of `agents` are views (known to exist); the rest are lookups.
+    views: usize,
+}
+
+impl Table {
+    fn holds(&self, watch: &Arc<AgentWatch>) -> bool {
+        self.agents
+            .get(&watch.agent_id)
+            .is_some_and(|held| Arc::ptr_eq(held, watch))
+    }
+
+    fn publish_len(&self) {
+        metrics::gauge!("ctxsync_gate_views").set(self.agents.len() as f64);
+    }
+}
+
+impl WatchesInner {
+    fn table(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.table.lock().expect("watches lock")
+    }
+
+    /// A state showed the agent exists: its lookup becomes a view (counted
+    /// against `max_views`) and frees its lookup slot.
+    fn confirm(&self, watch: &Arc<AgentWatch>) {
+        if watch.exists.load(Ordering::SeqCst) {
+            return;
+        }
+        let mut table = self.table();
+        if watch.exists.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        drop(watch.lookup.lock().expect("lookup lock").take());
+        if table.holds(watch) {
+            table.views += 1;
+            if table.views > self.limits.max_views {
+                evict_oldest_idle(&mut table, self.limits.max_views);
+            }
+        }
+    }
 }
 
 impl Watches {
@@ -314,7 +381,11 @@ impl Watches {
     pub fn new(store: StoreReader, gaps: watch::Receiver<u64>, limits: ViewLimits) -> Self {
         Self {
             inner: Arc::new(WatchesInner {
-                agents: Mutex::new(HashMap::new()),
+                table: Mutex::new(Table {
+                    agents: HashMap::new(),
+                    views: 0,
+                }),
+                lookups: Arc::new(Semaphore::new(limits.max_views)),
                 store,
                 gaps,
                 limits,
@@ -322,39 +393,77 @@ impl Watches {
         }
     }
 
-    fn agents(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<AgentWatch>>> {
-        self.inner.agents.lock().expect("watches lock")
+    fn table(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.inner.table()
     }
 
     /// Registers interest in `agent_id`: its events keep the watch current.
-    pub fn register(&self, agent_id: &str) -> Interest {
-        let mut agents = self.agents();
-        let watch = match agents.get(agent_id) {
-            Some(watch) => watch.clone(),
-            None => {
-                let (views, _) = watch::channel(Published::default());
-                let watch = Arc::new(AgentWatch {
-                    agent_id: agent_id.to_owned(),
-                    holders: AtomicUsize::new(0),
-                    idle_since: Mutex::new(None),
-                    refresh: Notify::new(),
-                    started: AtomicU64::new(0),
-                    views,
-                    state: Mutex::new(ReadState::default()),
-                    stop: CancellationToken::new(),
-                });
-                tokio::spawn(
-                    watch
-                        .clone()
-                        .reader(self.inner.store.clone(), self.inner.gaps.clone()),
-                );
-                agents.insert(agent_id.to_owned(), watch.clone());
-                if agents.len() > self.inner.limits.max_views {
-                    evict_oldest_idle(&mut agents, self.inner.limits.max_views);
+    /// An agent without a watch takes a lookup slot first, waiting at most
+    /// `wait` for one.
+    pub async fn register(&self, agent_id: &str, wait: Duration) -> Result<Interest, ReadError> {
+        let mut slot: Option<OwnedSemaphorePermit> = None;
+        loop {
+            {
+                let mut table = self.table();
+                if let Some(watch) = table.agents.get(agent_id).cloned() {
+                    return Ok(self.hold(watch));
                 }
-                watch
+                if let Some(slot) = slot.take() {
+                    let watch = self.insert(&mut table, agent_id, slot);
+                    return Ok(self.hold(watch));
+                }
             }
-        };
+            // Taken outside the lock; the agent may have got a watch meanwhile.
+            let lookups = self.inner.lookups.clone();
+            slot = Some(match lookups.clone().try_acquire_owned() {
+                Ok(slot) => slot,
+                Err(_) => match tokio::time::timeout(wait, lookups.acquire_owned()).await {
+                    Ok(Ok(slot)) => slot,
+                    _ => {
+                        metrics::counter!("ctxsync_gate_lookups_refused_total").increment(1);
+                        return Err(ReadError::Unavailable(format!(
+                            "{} agents not seen before are being looked up at once \
+                             (CTXSYNC_GATE_MAX_VIEWS); none finished within {wait:?}",
+                            self.inner.limits.max_views
+                        )));
+                    }
+                },
+            });
+        }
+    }
+
+    /// A new watch (a lookup until a state shows the agent exists), under the lock.
+    fn insert(
+        &self,
+        table: &mut Table,
+        agent_id: &str,
+        slot: OwnedSemaphorePermit,
+    ) -> Arc<AgentWatch> {
+        let (views, _) = watch::channel(Published::default());
+        let watch = Arc::new(AgentWatch {
+            agent_id: agent_id.to_owned(),
+            holders: AtomicUsize::new(0),
+            exists: AtomicBool::new(false),
+            lookup: Mutex::new(Some(slot)),
+            idle_since: Mutex::new(None),
+            refresh: Notify::new(),
+            started: AtomicU64::new(0),
+            views,
+            state: Mutex::new(ReadState::default()),
+            stop: CancellationToken::new(),
+        });
+        tokio::spawn(watch.clone().reader(
+            Arc::downgrade(&self.inner),
+            self.inner.store.clone(),
+            self.inner.gaps.clone(),
+        ));
+        table.agents.insert(agent_id.to_owned(), watch.clone());
+        table.publish_len();
+        watch
+    }
+
+    /// One more holder, under the watches lock.
+    fn hold(&self, watch: Arc<AgentWatch>) -> Interest {
         watch.holders.fetch_add(1, Ordering::SeqCst);
         *watch.idle_since.lock().expect("idle lock") = None;
         Interest {
@@ -364,18 +473,21 @@ impl Watches {
     }
 
     fn get(&self, agent_id: &str) -> Option<Arc<AgentWatch>> {
-        self.agents().get(agent_id).cloned()
+        self.table().agents.get(agent_id).cloned()
     }
 
     /// An event for `agent_id`; agents without a watch are not kept.
     pub fn on_event(&self, agent_id: &str, update: EventUpdate) {
         if let Some(watch) = self.get(agent_id) {
+            if update.state.is_some() {
+                self.inner.confirm(&watch);
+            }
             watch.on_event(update);
         }
     }
 
     fn all(&self) -> Vec<Arc<AgentWatch>> {
-        self.agents().values().cloned().collect()
+        self.table().agents.values().cloned().collect()
     }
 
     /// Distrusts every view (events may have been lost) and re-reads the
@@ -388,9 +500,10 @@ impl Watches {
     pub fn prune(&self) -> usize {
         let now = Instant::now();
         let ttl = self.inner.limits.idle_ttl;
-        let mut agents = self.agents();
-        let before = agents.len();
-        agents.retain(|_, watch| {
+        let mut table = self.table();
+        let before = table.agents.len();
+        let mut views_expired = 0;
+        table.agents.retain(|_, watch| {
             let expired = watch
                 .idle_since
                 .lock()
@@ -398,15 +511,18 @@ impl Watches {
                 .is_some_and(|since| now.duration_since(since) >= ttl);
             if expired {
                 watch.stop.cancel();
+                views_expired += usize::from(watch.exists.load(Ordering::SeqCst));
             }
             !expired
         });
-        let evicted = before - agents.len();
+        table.views -= views_expired;
+        let evicted = before - table.agents.len();
         if evicted > 0 {
             metrics::counter!("ctxsync_gate_views_evicted_total", "why" => "idle")
                 .increment(evicted as u64);
         }
-        agents.len()
+        table.publish_len();
+        table.agents.len()
     }
 
     /// Whether `agent_id` has a watch (held or idle).
@@ -414,9 +530,20 @@ impl Watches {
         self.get(agent_id).is_some()
     }
 
-    /// Agents with a watch, held or idle.
+    /// Agents with a watch, held or idle (views and lookups).
     pub fn len(&self) -> usize {
-        self.agents().len()
+        self.table().agents.len()
+    }
+
+    /// Watches of agents known to exist.
+    pub fn views(&self) -> usize {
+        self.table().views
+    }
+
+    /// Watches of agents not yet known to exist (each held by a turn).
+    pub fn lookups(&self) -> usize {
+        let table = self.table();
+        table.agents.len() - table.views
     }
 
     pub fn is_empty(&self) -> bool {
@@ -425,18 +552,21 @@ impl Watches {
 
     /// Agents some turn is asking about now.
     pub fn held(&self) -> usize {
-        self.agents()
+        self.table()
+            .agents
             .values()
             .filter(|w| w.holders.load(Ordering::SeqCst) > 0)
             .count()
     }
 }
 
-/// Evicts idle watches, oldest first, down to nine tenths of `max` (so a
-/// full map doesn't scan on every new agent). Held watches are never evicted.
-fn evict_oldest_idle(agents: &mut HashMap<String, Arc<AgentWatch>>, max: usize) {
+/// Evicts idle views, oldest first, down to nine tenths of `max` (so a
+/// full table doesn't scan on every new agent). Held watches are never
+/// evicted (and a lookup is always held).
+fn evict_oldest_idle(table: &mut Table, max: usize) {
     let target = max - max / 10;
-    let mut idle: Vec<(Instant, String)> = agents
+    let mut idle: Vec<(Instant, String)> = table
+        .agents
         .iter()
         .filter_map(|(id, watch)| {
             let since = (*watch.idle_since.lock().expect("idle lock"))?;
@@ -444,14 +574,18 @@ fn evict_oldest_idle(agents: &mut HashMap<String, Arc<AgentWatch>>, max: usize) 
         })
         .collect();
     idle.sort_unstable();
-    let excess = agents.len().saturating_sub(target);
+    let excess = table.views.saturating_sub(target);
     let mut evicted = 0u64;
     for (_, id) in idle.into_iter().take(excess) {
-        if let Some(watch) = agents.remove(&id) {
+        if let Some(watch) = table.agents.remove(&id) {
             watch.stop.cancel();
+            if watch.exists.load(Ordering::SeqCst) {
+                table.views -= 1;
+            }
             evicted += 1;
         }
     }
+    table.publish_len();
     metrics::counter!("ctxsync_gate_views_evicted_total", "why" => "capacity").increment(evicted);
 }
 
@@ -518,10 +652,23 @@ impl Interest {
 
 impl Drop for Interest {
     fn drop(&mut self) {
-        // Under the watches lock, so eviction sees holders and idle_since agree.
-        let _agents = self.watches.agents();
-        if self.watch.holders.fetch_sub(1, Ordering::SeqCst) == 1 {
-            *self.watch.idle_since.lock().expect("idle lock") = Some(Instant::now());
+        // Under the watches lock, so eviction sees holders and idle_since
+        // agree, and a lookup is not removed while a turn registers on it.
+        let mut table = self.watches.table();
+        if self.watch.holders.fetch_sub(1, Ordering::SeqCst) != 1 {
+            return;
         }
+        if self.watch.exists.load(Ordering::SeqCst) {
+            *self.watch.idle_since.lock().expect("idle lock") = Some(Instant::now());
+            return;
+        }
+        // Nobody asks about it and nothing showed the agent exists: no view
+        // stays behind (the next turn registers and reads anew).
+        if table.holds(&self.watch) {
+            table.agents.remove(&self.watch.agent_id);
+            table.publish_len();
+        }
+        self.watch.stop.cancel();
+        drop(self.watch.lookup.lock().expect("lookup lock").take());
     }
 }

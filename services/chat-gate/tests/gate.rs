@@ -610,6 +610,125 @@ async fn idle_views_expire_and_their_number_is_bounded() {
     .await;
 }
 
+// ---- unknown agents ----------------------------------------------------------
+
+fn first_turn(chat_id: &str, agent_id: &str) -> TurnRequest {
+    TurnRequest {
+        chat_id: chat_id.into(),
+        agent_id: agent_id.into(),
+        first_turn: true,
+        tenant: String::new(),
+    }
+}
+
+fn is_not_found(reply: &TurnReply) -> bool {
+    reply
+        .error
+        .as_ref()
+        .is_some_and(|e| e.code() == gate_error::Code::NotFound)
+}
+
+/// On this single-threaded runtime `join_all` registers every turn before
+/// the watch's reader runs: they all share its one read.
+#[tokio::test]
+async fn concurrent_turns_for_an_unknown_agent_share_one_read_and_leave_no_view() {
+    let h = Harness::spawn().await;
+    let unknown = uuid::Uuid::new_v4().to_string();
+    let gate = h.gate().clone();
+    let reads_before = gate.store_reads();
+    let replies = futures::future::join_all(
+        (0..20).map(|i| gate.turn(first_turn(&format!("chat-{i}"), &unknown))),
+    )
+    .await;
+    assert!(replies.iter().all(is_not_found), "{replies:?}");
+    assert_eq!(gate.store_reads() - reads_before, 1, "one shared read");
+    assert_eq!(gate.watches().len(), 0, "no view left behind");
+    assert!(!gate.watches().is_watched(&unknown));
+    assert_eq!(gate.waiters_held(), 0);
+    assert_eq!(gate.attempts_held(), 0);
+
+    // The context endpoint leaves nothing behind either.
+    let r = h
+        .http
+        .get(h.url(&format!("/api/v1/agents/{unknown}/context")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(gate.watches().len(), 0);
+}
+
+#[tokio::test]
+async fn an_agent_that_appears_right_after_a_not_found_answer_is_found_by_the_next_turn() {
+    let h = Harness::spawn().await;
+    let id = uuid::Uuid::new_v4();
+    assert!(is_not_found(&h.turn("chat-1", &id.to_string(), true).await));
+    assert!(!h.gate().watches().is_watched(&id.to_string()));
+
+    // An agent comes to exist under that id (registered, then its row given the id).
+    let registered = h.register("a").await;
+    let pool = sqlx::PgPool::connect(h.db.url()).await.unwrap();
+    let moved = sqlx::query("UPDATE snapshot.agents SET agent_id = $1 WHERE agent_id = $2")
+        .bind(id)
+        .bind(uuid::Uuid::parse_str(&registered).unwrap())
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(moved.rows_affected(), 1);
+    let agent = id.to_string();
+    h.startup(&agent, RUN_A).await;
+
+    // Over NATS (a fresh view would answer without a read) and in process.
+    let turn = h.spawn_turn("chat-1", &agent);
+    h.until_waiting(1).await;
+    assert_eq!(h.gate().watches().views(), 1, "a view now that it exists");
+    h.push_ok(&agent, complete(RUN_A, 1, vec![server("s", &["t"])]))
+        .await;
+    let (reply, _) = answer(turn).await;
+    assert_eq!(decision(&reply), GateDecision::Ready);
+    assert_eq!(tool_names(&reply), ["s__t"]);
+    let reply = h.gate().turn(first_turn("chat-2", &agent)).await;
+    assert_eq!(decision(&reply), GateDecision::Ready);
+    assert_eq!(h.gate().watches().len(), 1);
+}
+
+/// Lookups have their own bound: however many unknown ids are asked about,
+/// at most `max_views` are looked up at once, and they never evict views.
+#[tokio::test]
+async fn lookups_of_unknown_agents_are_bounded_and_never_evict_views() {
+    let h = Harness::spawn_with(|c| c.max_views = 4).await;
+    let gate = h.gate().clone();
+    let mut agents = Vec::new();
+    for i in 0..3 {
+        let agent = h.register(&format!("a{i}")).await;
+        h.startup(&agent, RUN_A).await;
+        h.push_ok(&agent, complete(RUN_A, 1, vec![])).await;
+        assert_eq!(
+            decision(&gate.turn(first_turn("chat", &agent)).await),
+            GateDecision::Ready
+        );
+        agents.push(agent);
+    }
+    assert_eq!((gate.watches().views(), gate.watches().held()), (3, 0));
+
+    let unknown: Vec<String> = (0..40).map(|_| uuid::Uuid::new_v4().to_string()).collect();
+    let mut all = Box::pin(futures::future::join_all(
+        unknown.iter().map(|id| gate.turn(first_turn("chat", id))),
+    ));
+    // One poll registers every turn: four take a lookup slot, the rest wait.
+    assert!(futures::poll!(&mut all).is_pending());
+    assert_eq!(gate.watches().lookups(), 4);
+    assert_eq!(gate.watches().len(), 3 + 4);
+    let replies = all.await;
+    assert!(replies.iter().all(is_not_found), "{replies:?}");
+
+    assert_eq!(gate.watches().lookups(), 0);
+    assert_eq!(gate.watches().len(), 3);
+    for agent in &agents {
+        assert!(gate.watches().is_watched(agent), "views stay");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_view_is_not_trusted_across_a_nats_disconnect() {
     let h = Harness::spawn_behind_proxy(|_| {}).await;

@@ -109,7 +109,7 @@ pub const DEFAULT_MAX_IN_FLIGHT: usize = 512;
 
 /// A running request loop.
 pub struct Server {
-    task: JoinHandle<()>,
+    task: JoinHandle<BoxStream<'static, ()>>,
 }
 
 impl Server {
@@ -117,11 +117,21 @@ impl Server {
     pub async fn join(self) {
         let _ = self.task.await;
     }
+
+    /// [`Server::join`], handing back the `before` stream of [`serve_after`]
+    /// (still subscribed) for a service whose other callers still need its
+    /// items after the requests are done.
+    pub async fn join_keeping_before(self) -> Option<BoxStream<'static, ()>> {
+        self.task.await.ok()
+    }
 }
 
 /// Serves `subject` in `queue_group`: each request is decoded as `Req` (a
 /// malformed one is answered with `on_malformed`), handled concurrently (at
 /// most [`DEFAULT_MAX_IN_FLIGHT`]), and answered with the encoded `Resp`.
+/// On shutdown the subscription is drained: the server sends no more
+/// requests here, the ones it already sent are still answered, and all of
+/// them finish within `grace` of the signal.
 pub async fn serve<Req, Resp, F, Fut>(
     client: Client,
     subject: String,
@@ -188,7 +198,9 @@ where
 /// ahead of the requests: every message the connection delivered before a
 /// request has been applied when that request is handled. A request sent
 /// after an event was published on the same server is therefore answered
-/// with that event taken into account.
+/// with that event taken into account. After shutdown `before` is still
+/// applied while the requests in flight finish (they may be waiting for its
+/// items); [`Server::join_keeping_before`] hands it back afterwards.
 #[allow(clippy::too_many_arguments)]
 pub async fn serve_after<Req, Resp, F, Fut>(
     client: Client,
@@ -218,10 +230,23 @@ where
     let permits = Arc::new(Semaphore::new(max_in_flight));
     let tracker = TaskTracker::new();
     let task = tokio::spawn(async move {
+        // Set at shutdown: everything after it (the requests the server had
+        // already routed here, then the ones in flight) ends by then.
+        let mut deadline: Option<tokio::time::Instant> = None;
         loop {
             let message = tokio::select! {
                 biased;
-                _ = shutdown.cancelled() => break,
+                _ = shutdown.cancelled(), if deadline.is_none() => {
+                    deadline = Some(tokio::time::Instant::now() + grace);
+                    // Stop taking work: the server routes new requests to
+                    // other replicas; the ones it already sent here still
+                    // arrive, are answered, and then the subscription ends.
+                    if subscriber.drain().await.is_err() {
+                        break;
+                    }
+                    continue;
+                }
+                _ = sleep_until_some(deadline) => break,
                 Some(()) = before.next() => continue,
                 message = subscriber.next() => match message {
                     Some(m) => m,
@@ -272,13 +297,33 @@ where
                 drop(permit);
             });
         }
-        // Stop taking work, then finish what is in flight.
+        // Stop taking work, then finish what is in flight, still applying
+        // `before`: the requests in flight may be waiting for its items.
         let _ = subscriber.unsubscribe().await;
         tracker.close();
-        if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
+        let deadline = deadline.unwrap_or_else(|| tokio::time::Instant::now() + grace);
+        let finished = tokio::time::timeout_at(deadline, async {
+            loop {
+                tokio::select! {
+                    biased;
+                    Some(()) = before.next() => {}
+                    () = tracker.wait() => break,
+                }
+            }
+        })
+        .await;
+        if finished.is_err() {
             tracing::warn!(%subject, "in-flight requests did not finish within the shutdown grace");
         }
         let _ = client.flush().await;
+        before
     });
     Ok(Server { task })
+}
+
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }

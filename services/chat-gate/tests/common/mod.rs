@@ -225,6 +225,43 @@ impl Harness {
         })
     }
 
+    /// A first turn over the gate's HTTP API in the background; the answer
+    /// (status 200 asserted) comes with the time it arrived.
+    pub fn spawn_http_turn(
+        &self,
+        chat_id: &str,
+        agent_id: &str,
+    ) -> tokio::task::JoinHandle<(serde_json::Value, SystemTime)> {
+        let (http, url) = (self.http.clone(), self.url("/api/v1/gate"));
+        let body =
+            serde_json::json!({"chat_id": chat_id, "agent_id": agent_id, "first_turn": true});
+        tokio::spawn(async move {
+            let response = http
+                .post(url)
+                .json(&body)
+                .send()
+                .await
+                .expect("gate answers");
+            assert_eq!(response.status(), 200);
+            let body = response.json().await.expect("a JSON answer");
+            (body, SystemTime::now())
+        })
+    }
+
+    /// Another chat-gate replica on the same NATS server and prefix.
+    pub async fn spawn_replica(&self, configure: impl FnOnce(&mut Config)) -> Replica {
+        let mut config = gate_config(&self.nats.url(), self.subjects.prefix());
+        configure(&mut config);
+        let shutdown = Shutdown::new();
+        let gate = chat_gate::start(config, shutdown.clone())
+            .await
+            .expect("the replica starts");
+        Replica {
+            shutdown,
+            gate: Some(gate),
+        }
+    }
+
     /// Waits (bounded) until the gate's `/readyz` answers `status` (503
     /// while it has no NATS connection).
     pub async fn until_readyz(&self, status: u16, what: &str) {
@@ -271,6 +308,33 @@ impl Drop for Harness {
     fn drop(&mut self) {
         self.gate_shutdown.cancel();
         self.store_shutdown.cancel();
+    }
+}
+
+/// A second chat-gate, stopped when dropped.
+pub struct Replica {
+    pub shutdown: Shutdown,
+    pub gate: Option<RunningGate>,
+}
+
+impl Replica {
+    pub fn gate(&self) -> &chat_gate::Gate {
+        self.gate.as_ref().expect("replica running").gate()
+    }
+
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        if let Some(gate) = self.gate.take() {
+            tokio::time::timeout(TIMEOUT, gate.join())
+                .await
+                .expect("the replica stops");
+        }
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
     }
 }
 
