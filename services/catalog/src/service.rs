@@ -180,6 +180,7 @@ impl Running {
 
 pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error> {
     let subjects = config.common.subjects()?;
+    let http_limits = config.common.http.limits()?;
     let pool = db::connect(&config.database).await?;
     store::migrate(&pool).await?;
     let connection = nats::connect(&config.common.nats_url, "catalog").await?;
@@ -296,6 +297,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
     let readiness = Readiness::new().with_nats(&connection).with_postgres(&pool);
     let http = HttpServer::start(
         config.common.http_addr,
+        http_limits,
         axum::Router::new(),
         readiness,
         shutdown.clone(),

@@ -329,6 +329,7 @@ fn malformed(message: String) -> TurnReply {
 /// Connects, subscribes to the events, then starts serving turns.
 pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, StartError> {
     let subjects: Subjects = config.common.subjects()?;
+    let http_limits = config.common.http.limits()?;
     let settings = config.settings()?;
     let nats = ctxsync_runtime::nats::connect(&config.common.nats_url, "chat-gate").await?;
     let store = store::StoreReader::new(nats.client.clone(), &subjects, settings.store_timeout);
@@ -377,6 +378,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, St
     let readiness = Readiness::new().with_nats(&nats);
     let http = HttpServer::start(
         config.common.http_addr,
+        http_limits,
         http::routes(gate.clone()),
         readiness,
         shutdown,

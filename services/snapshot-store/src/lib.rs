@@ -211,6 +211,7 @@ async fn publish(
 /// Connects, migrates, subscribes and starts serving.
 pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningStore, StartError> {
     let subjects = config.common.subjects()?;
+    let http_limits = config.common.http.limits()?;
     let pool = ctxsync_runtime::db::connect(&config.database).await?;
     Store::migrate(&pool)
         .await
@@ -225,6 +226,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningStore, S
     let readiness = Readiness::new().with_nats(&nats).with_postgres(&pool);
     let http = HttpServer::start(
         config.common.http_addr,
+        http_limits,
         axum::Router::new(),
         readiness,
         shutdown,
