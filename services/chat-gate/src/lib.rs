@@ -144,8 +144,8 @@ pub enum StartError {
     },
     #[error(transparent)]
     Nats(#[from] ctxsync_runtime::nats::NatsConnectError),
-    #[error("cannot subscribe to {subject}: {reason}")]
-    Subscribe { subject: String, reason: String },
+    #[error(transparent)]
+    Subscribe(#[from] ctxsync_runtime::nats::SubscribeError),
     #[error(transparent)]
     Http(#[from] ctxsync_runtime::http::BindError),
 }
@@ -193,13 +193,7 @@ async fn subscribe(
     nats: &NatsConnection,
     subject: String,
 ) -> Result<async_nats::Subscriber, StartError> {
-    nats.client
-        .subscribe(subject.clone())
-        .await
-        .map_err(|e| StartError::Subscribe {
-            subject,
-            reason: e.to_string(),
-        })
+    Ok(ctxsync_runtime::nats::subscribe(nats, subject, None).await?)
 }
 
 /// The store's events as one stream, each applied to its agent's view as it
@@ -343,12 +337,6 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, St
     // just written) before the first turn is served.
     let discovery = subscribe(&nats, subjects.discovery_changed_all()).await?;
     let snapshots = subscribe(&nats, subjects.snapshot_committed_all()).await?;
-    ctxsync_runtime::nats::sync_with_server(&nats.client)
-        .await
-        .map_err(|e| StartError::Subscribe {
-            subject: subjects.discovery_changed_all(),
-            reason: e.to_string(),
-        })?;
     let tasks = vec![
         recheck_after_gaps(gate.clone(), &nats, shutdown.clone()),
         housekeeping(gate.clone(), config.sweep_interval, shutdown.clone()),
@@ -356,7 +344,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, St
 
     let handler_gate = gate.clone();
     let server = rpc::serve_after(
-        nats.client.clone(),
+        &nats,
         subjects.gate_turn(),
         GATE_QUEUE_GROUP,
         shutdown.clone(),
@@ -369,11 +357,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, St
             async move { gate.turn_after_events(request).await }
         },
     )
-    .await
-    .map_err(|e| StartError::Subscribe {
-        subject: subjects.gate_turn(),
-        reason: e.to_string(),
-    })?;
+    .await?;
 
     let readiness = Readiness::new().with_nats(&nats);
     let http = HttpServer::start(

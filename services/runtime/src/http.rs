@@ -45,8 +45,10 @@ impl Readiness {
         self
     }
 
-    /// Ready while the NATS client is connected.
+    /// Ready while the NATS client is connected and the server has refused
+    /// it no subject (`nats_permissions` names them and the user).
     pub fn with_nats(self, connection: &crate::nats::NatsConnection) -> Self {
+        let permissions = connection.clone();
         let connection = connection.clone();
         self.with_check("nats", move || {
             let connected = connection.is_connected();
@@ -57,6 +59,9 @@ impl Readiness {
                     Err("not connected".to_owned())
                 }
             }
+        })
+        .with_check("nats_permissions", move || {
+            std::future::ready(permissions.permissions_check())
         })
     }
 

@@ -299,8 +299,9 @@ async fn a_kept_alive_connection_idles_for_the_idle_timeout_and_a_started_head_g
     // Idle after an answered request: closed after the idle timeout, not the
     // (shorter) header timeout.
     let mut kept = server.connect().await;
-    assert_eq!(get_healthz(&mut kept, false).await.status, 200);
+    // Before the request: the server's idle time starts after it.
     let answered = Instant::now();
+    assert_eq!(get_healthz(&mut kept, false).await.status, 200);
     assert_eq!(
         closed_by_server(&mut kept, idle_timeout + DEADLINE).await,
         Ok(())
@@ -315,10 +316,10 @@ async fn a_kept_alive_connection_idles_for_the_idle_timeout_and_a_started_head_g
     // timeout from its first byte, long before the idle timeout.
     let mut slow = server.connect().await;
     assert_eq!(get_healthz(&mut slow, false).await.status, 200);
+    let started = Instant::now();
     slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: te")
         .await
         .unwrap();
-    let started = Instant::now();
     assert_eq!(closed_by_server(&mut slow, DEADLINE).await, Ok(()));
     assert!(
         started.elapsed() >= header_timeout && started.elapsed() < idle_timeout,
