@@ -99,6 +99,7 @@ impl RunningIngest {
 
 pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningIngest, StartError> {
     let subjects = config.common.subjects()?;
+    let http_limits = config.common.http.limits()?;
     let nats = ctxsync_runtime::nats::connect(&config.common.nats_url, "agent-ingest").await?;
     let state = Arc::new(AppState {
         auth: auth::Authenticator::new(
@@ -122,7 +123,14 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningIngest, 
     }
     let routes = router(state);
     let readiness = Readiness::new().with_nats(&nats);
-    let http = HttpServer::start(config.common.http_addr, routes, readiness, shutdown).await?;
+    let http = HttpServer::start(
+        config.common.http_addr,
+        http_limits,
+        routes,
+        readiness,
+        shutdown,
+    )
+    .await?;
     tracing::info!(addr = %http.local_addr(), "agent-ingest ready");
     Ok(RunningIngest {
         http,

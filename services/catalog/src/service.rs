@@ -30,8 +30,8 @@ pub enum Error {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error(transparent)]
     Nats(#[from] nats::NatsConnectError),
-    #[error("cannot subscribe to {subject}: {reason}")]
-    Subscribe { subject: String, reason: String },
+    #[error(transparent)]
+    Subscribe(#[from] nats::SubscribeError),
     #[error(transparent)]
     Bind(#[from] http::BindError),
 }
@@ -180,6 +180,7 @@ impl Running {
 
 pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error> {
     let subjects = config.common.subjects()?;
+    let http_limits = config.common.http.limits()?;
     let pool = db::connect(&config.database).await?;
     store::migrate(&pool).await?;
     let connection = nats::connect(&config.common.nats_url, "catalog").await?;
@@ -197,17 +198,11 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
         closing: tokio_util::task::TaskTracker::new(),
     });
 
-    let subscribe_error = |subject: String| {
-        move |e: async_nats::SubscribeError| Error::Subscribe {
-            subject,
-            reason: e.to_string(),
-        }
-    };
     let mut servers = Vec::new();
     let handler_core = core.clone();
     servers.push(
         rpc::serve(
-            connection.client.clone(),
+            &connection,
             subjects.catalog_prepare(),
             CATALOG_QUEUE_GROUP,
             shutdown.clone(),
@@ -227,13 +222,12 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
                 }
             },
         )
-        .await
-        .map_err(subscribe_error(subjects.catalog_prepare()))?,
+        .await?,
     );
     let handler_core = core.clone();
     servers.push(
         rpc::serve(
-            connection.client.clone(),
+            &connection,
             subjects.catalog_call(),
             CATALOG_QUEUE_GROUP,
             shutdown.clone(),
@@ -253,14 +247,13 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
                 }
             },
         )
-        .await
-        .map_err(subscribe_error(subjects.catalog_call()))?,
+        .await?,
     );
     let handler_core = core.clone();
     let end_subject = crate::session_end_subject(&subjects);
     servers.push(
         rpc::serve(
-            connection.client.clone(),
+            &connection,
             end_subject.clone(),
             CATALOG_QUEUE_GROUP,
             shutdown.clone(),
@@ -274,28 +267,21 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
                 async move { core.end_session(request).await }
             },
         )
-        .await
-        .map_err(subscribe_error(end_subject.clone()))?,
+        .await?,
     );
     // Gate waits, for the latency report: one replica stores each.
-    let gate_waits = connection
-        .client
-        .queue_subscribe(subjects.gate_turn_waited(), CATALOG_QUEUE_GROUP.to_owned())
-        .await
-        .map_err(subscribe_error(subjects.gate_turn_waited()))?;
+    let gate_waits = nats::subscribe(
+        &connection,
+        subjects.gate_turn_waited(),
+        Some(CATALOG_QUEUE_GROUP),
+    )
+    .await?;
     let gate_waits = crate::gate_waits::spawn(pool.clone(), gate_waits, shutdown.clone());
-    // flush() only writes to the socket; this round trip proves the server
-    // has every subscription above.
-    nats::sync_with_server(&connection.client)
-        .await
-        .map_err(|e| Error::Subscribe {
-            subject: subjects.gate_turn_waited(),
-            reason: e.to_string(),
-        })?;
 
     let readiness = Readiness::new().with_nats(&connection).with_postgres(&pool);
     let http = HttpServer::start(
         config.common.http_addr,
+        http_limits,
         axum::Router::new(),
         readiness,
         shutdown.clone(),

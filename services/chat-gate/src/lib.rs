@@ -146,8 +146,8 @@ pub enum StartError {
     },
     #[error(transparent)]
     Nats(#[from] ctxsync_runtime::nats::NatsConnectError),
-    #[error("cannot subscribe to {subject}: {reason}")]
-    Subscribe { subject: String, reason: String },
+    #[error(transparent)]
+    Subscribe(#[from] ctxsync_runtime::nats::SubscribeError),
     #[error(transparent)]
     Http(#[from] ctxsync_runtime::http::BindError),
 }
@@ -219,13 +219,7 @@ async fn subscribe(
     nats: &NatsConnection,
     subject: String,
 ) -> Result<async_nats::Subscriber, StartError> {
-    nats.client
-        .subscribe(subject.clone())
-        .await
-        .map_err(|e| StartError::Subscribe {
-            subject,
-            reason: e.to_string(),
-        })
+    Ok(ctxsync_runtime::nats::subscribe(nats, subject, None).await?)
 }
 
 /// The store's events as one stream, each applied to its agent's view as it
@@ -361,6 +355,7 @@ fn malformed(message: String) -> TurnReply {
 /// Connects, subscribes to the events, then starts serving turns.
 pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, StartError> {
     let subjects: Subjects = config.common.subjects()?;
+    let http_limits = config.common.http.limits()?;
     let settings = config.settings()?;
     let nats = ctxsync_runtime::nats::connect(&config.common.nats_url, "chat-gate").await?;
     let store = store::StoreReader::new(nats.client.clone(), &subjects, settings.store_timeout);
@@ -374,12 +369,6 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, St
     // just written) before the first turn is served.
     let discovery = subscribe(&nats, subjects.discovery_changed_all()).await?;
     let snapshots = subscribe(&nats, subjects.snapshot_committed_all()).await?;
-    ctxsync_runtime::nats::sync_with_server(&nats.client)
-        .await
-        .map_err(|e| StartError::Subscribe {
-            subject: subjects.discovery_changed_all(),
-            reason: e.to_string(),
-        })?;
     let tasks_stop = gate.drained().child_token();
     let tasks = vec![
         recheck_after_gaps(gate.clone(), &nats, tasks_stop.clone()),
@@ -388,7 +377,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, St
 
     let handler_gate = gate.clone();
     let server = rpc::serve_after(
-        nats.client.clone(),
+        &nats,
         subjects.gate_turn(),
         GATE_QUEUE_GROUP,
         shutdown.clone(),
@@ -401,15 +390,12 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, St
             async move { gate.turn_after_events(request).await }
         },
     )
-    .await
-    .map_err(|e| StartError::Subscribe {
-        subject: subjects.gate_turn(),
-        reason: e.to_string(),
-    })?;
+    .await?;
 
     let readiness = Readiness::new().with_nats(&nats);
     let http = HttpServer::start(
         config.common.http_addr,
+        http_limits,
         http::routes(gate.clone()),
         readiness,
         shutdown,

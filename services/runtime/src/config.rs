@@ -46,6 +46,9 @@ pub struct CommonArgs {
     /// (`/v1/traces` is appended). Unset: no spans are exported.
     #[arg(long, env = "CTXSYNC_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
+
+    #[command(flatten)]
+    pub http: HttpArgs,
 }
 
 impl CommonArgs {
@@ -59,6 +62,7 @@ impl CommonArgs {
             log_filter: "info".into(),
             shutdown_grace: Duration::from_secs(10),
             otlp_endpoint: None,
+            http: HttpArgs::default(),
         }
     }
 
@@ -117,6 +121,182 @@ fn otlp_traces_url(value: &str) -> Result<String, ConfigError> {
     Ok(url.to_string())
 }
 
+/// Bounds of an HTTP listener, so that clients that connect and then send
+/// slowly (or nothing) cannot hold its connections and file descriptors.
+#[derive(Debug, Clone, clap::Args)]
+pub struct HttpArgs {
+    /// A connection must send a complete request head within this time (from
+    /// its accept, or from the first byte of a later request); else it is closed.
+    #[arg(long, env = HEADER_TIMEOUT_ENV, default_value = "10s", value_parser = timeout_parser(HEADER_TIMEOUT_ENV))]
+    pub http_header_timeout: Duration,
+
+    /// A request's body must have arrived within this time from its head;
+    /// else it is answered 408 and the connection closed.
+    #[arg(long, env = BODY_TIMEOUT_ENV, default_value = "30s", value_parser = timeout_parser(BODY_TIMEOUT_ENV))]
+    pub http_body_timeout: Duration,
+
+    /// A kept-alive connection with no request in flight is closed after this long.
+    #[arg(long, env = IDLE_TIMEOUT_ENV, default_value = "60s", value_parser = timeout_parser(IDLE_TIMEOUT_ENV))]
+    pub http_idle_timeout: Duration,
+
+    /// Connections served at once; past it the listener stops accepting until one closes.
+    #[arg(long, env = MAX_CONNECTIONS_ENV, default_value_t = HttpLimits::DEFAULT.max_connections, value_parser = count_parser(MAX_CONNECTIONS_ENV))]
+    pub http_max_connections: usize,
+}
+
+const HEADER_TIMEOUT_ENV: &str = "CTXSYNC_HTTP_HEADER_TIMEOUT";
+const BODY_TIMEOUT_ENV: &str = "CTXSYNC_HTTP_BODY_TIMEOUT";
+const IDLE_TIMEOUT_ENV: &str = "CTXSYNC_HTTP_IDLE_TIMEOUT";
+const MAX_CONNECTIONS_ENV: &str = "CTXSYNC_HTTP_MAX_CONNECTIONS";
+
+impl Default for HttpArgs {
+    fn default() -> Self {
+        let limits = HttpLimits::DEFAULT;
+        Self {
+            http_header_timeout: limits.header_timeout,
+            http_body_timeout: limits.body_timeout,
+            http_idle_timeout: limits.idle_timeout,
+            http_max_connections: limits.max_connections,
+        }
+    }
+}
+
+impl HttpArgs {
+    /// The limits, checked again: the fields can be set without the parser.
+    pub fn limits(&self) -> Result<HttpLimits, ConfigError> {
+        HttpLimits::new(
+            self.http_header_timeout,
+            self.http_body_timeout,
+            self.http_idle_timeout,
+            self.http_max_connections,
+        )
+    }
+}
+
+/// Checked [`HttpArgs`]: every timeout above zero and at most a day, at least
+/// one connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpLimits {
+    header_timeout: Duration,
+    body_timeout: Duration,
+    idle_timeout: Duration,
+    max_connections: usize,
+}
+
+/// Longer timeouts are mistakes (and would overflow deadlines).
+const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
+/// More than any process's file descriptors.
+const MAX_CONNECTIONS: usize = 1_000_000;
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+impl HttpLimits {
+    pub const DEFAULT: Self = Self {
+        header_timeout: Duration::from_secs(10),
+        body_timeout: Duration::from_secs(30),
+        idle_timeout: Duration::from_secs(60),
+        max_connections: 1024,
+    };
+
+    pub fn new(
+        header_timeout: Duration,
+        body_timeout: Duration,
+        idle_timeout: Duration,
+        max_connections: usize,
+    ) -> Result<Self, ConfigError> {
+        let invalid = |env: &'static str, value: String, reason: String| ConfigError::Http {
+            env,
+            value,
+            reason,
+        };
+        for (env, timeout) in [
+            (HEADER_TIMEOUT_ENV, header_timeout),
+            (BODY_TIMEOUT_ENV, body_timeout),
+            (IDLE_TIMEOUT_ENV, idle_timeout),
+        ] {
+            check_timeout(timeout).map_err(|reason| {
+                invalid(env, humantime::format_duration(timeout).to_string(), reason)
+            })?;
+        }
+        check_count(max_connections)
+            .map_err(|reason| invalid(MAX_CONNECTIONS_ENV, max_connections.to_string(), reason))?;
+        Ok(Self {
+            header_timeout,
+            body_timeout,
+            idle_timeout,
+            max_connections,
+        })
+    }
+
+    pub fn header_timeout(&self) -> Duration {
+        self.header_timeout
+    }
+
+    pub fn body_timeout(&self) -> Duration {
+        self.body_timeout
+    }
+
+    pub fn idle_timeout(&self) -> Duration {
+        self.idle_timeout
+    }
+
+    pub fn max_connections(&self) -> usize {
+        self.max_connections
+    }
+}
+
+fn check_timeout(timeout: Duration) -> Result<(), String> {
+    if timeout.is_zero() {
+        Err("must be above zero".into())
+    } else if timeout > MAX_TIMEOUT {
+        Err(format!(
+            "must be at most {}",
+            humantime::format_duration(MAX_TIMEOUT)
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+fn check_count(count: usize) -> Result<(), String> {
+    if count == 0 {
+        Err("must be at least 1".into())
+    } else if count > MAX_CONNECTIONS {
+        Err(format!("must be at most {MAX_CONNECTIONS}"))
+    } else {
+        Ok(())
+    }
+}
+
+/// clap quotes the flag and the value; the error adds the env var.
+fn timeout_parser(
+    env: &'static str,
+) -> impl Fn(&str) -> Result<Duration, String> + Clone + Send + Sync + 'static {
+    move |value| {
+        let timeout = humantime::parse_duration(value)
+            .map_err(|e| format!("invalid {env} {value:?}: {e}"))?;
+        check_timeout(timeout).map_err(|reason| format!("invalid {env} {value:?}: {reason}"))?;
+        Ok(timeout)
+    }
+}
+
+fn count_parser(
+    env: &'static str,
+) -> impl Fn(&str) -> Result<usize, String> + Clone + Send + Sync + 'static {
+    move |value| {
+        let count = value
+            .trim()
+            .parse::<usize>()
+            .map_err(|e| format!("invalid {env} {value:?}: {e}"))?;
+        check_count(count).map_err(|reason| format!("invalid {env} {value:?}: {reason}"))?;
+        Ok(count)
+    }
+}
+
 /// Options of services that own a database.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DatabaseArgs {
@@ -152,6 +332,12 @@ pub enum ConfigError {
     },
     #[error("invalid CTXSYNC_OTLP_ENDPOINT {value:?}: {reason}")]
     OtlpEndpoint { value: String, reason: String },
+    #[error("invalid {env} {value:?}: {reason}")]
+    Http {
+        env: &'static str,
+        value: String,
+        reason: String,
+    },
 }
 
 #[cfg(test)]
@@ -211,5 +397,115 @@ mod tests {
             assert!(!message.contains("secret"), "{message}");
             assert!(message.contains("[redacted]@collector"), "{message}");
         }
+    }
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        common: CommonArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<CommonArgs, String> {
+        use clap::Parser as _;
+        Cli::try_parse_from(std::iter::once("service").chain(args.iter().copied()))
+            .map(|cli| cli.common)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn http_limits_default_to_the_documented_values() {
+        let limits = parse(&[]).unwrap().http.limits().unwrap();
+        assert_eq!(limits, HttpLimits::default());
+        assert_eq!(limits.header_timeout(), Duration::from_secs(10));
+        assert_eq!(limits.body_timeout(), Duration::from_secs(30));
+        assert_eq!(limits.idle_timeout(), Duration::from_secs(60));
+        assert_eq!(limits.max_connections(), 1024);
+        let set = parse(&[
+            "--http-header-timeout",
+            "2s",
+            "--http-body-timeout",
+            "500ms",
+            "--http-idle-timeout",
+            "1m",
+            "--http-max-connections",
+            "7",
+        ])
+        .unwrap()
+        .http
+        .limits()
+        .unwrap();
+        assert_eq!(
+            set,
+            HttpLimits::new(
+                Duration::from_secs(2),
+                Duration::from_millis(500),
+                Duration::from_secs(60),
+                7
+            )
+            .unwrap()
+        );
+    }
+
+    #[test]
+    fn a_bad_http_limit_names_the_variable_and_the_value() {
+        for (flag, value, env, reason) in [
+            (
+                "--http-header-timeout",
+                "0s",
+                "CTXSYNC_HTTP_HEADER_TIMEOUT",
+                "above zero",
+            ),
+            (
+                "--http-body-timeout",
+                "soon",
+                "CTXSYNC_HTTP_BODY_TIMEOUT",
+                "",
+            ),
+            (
+                "--http-idle-timeout",
+                "400days",
+                "CTXSYNC_HTTP_IDLE_TIMEOUT",
+                "at most 1day",
+            ),
+            (
+                "--http-max-connections",
+                "0",
+                "CTXSYNC_HTTP_MAX_CONNECTIONS",
+                "at least 1",
+            ),
+            (
+                "--http-max-connections",
+                "many",
+                "CTXSYNC_HTTP_MAX_CONNECTIONS",
+                "",
+            ),
+        ] {
+            let message = parse(&[flag, value]).unwrap_err();
+            assert!(
+                message.contains(&format!("invalid {env} {value:?}: ")),
+                "{message}"
+            );
+            assert!(message.contains(reason), "{message}");
+        }
+        // Set without the parser, they are refused when the service starts.
+        let zero = HttpArgs {
+            http_idle_timeout: Duration::ZERO,
+            ..HttpArgs::default()
+        };
+        assert_eq!(
+            zero.limits().unwrap_err().to_string(),
+            "invalid CTXSYNC_HTTP_IDLE_TIMEOUT \"0s\": must be above zero"
+        );
+        assert!(
+            HttpLimits::new(
+                Duration::from_secs(1),
+                Duration::from_secs(1),
+                Duration::from_secs(1),
+                0
+            )
+            .unwrap_err()
+            .to_string()
+            .starts_with("invalid CTXSYNC_HTTP_MAX_CONNECTIONS \"0\"")
+        );
     }
 }

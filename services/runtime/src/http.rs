@@ -1,6 +1,9 @@
 //! The operator HTTP listener: `/healthz` (the process is alive), `/readyz`
 //! (every dependency check passes), `/metrics` (Prometheus text), plus any
-//! routes the service adds.
+//! routes the service adds. Every listener bounds its connections in time
+//! and number (see [`serve`] and [`crate::config::HttpArgs`]).
+
+mod serve;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -16,6 +19,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 use crate::Shutdown;
+use crate::config::HttpLimits;
 
 type CheckFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
 type Check = Arc<dyn Fn() -> CheckFuture + Send + Sync>;
@@ -41,8 +45,10 @@ impl Readiness {
         self
     }
 
-    /// Ready while the NATS client is connected.
+    /// Ready while the NATS client is connected and the server has refused
+    /// it no subject (`nats_permissions` names them and the user).
     pub fn with_nats(self, connection: &crate::nats::NatsConnection) -> Self {
+        let permissions = connection.clone();
         let connection = connection.clone();
         self.with_check("nats", move || {
             let connected = connection.is_connected();
@@ -53,6 +59,9 @@ impl Readiness {
                     Err("not connected".to_owned())
                 }
             }
+        })
+        .with_check("nats_permissions", move || {
+            std::future::ready(permissions.permissions_check())
         })
     }
 
@@ -145,14 +154,17 @@ pub struct HttpServer {
 }
 
 impl HttpServer {
-    /// Binds `addr` and serves `routes` plus the operator routes until `shutdown`.
+    /// Binds `addr` and serves `routes` plus the operator routes until
+    /// `shutdown`, each connection within `limits`.
     pub async fn start(
         addr: SocketAddr,
+        limits: HttpLimits,
         routes: Router,
         readiness: Readiness,
         shutdown: Shutdown,
     ) -> Result<Self, BindError> {
         let _ = crate::metrics::handle();
+        serve::raise_open_files_limit();
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|source| BindError { addr, source })?;
@@ -160,15 +172,15 @@ impl HttpServer {
             .local_addr()
             .map_err(|source| BindError { addr, source })?;
         let app = routes.merge(operator_routes(readiness));
-        let task = tokio::spawn(async move {
-            let served = axum::serve(listener, app)
-                .with_graceful_shutdown(async move { shutdown.cancelled().await })
-                .await;
-            if let Err(error) = served {
-                tracing::error!(%error, "http server failed");
-            }
-        });
-        tracing::info!(addr = %local_addr, "http listening");
+        let task = tokio::spawn(serve::serve(listener, app, limits, shutdown));
+        tracing::info!(
+            addr = %local_addr,
+            header_timeout = %humantime::format_duration(limits.header_timeout()),
+            body_timeout = %humantime::format_duration(limits.body_timeout()),
+            idle_timeout = %humantime::format_duration(limits.idle_timeout()),
+            max_connections = limits.max_connections(),
+            "http listening"
+        );
         Ok(Self { local_addr, task })
     }
 
@@ -176,7 +188,8 @@ impl HttpServer {
         self.local_addr
     }
 
-    /// Waits until in-flight requests have finished (after shutdown was signalled).
+    /// Waits, after shutdown was signalled, until the listener is closed and
+    /// every request that was in flight has been answered.
     pub async fn join(self) {
         let _ = self.task.await;
     }

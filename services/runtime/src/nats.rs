@@ -1,9 +1,12 @@
 //! The NATS connection every service opens: named, quick to reconnect, and
 //! observable (reconnects are counted and announced to whoever needs to
-//! re-check state they may have missed while disconnected).
+//! re-check state they may have missed while disconnected; subjects the
+//! server refuses this user are remembered, logged and fail readiness).
 
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::{Client, ConnectOptions, Event};
@@ -20,6 +23,7 @@ pub struct NatsConnection {
     reconnects: watch::Receiver<u64>,
     gaps: watch::Receiver<u64>,
     closed: watch::Receiver<bool>,
+    permissions: Arc<Permissions>,
 }
 
 impl NatsConnection {
@@ -37,6 +41,215 @@ impl NatsConnection {
 
     pub fn is_connected(&self) -> bool {
         self.client.connection_state() == async_nats::connection::State::Connected
+    }
+
+    /// The user this connection logs in as (for messages; never a password or token).
+    pub fn user(&self) -> &NatsUser {
+        &self.permissions.user
+    }
+
+    /// What the server refused this user since the start (publishes) or the
+    /// last reconnect (subscriptions, which a reconnect sends again): `Err`
+    /// naming the subjects and the user while there is any.
+    pub fn permissions_check(&self) -> Result<(), String> {
+        self.permissions.check()
+    }
+}
+
+/// The NATS user of a connection, as shown in messages: the user of
+/// `user:password@` in the URL; a user part without a password is a token
+/// and is never shown.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NatsUser(Option<String>);
+
+impl NatsUser {
+    pub fn from_url(url: &str) -> Self {
+        let user = url.parse::<async_nats::ServerAddr>().ok().and_then(|addr| {
+            match (addr.username(), addr.password()) {
+                (Some(user), Some(_)) => Some(user.to_owned()),
+                _ => None,
+            }
+        });
+        Self(user)
+    }
+
+    pub fn name(&self) -> Option<&str> {
+        self.0.as_deref()
+    }
+}
+
+impl fmt::Display for NatsUser {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Some(user) => write!(f, "user {user:?}"),
+            None => f.write_str("no user"),
+        }
+    }
+}
+
+/// What a permissions violation refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Operation {
+    Subscribe,
+    Publish,
+    /// Publishing with this subject as the reply subject.
+    PublishReply,
+}
+
+impl Operation {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Subscribe => "subscribe",
+            Self::Publish => "publish",
+            Self::PublishReply => "publish_reply",
+        }
+    }
+}
+
+impl fmt::Display for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Subscribe => "subscribe to",
+            Self::Publish => "publish to",
+            Self::PublishReply => "publish with the reply subject",
+        })
+    }
+}
+
+/// A `-ERR 'Permissions Violation for ...'` of nats-server, parsed.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Violation {
+    pub operation: Operation,
+    pub subject: String,
+}
+
+impl Violation {
+    /// Parses nats-server's texts: `Permissions Violation for Subscription to
+    /// "s"` (then ` using queue "q"` for a queue group), `... for Publish to
+    /// "s"`, `... for Publish with Reply of "s"`.
+    pub fn parse(text: &str) -> Option<Self> {
+        const FORMS: [(&str, Operation); 3] = [
+            (
+                "permissions violation for subscription to ",
+                Operation::Subscribe,
+            ),
+            ("permissions violation for publish to ", Operation::Publish),
+            (
+                "permissions violation for publish with reply of ",
+                Operation::PublishReply,
+            ),
+        ];
+        let text = text.trim().trim_matches('\'');
+        FORMS.iter().find_map(|(prefix, operation)| {
+            let head = text.get(..prefix.len())?;
+            if !head.eq_ignore_ascii_case(prefix) {
+                return None;
+            }
+            Some(Self {
+                operation: *operation,
+                subject: go_quoted(&text[prefix.len()..])?,
+            })
+        })
+    }
+}
+
+/// The Go `%q` string at the start of `text`.
+fn go_quoted(text: &str) -> Option<String> {
+    let mut chars = text.strip_prefix('"')?.chars();
+    let mut out = String::new();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => return Some(out),
+            '\\' => out.push(chars.next()?),
+            c => out.push(c),
+        }
+    }
+    None
+}
+
+/// Distinct refusals remembered for readiness and logged; more are counted.
+const MAX_REMEMBERED_VIOLATIONS: usize = 16;
+
+/// The permission violations the server reported to one connection.
+#[derive(Debug)]
+struct Permissions {
+    client: String,
+    user: NatsUser,
+    refused: Mutex<Refused>,
+}
+
+#[derive(Debug, Default)]
+struct Refused {
+    seen: BTreeSet<Violation>,
+    /// Distinct refusals past [`MAX_REMEMBERED_VIOLATIONS`].
+    more: usize,
+}
+
+impl Permissions {
+    fn refused(&self) -> std::sync::MutexGuard<'_, Refused> {
+        self.refused.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn record(&self, violation: Violation) {
+        metrics::counter!(
+            "ctxsync_nats_permission_violations_total",
+            "client" => self.client.clone(),
+            "operation" => violation.operation.as_str()
+        )
+        .increment(1);
+        let mut refused = self.refused();
+        if refused.seen.contains(&violation) {
+            return;
+        }
+        if refused.seen.len() >= MAX_REMEMBERED_VIOLATIONS {
+            refused.more += 1;
+            if refused.more == 1 {
+                tracing::error!(
+                    client = %self.client,
+                    nats_user = self.user.name().unwrap_or("(none)"),
+                    "nats refuses this user more subjects than are listed"
+                );
+            }
+            return;
+        }
+        tracing::error!(
+            client = %self.client,
+            nats_user = self.user.name().unwrap_or("(none)"),
+            operation = %violation.operation,
+            subject = %violation.subject,
+            "nats refused a subject: permissions violation (check the user's permissions)"
+        );
+        refused.seen.insert(violation);
+    }
+
+    fn is_refused(&self, violation: &Violation) -> bool {
+        self.refused().seen.contains(violation)
+    }
+
+    /// A reconnect sends every subscription again: the server judges them anew.
+    fn forget_subscriptions(&self) {
+        let mut refused = self.refused();
+        refused.seen.retain(|v| v.operation != Operation::Subscribe);
+        if refused.seen.is_empty() {
+            refused.more = 0;
+        }
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let refused = self.refused();
+        if refused.seen.is_empty() && refused.more == 0 {
+            return Ok(());
+        }
+        let listed: Vec<String> = refused
+            .seen
+            .iter()
+            .map(|v| format!("{} {:?}", v.operation, v.subject))
+            .collect();
+        let mut message = format!("nats refuses {}: may not {}", self.user, listed.join(", "));
+        if refused.more > 0 {
+            message.push_str(&format!(" (and {} more)", refused.more));
+        }
+        Err(message)
     }
 }
 
@@ -58,6 +271,14 @@ pub async fn connect(url: &str, client_name: &str) -> Result<NatsConnection, Nat
     let (closed_tx, closed) = watch::channel(false);
     let seen_connect = Arc::new(AtomicBool::new(false));
     let name = client_name.to_owned();
+    metrics::counter!("ctxsync_nats_permission_violations_total", "client" => client_name.to_owned(), "operation" => Operation::Publish.as_str())
+        .increment(0);
+    let permissions = Arc::new(Permissions {
+        client: client_name.to_owned(),
+        user: NatsUser::from_url(url),
+        refused: Mutex::default(),
+    });
+    let on_event = permissions.clone();
     let mut options = ConnectOptions::new()
         .name(client_name)
         // Reply inboxes under the client's own name, so NATS permissions can
@@ -75,6 +296,7 @@ pub async fn connect(url: &str, client_name: &str) -> Result<NatsConnection, Nat
             let closed_tx = closed_tx.clone();
             let seen_connect = seen_connect.clone();
             let name = name.clone();
+            let permissions = on_event.clone();
             async move {
                 match event {
                     // The first Connected is the initial connect, not a reconnect.
@@ -85,6 +307,7 @@ pub async fn connect(url: &str, client_name: &str) -> Result<NatsConnection, Nat
                         metrics::counter!("ctxsync_nats_reconnects_total", "client" => name.clone())
                             .increment(1);
                         tracing::info!(client = %name, "nats reconnected");
+                        permissions.forget_subscriptions();
                         gap_tx.send_modify(|n| *n += 1);
                         tx.send_modify(|n| *n += 1);
                     }
@@ -105,6 +328,15 @@ pub async fn connect(url: &str, client_name: &str) -> Result<NatsConnection, Nat
                     Event::ClientError(error) => {
                         tracing::debug!(client = %name, %error, "nats client error")
                     }
+                    Event::ServerError(async_nats::ServerError::Other(text)) => {
+                        match Violation::parse(&text) {
+                            Some(violation) => permissions.record(violation),
+                            None => tracing::warn!(client = %name, error = %text, "nats server error"),
+                        }
+                    }
+                    Event::ServerError(error) => {
+                        tracing::warn!(client = %name, %error, "nats server error")
+                    }
                     other => tracing::info!(client = %name, event = %other, "nats event"),
                 }
             }
@@ -124,6 +356,7 @@ pub async fn connect(url: &str, client_name: &str) -> Result<NatsConnection, Nat
         reconnects,
         gaps,
         closed,
+        permissions,
     })
 }
 
@@ -157,6 +390,85 @@ pub fn redact_url(url: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_servers_permission_violations() {
+        let parsed = |text: &str| Violation::parse(text).map(|v| (v.operation, v.subject));
+        assert_eq!(
+            parsed(r#"Permissions Violation for Subscription to "a.b.>""#),
+            Some((Operation::Subscribe, "a.b.>".into()))
+        );
+        assert_eq!(
+            parsed(r#"Permissions Violation for Subscription to "a.b" using queue "store""#),
+            Some((Operation::Subscribe, "a.b".into()))
+        );
+        assert_eq!(
+            parsed(r#"'Permissions Violation for Publish to "x.\"y"'"#),
+            Some((Operation::Publish, r#"x."y"#.into()))
+        );
+        assert_eq!(
+            parsed(r#"permissions violation for publish with reply of "_INBOX.a.b""#),
+            Some((Operation::PublishReply, "_INBOX.a.b".into()))
+        );
+        assert_eq!(parsed("Authorization Violation"), None);
+        assert_eq!(
+            parsed(r#"Permissions Violation for Publish to "unterminated"#),
+            None
+        );
+    }
+
+    #[test]
+    fn the_user_comes_from_the_url_without_password_or_token() {
+        assert_eq!(
+            NatsUser::from_url("nats://gate:secret@host:4222").to_string(),
+            "user \"gate\""
+        );
+        assert_eq!(
+            NatsUser::from_url("nats://host:4222").to_string(),
+            "no user"
+        );
+        // A user part alone is a token.
+        assert_eq!(
+            NatsUser::from_url("nats://s3cr3t@host:4222").to_string(),
+            "no user"
+        );
+    }
+
+    #[test]
+    fn refusals_fail_the_check_naming_the_subjects_and_the_user() {
+        let permissions = Permissions {
+            client: "test".into(),
+            user: NatsUser(Some("store".into())),
+            refused: Mutex::default(),
+        };
+        assert_eq!(permissions.check(), Ok(()));
+        let violation = |operation, subject: &str| Violation {
+            operation,
+            subject: subject.into(),
+        };
+        permissions.record(violation(Operation::Subscribe, "p.store.>"));
+        permissions.record(violation(Operation::Publish, "p.snapshot.a"));
+        permissions.record(violation(Operation::Publish, "p.snapshot.a"));
+        assert_eq!(
+            permissions.check(),
+            Err(
+                "nats refuses user \"store\": may not subscribe to \"p.store.>\", \
+                 publish to \"p.snapshot.a\""
+                    .into()
+            )
+        );
+        for i in 0..MAX_REMEMBERED_VIOLATIONS + 5 {
+            permissions.record(violation(Operation::Publish, &format!("p.x.{i}")));
+        }
+        assert!(permissions.check().unwrap_err().ends_with("(and 7 more)"));
+        // A reconnect subscribes again; refused publishes stay.
+        permissions.forget_subscriptions();
+        let message = permissions.check().unwrap_err();
+        assert!(!message.contains("p.store.>"), "{message}");
+        assert!(message.contains("publish to \"p.snapshot.a\""), "{message}");
+    }
+
     #[test]
     fn redacts_credentials() {
         assert_eq!(
@@ -197,6 +509,63 @@ pub async fn sync_with_server(client: &Client) -> Result<(), SyncError> {
 #[derive(Debug, thiserror::Error)]
 #[error("nats server did not confirm the subscriptions: {0}")]
 pub struct SyncError(String);
+
+#[derive(Debug, thiserror::Error)]
+pub enum SubscribeError {
+    #[error("nats refused the subscription to {subject:?} ({user}): permissions violation")]
+    Refused { subject: String, user: NatsUser },
+    #[error("cannot subscribe to {subject:?} ({user}): {reason}")]
+    Failed {
+        subject: String,
+        user: NatsUser,
+        reason: String,
+    },
+}
+
+/// Subscribes to `subject` (in `queue_group` when given) and returns once
+/// the server has it, or the server's refusal: every subscription a service
+/// makes at start goes through here, so a user without the permission stops
+/// the start instead of waiting for messages that never come.
+pub async fn subscribe(
+    connection: &NatsConnection,
+    subject: String,
+    queue_group: Option<&str>,
+) -> Result<async_nats::Subscriber, SubscribeError> {
+    let failed = |reason: String| SubscribeError::Failed {
+        subject: subject.clone(),
+        user: connection.user().clone(),
+        reason,
+    };
+    let client = &connection.client;
+    let subscriber = match queue_group {
+        Some(group) => {
+            client
+                .queue_subscribe(subject.clone(), group.to_owned())
+                .await
+        }
+        None => client.subscribe(subject.clone()).await,
+    }
+    .map_err(|e| failed(e.to_string()))?;
+    let violation = Violation {
+        operation: Operation::Subscribe,
+        subject: subject.clone(),
+    };
+    // The server's `-ERR` precedes the round trip's echo on the socket, but
+    // async-nats hands it to the event callback on a task of its own: a
+    // second round trip gives that task its turn before the last look.
+    for _ in 0..2 {
+        sync_with_server(client)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        if connection.permissions.is_refused(&violation) {
+            return Err(SubscribeError::Refused {
+                subject,
+                user: connection.user().clone(),
+            });
+        }
+    }
+    Ok(subscriber)
+}
 
 /// The subscription's next message, or `None` once it ends or `shutdown` is
 /// cancelled: the loop condition of every event follower.

@@ -15,6 +15,7 @@ use tokio::task::JoinHandle;
 use tokio_util::task::TaskTracker;
 
 use crate::Shutdown;
+use crate::nats::{NatsConnection, SubscribeError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RpcError {
@@ -133,14 +134,14 @@ impl Server {
 /// requests here, the ones it already sent are still answered, and all of
 /// them finish within `grace` of the signal.
 pub async fn serve<Req, Resp, F, Fut>(
-    client: Client,
+    connection: &NatsConnection,
     subject: String,
     queue_group: &'static str,
     shutdown: Shutdown,
     grace: Duration,
     on_malformed: fn(String) -> Resp,
     handler: F,
-) -> Result<Server, async_nats::SubscribeError>
+) -> Result<Server, SubscribeError>
 where
     Req: Message + Default + Send + 'static,
     Resp: Message + Send + 'static,
@@ -148,7 +149,7 @@ where
     Fut: Future<Output = Resp> + Send + 'static,
 {
     serve_with_limit(
-        client,
+        connection,
         subject,
         queue_group,
         shutdown,
@@ -164,7 +165,7 @@ where
 /// requests wait, like a held first turn, needs a larger one).
 #[allow(clippy::too_many_arguments)]
 pub async fn serve_with_limit<Req, Resp, F, Fut>(
-    client: Client,
+    connection: &NatsConnection,
     subject: String,
     queue_group: &'static str,
     shutdown: Shutdown,
@@ -172,7 +173,7 @@ pub async fn serve_with_limit<Req, Resp, F, Fut>(
     max_in_flight: usize,
     on_malformed: fn(String) -> Resp,
     handler: F,
-) -> Result<Server, async_nats::SubscribeError>
+) -> Result<Server, SubscribeError>
 where
     Req: Message + Default + Send + 'static,
     Resp: Message + Send + 'static,
@@ -180,7 +181,7 @@ where
     Fut: Future<Output = Resp> + Send + 'static,
 {
     serve_after(
-        client,
+        connection,
         subject,
         queue_group,
         shutdown,
@@ -203,7 +204,7 @@ where
 /// items); [`Server::join_keeping_before`] hands it back afterwards.
 #[allow(clippy::too_many_arguments)]
 pub async fn serve_after<Req, Resp, F, Fut>(
-    client: Client,
+    connection: &NatsConnection,
     subject: String,
     queue_group: &'static str,
     shutdown: Shutdown,
@@ -212,20 +213,17 @@ pub async fn serve_after<Req, Resp, F, Fut>(
     mut before: BoxStream<'static, ()>,
     on_malformed: fn(String) -> Resp,
     handler: F,
-) -> Result<Server, async_nats::SubscribeError>
+) -> Result<Server, SubscribeError>
 where
     Req: Message + Default + Send + 'static,
     Resp: Message + Send + 'static,
     F: Fn(Req, Option<HeaderMap>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Resp> + Send + 'static,
 {
-    let mut subscriber = client
-        .queue_subscribe(subject.clone(), queue_group.to_owned())
-        .await?;
     // Only once the server has the subscription may the service call itself ready.
-    crate::nats::sync_with_server(&client).await.map_err(|e| {
-        async_nats::SubscribeError::with_source(async_nats::SubscribeErrorKind::Other, e)
-    })?;
+    let mut subscriber =
+        crate::nats::subscribe(connection, subject.clone(), Some(queue_group)).await?;
+    let client = connection.client.clone();
     let handler = Arc::new(handler);
     let permits = Arc::new(Semaphore::new(max_in_flight));
     let tracker = TaskTracker::new();

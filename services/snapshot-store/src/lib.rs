@@ -108,7 +108,7 @@ pub enum StartError {
     #[error(transparent)]
     Database(#[from] ctxsync_runtime::db::DbError),
     #[error("cannot subscribe to the store subjects: {0}")]
-    Subscribe(#[from] async_nats::SubscribeError),
+    Subscribe(#[from] ctxsync_runtime::nats::SubscribeError),
     #[error(transparent)]
     Http(#[from] ctxsync_runtime::http::BindError),
 }
@@ -212,6 +212,7 @@ async fn publish(
 /// Connects, migrates, subscribes and starts serving.
 pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningStore, StartError> {
     let subjects = config.common.subjects()?;
+    let http_limits = config.common.http.limits()?;
     let pool = ctxsync_runtime::db::connect(&config.database).await?;
     Store::migrate(&pool)
         .await
@@ -222,10 +223,11 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningStore, S
     let limit = StateLimit {
         max_bytes: config.event_state_max_bytes,
     };
-    let servers = serve_all(&nats.client, &subjects, &store, limit, &shutdown, grace).await?;
+    let servers = serve_all(&nats, &subjects, &store, limit, &shutdown, grace).await?;
     let readiness = Readiness::new().with_nats(&nats).with_postgres(&pool);
     let http = HttpServer::start(
         config.common.http_addr,
+        http_limits,
         axum::Router::new(),
         readiness,
         shutdown,
@@ -259,12 +261,12 @@ pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), StartError> {
 
 /// Serves one store subject in the store's queue group.
 async fn endpoint<Req, R, F, Fut>(
-    client: &async_nats::Client,
+    nats: &NatsConnection,
     subject: String,
     shutdown: &Shutdown,
     grace: Duration,
     handler: F,
-) -> Result<rpc::Server, async_nats::SubscribeError>
+) -> Result<rpc::Server, ctxsync_runtime::nats::SubscribeError>
 where
     Req: Message + Default + Send + 'static,
     R: Reply + Message + Send + 'static,
@@ -272,7 +274,7 @@ where
     Fut: std::future::Future<Output = R> + Send + 'static,
 {
     rpc::serve(
-        client.clone(),
+        nats,
         subject,
         STORE_QUEUE_GROUP,
         shutdown.clone(),
@@ -284,20 +286,21 @@ where
 }
 
 async fn serve_all(
-    client: &async_nats::Client,
+    nats: &NatsConnection,
     subjects: &Subjects,
     store: &Store,
     limit: StateLimit,
     shutdown: &Shutdown,
     grace: Duration,
-) -> Result<Vec<rpc::Server>, async_nats::SubscribeError> {
+) -> Result<Vec<rpc::Server>, ctxsync_runtime::nats::SubscribeError> {
+    let client = &nats.client;
     let (s, n, j) = (store.clone(), client.clone(), subjects.clone());
-    let register = endpoint(client, subjects.store_register_agent(), shutdown, grace, {
+    let register = endpoint(nats, subjects.store_register_agent(), shutdown, grace, {
         let s = s.clone();
         move |req: RegisterAgentRequest, _| register_agent(s.clone(), req)
     });
     let authenticate = endpoint(
-        client,
+        nats,
         subjects.store_authenticate_agent(),
         shutdown,
         grace,
@@ -306,7 +309,7 @@ async fn serve_all(
             move |req: AuthenticateAgentRequest, _| authenticate_agent(s.clone(), req)
         },
     );
-    let startup = endpoint(client, subjects.store_update_startup(), shutdown, grace, {
+    let startup = endpoint(nats, subjects.store_update_startup(), shutdown, grace, {
         let (s, n, j) = (s.clone(), n.clone(), j.clone());
         move |req: UpdateStartupRequest, headers: Option<HeaderMap>| {
             let trace = TraceContext::from_nats(headers.as_ref());
@@ -316,7 +319,7 @@ async fn serve_all(
                 .instrument(span)
         }
     });
-    let push = endpoint(client, subjects.store_push(), shutdown, grace, {
+    let push = endpoint(nats, subjects.store_push(), shutdown, grace, {
         let (s, n, j) = (s.clone(), n.clone(), j.clone());
         move |req: StorePushRequest, headers: Option<HeaderMap>| {
             let trace = TraceContext::from_nats(headers.as_ref());
@@ -327,7 +330,7 @@ async fn serve_all(
                 .instrument(span)
         }
     });
-    let get = endpoint(client, subjects.store_get_agent_state(), shutdown, grace, {
+    let get = endpoint(nats, subjects.store_get_agent_state(), shutdown, grace, {
         move |req: GetAgentStateRequest, _| agent_state(s.clone(), req)
     });
     Ok(vec![

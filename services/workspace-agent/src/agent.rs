@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use ctxsync_runtime::config::HttpLimits;
 use ctxsync_runtime::{HttpServer, Readiness};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -22,6 +23,8 @@ pub struct AgentConfig {
     pub watch_debounce: Duration,
     /// Serve `/healthz`, `/readyz`, `/metrics` here when set.
     pub http_addr: Option<SocketAddr>,
+    /// Bounds of that listener's connections.
+    pub http_limits: HttpLimits,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -103,7 +106,16 @@ pub async fn start(
                     }
                 }
             });
-            Some(HttpServer::start(addr, axum::Router::new(), readiness, shutdown.clone()).await?)
+            Some(
+                HttpServer::start(
+                    addr,
+                    config.http_limits,
+                    axum::Router::new(),
+                    readiness,
+                    shutdown.clone(),
+                )
+                .await?,
+            )
         }
         None => None,
     };

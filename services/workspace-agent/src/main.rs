@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use ctxsync_runtime::LogFormat;
+use ctxsync_runtime::config::HttpArgs;
 use workspace_agent::{AgentConfig, AgentToken, DiscoverySettings, PublisherConfig};
 
 #[derive(Debug, Parser)]
@@ -31,6 +32,9 @@ struct Cli {
     /// Address for /healthz, /readyz and /metrics (none when unset).
     #[arg(long, env = "CTXSYNC_HTTP_ADDR")]
     http_addr: Option<SocketAddr>,
+
+    #[command(flatten)]
+    http: HttpArgs,
 
     /// Wait this long after a context file changes before reloading.
     #[arg(long, env = "CTXSYNC_WATCH_DEBOUNCE", default_value = "300ms", value_parser = humantime::parse_duration)]
@@ -132,6 +136,7 @@ async fn main() -> anyhow::Result<()> {
                 watch: !cli.no_watch,
                 watch_debounce: cli.watch_debounce,
                 http_addr: cli.http_addr,
+                http_limits: cli.http.limits()?,
             };
             let shutdown = ctxsync_runtime::shutdown::on_signals();
             workspace_agent::run(config, shutdown).await?;

@@ -131,6 +131,7 @@ impl Harness {
             watch: true,
             watch_debounce: Duration::from_millis(100),
             http_addr: Some(([127, 0, 0, 1], 0).into()),
+            http_limits: Default::default(),
         }
     }
 }

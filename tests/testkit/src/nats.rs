@@ -8,6 +8,8 @@ pub struct NatsServer {
     port: u16,
     store_dir: tempfile::TempDir,
     child: Option<Child>,
+    /// Config lines after `max_payload` (users and permissions, say).
+    extra_config: String,
 }
 
 fn binary() -> PathBuf {
@@ -19,6 +21,12 @@ fn binary() -> PathBuf {
 impl NatsServer {
     /// Starts a server with JetStream on a free port and waits until it accepts connections.
     pub fn start() -> Self {
+        Self::start_with_config("")
+    }
+
+    /// [`Self::start`] with `extra_config` added to the server's config file
+    /// (e.g. an `authorization` block of users with permissions).
+    pub fn start_with_config(extra_config: &str) -> Self {
         let mut store_dir = tempfile::tempdir().expect("cannot create a temp dir for nats-server");
         let mut last_error = String::new();
         // A reserved port can be taken by another test between reservation and bind: retry.
@@ -28,6 +36,7 @@ impl NatsServer {
                 port,
                 store_dir,
                 child: None,
+                extra_config: extra_config.to_owned(),
             };
             match server.spawn() {
                 Ok(()) => return server,
@@ -48,8 +57,11 @@ impl NatsServer {
     fn spawn(&mut self) -> Result<(), String> {
         // As deployed: agent requests up to 4 MiB travel in one message.
         let config = self.store_dir.path().join("nats.conf");
-        std::fs::write(&config, "max_payload: 8MB\n")
-            .map_err(|e| format!("cannot write {}: {e}", config.display()))?;
+        std::fs::write(
+            &config,
+            format!("max_payload: 8MB\n{}\n", self.extra_config),
+        )
+        .map_err(|e| format!("cannot write {}: {e}", config.display()))?;
         let child = Command::new(binary())
             .arg("-c")
             .arg(&config)
@@ -101,6 +113,13 @@ impl NatsServer {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// [`Self::restart`] with `extra_config` in place of the config given at start
+    /// (clients reconnect to a server with, say, other permissions).
+    pub fn restart_with_config(&mut self, extra_config: &str) {
+        self.extra_config = extra_config.to_owned();
+        self.restart();
     }
 
     /// Kills the process and starts a new one on the same port and store.
