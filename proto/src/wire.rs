@@ -53,6 +53,22 @@ pub fn check_known_fields_of(full_name: &str, bytes: &[u8]) -> Result<(), WireEr
 struct MessageType {
     full_name: String,
     fields: Vec<Field>,
+    /// `slots[number]` is the field's index + 1 (0: undefined), for the
+    /// small field numbers every ctxsync message uses; larger ones are searched.
+    slots: Vec<u16>,
+}
+
+/// Field numbers below this are looked up in `slots`.
+const DIRECT_LOOKUP: u64 = 256;
+
+impl MessageType {
+    fn field(&self, number: u64) -> Option<usize> {
+        if number < DIRECT_LOOKUP {
+            let slot = *self.slots.get(number as usize)?;
+            return (slot > 0).then(|| usize::from(slot) - 1);
+        }
+        self.fields.binary_search_by_key(&number, |f| f.number).ok()
+    }
 }
 
 struct Field {
@@ -109,9 +125,22 @@ impl Schema {
                     })
                     .collect();
                 fields.sort_by_key(|f| f.number);
+                let direct = fields.iter().filter(|f| f.number < DIRECT_LOOKUP);
+                let mut slots = vec![
+                    0u16;
+                    direct
+                        .clone()
+                        .map(|f| f.number as usize + 1)
+                        .max()
+                        .unwrap_or(0)
+                ];
+                for (index, field) in direct.enumerate() {
+                    slots[field.number as usize] = index as u16 + 1;
+                }
                 MessageType {
                     full_name: full_name.clone(),
                     fields,
+                    slots,
                 }
             })
             .collect();
@@ -246,15 +275,15 @@ fn walk(schema: &Schema, message: usize, bytes: &[u8], depth: usize) -> Result<(
     if depth > MAX_DEPTH {
         return Err(Failure::new(FailureKind::Malformed("nested too deeply")));
     }
-    let fields = &schema.messages[message].fields;
+    let message_type = &schema.messages[message];
     let mut pos = 0;
     while pos < bytes.len() {
         let start = pos;
         let occurrence = next_field(bytes, &mut pos)?;
-        let Ok(field_index) = fields.binary_search_by_key(&occurrence.number, |f| f.number) else {
+        let Some(field_index) = message_type.field(occurrence.number) else {
             return Err(Failure::new(FailureKind::Unknown(occurrence.number)));
         };
-        let field = &fields[field_index];
+        let field = &message_type.fields[field_index];
         if let (Some(child), true) = (field.message, occurrence.length_delimited)
             && let Err(mut failure) =
                 walk(schema, child, &bytes[occurrence.payload.clone()], depth + 1)
