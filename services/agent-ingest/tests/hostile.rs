@@ -412,7 +412,7 @@ impl std::fmt::Debug for Input {
                 cut -= 1;
             }
             text.truncate(cut);
-            text.push_str("…");
+            text.push('…');
         }
         f.write_str(&text)
     }
