@@ -32,6 +32,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     prost_build::Config::new()
         .compile_well_known_types()
+        // `prost::Name` gives each message its full name (the unknown-field check).
+        .enable_type_names()
         .extern_path(".google.protobuf", "::pbjson_types")
         .compile_fds(descriptors)?;
 

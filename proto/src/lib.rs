@@ -6,6 +6,7 @@
 
 pub mod subjects;
 pub mod validate;
+pub mod wire;
 
 #[allow(clippy::all, clippy::pedantic, rust_2018_idioms, missing_docs)]
 pub mod v1 {

@@ -204,13 +204,21 @@ async fn read_body(request: Request) -> Result<bytes::Bytes, ApiError> {
     }
 }
 
-fn decode<T: Message + Default + DeserializeOwned>(
+/// Both encodings refuse what the contract does not define: pbjson refuses
+/// unknown JSON fields and enum names; for protobuf, where prost would skip
+/// unknown fields, the descriptor walk refuses them. (Unknown enum numbers
+/// decode in both and are refused by `validate`.)
+fn decode<T: Message + Default + DeserializeOwned + prost::Name>(
     format: Format,
     body: &[u8],
 ) -> Result<T, ApiError> {
     match format {
         Format::Protobuf => {
-            T::decode(body).map_err(|e| ApiError::Malformed(format!("invalid protobuf: {e}")))
+            let message = T::decode(body)
+                .map_err(|e| ApiError::Malformed(format!("invalid protobuf: {e}")))?;
+            ctxsync_proto::wire::check_known_fields::<T>(body)
+                .map_err(|e| ApiError::Malformed(format!("invalid protobuf: {e}")))?;
+            Ok(message)
         }
         Format::Json => serde_json::from_slice(body)
             .map_err(|e| ApiError::Malformed(format!("invalid json: {e}"))),
@@ -236,7 +244,7 @@ fn encode<T: Message + Serialize>(format: Format, message: &T) -> Response {
 }
 
 /// Authenticates, reads, decodes: what both endpoints do before their own work.
-async fn accept<T: Message + Default + DeserializeOwned>(
+async fn accept<T: Message + Default + DeserializeOwned + prost::Name>(
     state: &AppState,
     request: Request,
 ) -> Result<(String, Format, T), ApiError> {

@@ -51,6 +51,10 @@ pub(crate) fn valid_request_id(name: &str, value: &str) -> Result<(), String> {
     if value.is_empty() {
         return Err(format!("{name} is empty"));
     }
+    // Ids are stored in text columns, which cannot hold NUL.
+    if let Some(at) = value.find('\0') {
+        return Err(format!("{name} contains U+0000 (NUL) at byte {at}"));
+    }
     if value.len() > MAX_REQUEST_ID_BYTES {
         return Err(format!(
             "{name} is {} bytes, over the limit of {MAX_REQUEST_ID_BYTES}",

@@ -285,6 +285,71 @@ async fn a_failed_live_discovery_at_preparation_is_reported_sanitized_and_forgot
     harness.stop().await;
 }
 
+/// NUL in a tool description or in a server's stderr would fail every
+/// Postgres write carrying it (text and jsonb refuse it): the client cleans it.
+#[tokio::test]
+async fn servers_whose_output_holds_nul_are_stored_cleaned_and_pinned() {
+    let record = tempfile::tempdir().unwrap();
+    let harness = Harness::start_acme(vec![
+        fixture("described", record.path(), &["--mode", "nul-tools"]),
+        fixture("crashing", record.path(), &["--mode", "crash-nul"]),
+    ])
+    .await;
+    let first = harness.prepare("acme", "s1").await;
+    assert_eq!(error_code(&first.error), "", "{:?}", first.error);
+    assert_eq!(
+        sources(&first),
+        [
+            ("described".to_owned(), CONNECTED),
+            ("crashing".to_owned(), FAILED)
+        ]
+    );
+    let descriptions: Vec<&str> = first.pins[0]
+        .tools
+        .iter()
+        .map(|t| t.description.as_str())
+        .collect();
+    assert_eq!(
+        descriptions,
+        [
+            "Returns its text\u{fffd} argument, loudly\u{fffd}",
+            "Adds\u{fffd} two\nnumbers\u{fffd}"
+        ]
+    );
+    let failure = &first.pins[1].error;
+    assert!(
+        failure.contains("\u{fffd}\u{fffd}bad bytes\u{fffd} before failing"),
+        "{failure}"
+    );
+    let stored: Vec<(String, String)> =
+        sqlx::query_as("SELECT name, description FROM catalog.generation_tools ORDER BY position")
+            .fetch_all(&harness.pool)
+            .await
+            .unwrap();
+    let expected: Vec<(String, String)> = first.pins[0]
+        .tools
+        .iter()
+        .map(|t| (t.name.clone(), t.description.clone()))
+        .collect();
+    assert_eq!(stored, expected);
+    assert_eq!(harness.events_of("mcp.server.connected").await.len(), 1);
+
+    let second = harness.prepare("acme", "s2").await;
+    assert_eq!(second.pins[0].source, PINNED);
+    assert_eq!(second.pins[0].tools, first.pins[0].tools);
+    let call = harness
+        .call(
+            "acme",
+            "s2",
+            "described",
+            "echo",
+            serde_json::json!({"text": "hi"}),
+        )
+        .await;
+    assert!(call.ok, "{:?}", call.error);
+    harness.stop().await;
+}
+
 #[tokio::test]
 async fn the_first_call_starts_a_pinned_server_and_its_transport_stays_open() {
     let record = tempfile::tempdir().unwrap();
@@ -753,6 +818,12 @@ async fn bad_requests_are_answered_with_reasons() {
     let long = "x".repeat(300);
     let reply = harness.prepare("acme", &long).await;
     assert!(reply.error.as_ref().unwrap().message.contains("256"));
+    let reply = harness.prepare("acme", "s\0").await;
+    assert_eq!(error_code(&reply.error), "request.invalid");
+    assert_eq!(
+        reply.error.as_ref().unwrap().message,
+        "session_id contains U+0000 (NUL) at byte 1"
+    );
     let reply = harness
         .call("acme", "never", "fx", "echo", serde_json::json!({}))
         .await;

@@ -147,6 +147,10 @@ pub fn validate(request: &TurnRequest) -> Result<(), String> {
                 value.len()
             ));
         }
+        // Both reach Postgres (catalog sessions, gate-wait records): no NUL.
+        if let Some(at) = value.find('\0') {
+            return Err(format!("{field} contains U+0000 (NUL) at byte {at}"));
+        }
     }
     Ok(())
 }

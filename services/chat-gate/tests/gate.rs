@@ -984,6 +984,27 @@ async fn http_api_refuses_bad_input_clearly_and_404s_unknown_agents() {
             .contains("over the limit of 256")
     );
 
+    // NUL cannot be stored (catalog sessions, gate-wait records): refused by name.
+    for (field, body) in [
+        (
+            "chat_id",
+            serde_json::json!({"chat_id": "c\u{0}", "agent_id": agent}),
+        ),
+        (
+            "tenant",
+            serde_json::json!({"chat_id": "c", "agent_id": agent, "tenant": "\u{0}t"}),
+        ),
+    ] {
+        let r = post(body).await.unwrap();
+        assert_eq!(r.status(), 400);
+        let body: serde_json::Value = r.json().await.unwrap();
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with(&format!("{field} contains U+0000")),
+            "{message}"
+        );
+    }
+
     let r = post(serde_json::json!({"chat_id": "c", "agent_id": agent, "extra": 1}))
         .await
         .unwrap();

@@ -16,6 +16,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::JoinHandle;
 
 use crate::error::chain;
+use crate::text::clean_text;
 use crate::{McpError, ServerInfo, ServerSpec, ToolDecl, TransportSpec};
 
 /// How much of a stdio server's stderr is kept for error messages (the tail).
@@ -297,7 +298,7 @@ impl Connection {
     fn service_error(&self, error: ServiceError) -> McpError {
         match error {
             ServiceError::McpError(data) => McpError::Protocol {
-                message: format!("{} (code {})", data.message, data.code.0),
+                message: format!("{} (code {})", clean_text(&data.message), data.code.0),
             },
             ServiceError::Timeout { timeout } => McpError::Timeout { after: timeout },
             ServiceError::UnexpectedResponse => McpError::Protocol {
@@ -318,10 +319,15 @@ impl Connection {
     }
 }
 
+/// The server's declaration, its texts cleaned of control characters. The
+/// schema needs no cleaning: JSON text escapes them (`\u0000`).
 fn tool_decl(tool: Tool) -> ToolDecl {
     ToolDecl {
-        name: tool.name.into_owned(),
-        description: tool.description.map(|d| d.into_owned()).unwrap_or_default(),
+        name: clean_text(&tool.name).into_owned(),
+        description: tool
+            .description
+            .map(|d| clean_text(&d).into_owned())
+            .unwrap_or_default(),
         input_schema_json: serde_json::to_string(&*tool.input_schema)
             .expect("a JSON object serializes"),
     }
@@ -346,7 +352,7 @@ fn http_handshake_error(error: ClientInitializeError) -> McpError {
             message: format!("{context}: {}", http_error_text(error.error.as_ref())),
         },
         ClientInitializeError::JsonRpcError(data) => McpError::Handshake {
-            message: format!("server rejected initialize: {}", data.message),
+            message: format!("server rejected initialize: {}", clean_text(&data.message)),
             stderr_tail: String::new(),
         },
         other => McpError::Handshake {
@@ -455,7 +461,7 @@ impl ServerProcess {
                 self.kill().await;
                 let message = match error {
                     ClientInitializeError::JsonRpcError(data) => {
-                        format!("server rejected initialize: {}", data.message)
+                        format!("server rejected initialize: {}", clean_text(&data.message))
                     }
                     other => chain(&other),
                 };
@@ -517,7 +523,10 @@ impl StderrTail {
     fn tail(&self) -> String {
         let buffer = self.buffer.lock().expect("stderr buffer lock");
         // The cut may split a UTF-8 sequence: lossy decoding drops the fragment.
-        String::from_utf8_lossy(&buffer).trim().to_string()
+        // A server may write anything to stderr, NUL and terminal colours included.
+        clean_text(String::from_utf8_lossy(&buffer).trim())
+            .trim()
+            .to_string()
     }
 }
 

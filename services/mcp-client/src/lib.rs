@@ -8,11 +8,15 @@
 //! * [`Sanitizer`] must be applied to every error text before it leaves the
 //!   process: [`McpError`]'s `Display` can contain URLs with credentials,
 //!   argument values and server stderr.
+//! * What a server says (tool names and descriptions, error messages, its
+//!   stderr) comes out cleaned of control characters ([`clean_text`]): NUL in
+//!   a tool description must not fail the database write that stores it.
 
 mod connection;
 mod error;
 mod sanitize;
 mod spec;
+mod text;
 
 use std::time::{Duration, Instant};
 
@@ -22,6 +26,7 @@ pub use connection::{CallOutcome, ConnectOptions, Connection, STDERR_TAIL_BYTES}
 pub use error::McpError;
 pub use sanitize::{MAX_SANITIZED_LEN, MIN_SECRET_LEN, REDACTED, Sanitizer, is_secret_env_name};
 pub use spec::{ServerInfo, ServerSpec, ToolDecl, TransportKind, TransportSpec};
+pub use text::{clean_string, clean_text};
 
 /// The outcome of a one-shot discovery.
 #[derive(Clone, Debug, PartialEq, Eq)]

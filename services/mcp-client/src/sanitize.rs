@@ -15,7 +15,8 @@
 //! or `on` everywhere would shred the text and hide nothing worth hiding.
 //! Matching is leftmost-longest over all values at once, so a longer secret
 //! wins over a secret it contains and replacements are never re-matched.
-//! The result is capped at [`MAX_SANITIZED_LEN`] bytes on a char boundary.
+//! Control characters are cleaned ([`crate::clean_text`]) and the result is
+//! capped at [`MAX_SANITIZED_LEN`] bytes on a char boundary.
 
 use std::collections::BTreeSet;
 
@@ -104,14 +105,25 @@ impl Sanitizer {
         self.secret_count
     }
 
-    /// `text` with every secret replaced, URLs scrubbed and the length capped.
+    /// `text` with every secret replaced, URLs scrubbed, control characters
+    /// cleaned ([`crate::clean_text`]) and the length capped.
     pub fn sanitize(&self, text: &str) -> String {
+        let redacted = self.redact(text);
+        // Cleaning drops escape sequences, which can join the parts of a
+        // secret (or a URL) it split: redact again whatever the cleaning changed.
+        let cleaned = match crate::text::clean_text(&redacted) {
+            std::borrow::Cow::Borrowed(_) => redacted,
+            std::borrow::Cow::Owned(cleaned) => self.redact(&cleaned),
+        };
+        cap(cleaned)
+    }
+
+    fn redact(&self, text: &str) -> String {
         let scrubbed = scrub_urls(text);
-        let replaced = match &self.matcher {
+        match &self.matcher {
             Some(matcher) => matcher.replace_all(&scrubbed, &vec![REDACTED; self.secret_count]),
             None => scrubbed,
-        };
-        cap(replaced)
+        }
     }
 }
 
@@ -546,6 +558,20 @@ mod tests {
         assert_eq!(
             s.sanitize(r#"Err("quote\"secret")"#),
             r#"Err("[redacted]")"#
+        );
+    }
+
+    #[test]
+    fn control_characters_are_cleaned_and_a_secret_they_split_is_still_redacted() {
+        let s = Sanitizer::with_inherited_env(&stdio(&[], &[("A", "hunter2-secret")]), no_env());
+        assert_eq!(
+            s.sanitize("boom\0\0 hunter2-secret \u{1b}[31mred\u{1b}[0m"),
+            "boom\u{fffd}\u{fffd} [redacted] red"
+        );
+        // Written with a colour change in the middle, it joins when cleaned.
+        assert_eq!(
+            s.sanitize("token hunter2-\u{1b}[0msecret"),
+            "token [redacted]"
         );
     }
 

@@ -189,6 +189,47 @@ async fn crashing_server_reports_its_exit_status_and_stderr() {
 }
 
 #[tokio::test]
+async fn control_characters_on_stderr_are_cleaned_from_the_error() {
+    let spec = fixture_spec("nul", &["--mode", "crash-nul"], &[]);
+    let error = Connection::connect(&spec, options(GENEROUS))
+        .await
+        .unwrap_err();
+    match &error {
+        McpError::Exited { stderr_tail, .. } => assert_eq!(
+            stderr_tail,
+            "mcp-fixture: \u{fffd}\u{fffd}bad bytes\u{fffd} before failing\u{fffd}"
+        ),
+        other => panic!("expected Exited, got {other:?}"),
+    }
+    let text = Sanitizer::for_server(&spec).sanitize(&error.to_string());
+    assert!(!text.chars().any(|c| c.is_control()), "{text:?}");
+}
+
+#[tokio::test]
+async fn tool_texts_are_cleaned_of_control_characters() {
+    let spec = fixture_spec("nul", &["--mode", "nul-tools"], &[]);
+    let discovery = discover(&spec, GENEROUS).await.unwrap();
+    let tools = &discovery.tools;
+    assert_eq!(tool_names(tools), ["echo", "add"]);
+    assert_eq!(
+        tools[0].description,
+        "Returns its text\u{fffd} argument, loudly\u{fffd}"
+    );
+    assert_eq!(tools[1].description, "Adds\u{fffd} two\nnumbers\u{fffd}");
+    // The schema is JSON text: its NUL is the escape `\u0000`, storable as is.
+    assert!(
+        tools[0].input_schema_json.contains(r#""the text\u0000""#),
+        "{}",
+        tools[0].input_schema_json
+    );
+    for tool in tools {
+        for text in [&tool.name, &tool.description, &tool.input_schema_json] {
+            assert!(!text.contains('\0'), "{text:?}");
+        }
+    }
+}
+
+#[tokio::test]
 async fn missing_command_names_the_command() {
     let spec = ServerSpec {
         name: "missing".into(),

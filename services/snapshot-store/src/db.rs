@@ -220,6 +220,7 @@ impl Store {
                     reason: "must be 1 to 256 bytes and not blank".into(),
                 }));
             }
+            validate::no_nul(|| field.into(), value)?;
         }
         if token_sha256.len() != 32 {
             return Err(StoreError::Invalid(ValidationError::Invalid {

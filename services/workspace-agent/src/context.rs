@@ -134,6 +134,9 @@ fn read_instruction_file(path: &Path) -> v1::ContextResource {
             );
         }
     };
+    // A file may hold NUL (storable nowhere) or terminal escapes: cleaned
+    // before the cut, so the cut measures what is sent.
+    let text = ctxsync_mcp::clean_text(&text);
     let total = text.len();
     let keep = floor_char_boundary(&text, MAX_INSTRUCTION_CONTENT_BYTES);
     let truncated = keep < total;
@@ -311,7 +314,10 @@ pub fn parse_front_matter(text: &str) -> Result<FrontMatter, String> {
             Some(serde_yaml::Value::String(s)) if s.trim().is_empty() => {
                 Err(format!("front matter {key:?} is empty"))
             }
-            Some(serde_yaml::Value::String(s)) => Ok(s.trim().to_owned()),
+            // YAML's "\0" escape is a NUL: cleaned like everything read from disk.
+            Some(serde_yaml::Value::String(s)) => {
+                Ok(ctxsync_mcp::clean_text(s.trim()).trim().to_owned())
+            }
             Some(_) => Err(format!("front matter {key:?} is not a string")),
         }
     };
@@ -437,6 +443,27 @@ mod tests {
         }
         assert_eq!(files[3].status, ResourceStatus::Invalid as i32);
         assert_eq!(files[4].status, ResourceStatus::Unreadable as i32);
+    }
+
+    #[test]
+    fn nul_and_control_characters_in_files_are_cleaned_when_read() {
+        let tmp = tempfile::tempdir().unwrap();
+        let work = tmp.path().join("work");
+        fs::create_dir_all(&work).unwrap();
+        fs::write(
+            work.join("AGENTS.md"),
+            "rules\0\r\n\u{1b}[1mbold\u{1b}[0m\tok\n",
+        )
+        .unwrap();
+        let config = config_for(tmp.path(), &work, &[]);
+        let files = read_instruction_files(&config);
+        assert_eq!(content(&files[0]).content, "rules\u{fffd}\nbold\tok\n");
+        // YAML's "\0" and "\e" escapes.
+        let front =
+            parse_front_matter("---\nname: \"p\\0df\"\ndescription: \"\\e[1mWork\\0\"\n---\n")
+                .unwrap();
+        assert_eq!(front.name, "p\u{fffd}df");
+        assert_eq!(front.description, "Work\u{fffd}");
     }
 
     #[test]

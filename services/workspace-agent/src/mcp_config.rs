@@ -268,10 +268,14 @@ pub fn parse(
 }
 
 /// Server names: non-empty, no `__` (tools are named `server__tool`), no
-/// leading or trailing `_`.
+/// leading or trailing `_`, no control characters (a name is part of a
+/// `source` key; NUL there could never be stored).
 pub fn check_name(name: &str) -> Result<(), String> {
     if name.is_empty() {
         return Err("a server has an empty name".to_owned());
+    }
+    if name.chars().any(char::is_control) {
+        return Err(format!("server name {name:?} contains a control character"));
     }
     if name.contains("__") {
         return Err(format!("server name {name:?} contains \"__\""));

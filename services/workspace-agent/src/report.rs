@@ -1,6 +1,7 @@
 //! The discovery report and the ingest limits it is kept within.
 //!
-//! Rather than send something agent-ingest rejects as a whole, the agent cuts
+//! Rather than send something agent-ingest rejects as a whole, the agent cleans
+//! control characters (NUL among them) from every text, cuts
 //! error and warning texts to 4096 bytes, shortens over-long `source` keys
 //! (keeping them unique with a hash), marks a resource whose body is over
 //! 256 KiB `oversize` (its bulky content removed), keeps at most 1000
@@ -52,8 +53,10 @@ impl Report {
 /// Room left in a request for everything but the resources.
 const REQUEST_HEADROOM_BYTES: usize = 64 * 1024;
 
-/// Applies every ingest limit (see the module docs).
+/// Applies every ingest limit (see the module docs), after
+/// [`clean_resources`] (cleaning can change a text's length).
 pub fn enforce_limits(mut resources: Vec<ContextResource>) -> Vec<ContextResource> {
+    clean_resources(&mut resources);
     for resource in &mut resources {
         if resource.error.len() > limits::MAX_ERROR_BYTES {
             resource.error = clamp(&resource.error, limits::MAX_ERROR_BYTES);
@@ -100,6 +103,53 @@ pub fn enforce_limits(mut resources: Vec<ContextResource>) -> Vec<ContextResourc
         total = total - before + largest.encoded_len();
     }
     resources
+}
+
+/// The last pass before publication: no text the agent sends holds a control
+/// character but `\n` and `\t` ([`ctxsync_mcp::clean_text`]), so nothing a
+/// server or a file says can make ingest refuse the report (NUL is refused:
+/// Postgres cannot store it). Sources and paths name things and stay
+/// distinct: only NUL, which no path can hold, is replaced there.
+pub fn clean_resources(resources: &mut [ContextResource]) {
+    use ctxsync_mcp::clean_string as clean;
+    for resource in resources {
+        replace_nul(&mut resource.source);
+        clean(&mut resource.error);
+        clean(&mut resource.warning);
+        match resource.body.as_mut() {
+            None => {}
+            Some(Body::InstructionFile(file)) => {
+                replace_nul(&mut file.path);
+                clean(&mut file.content);
+            }
+            Some(Body::Skill(skill)) => {
+                replace_nul(&mut skill.dir);
+                clean(&mut skill.name);
+                clean(&mut skill.description);
+            }
+            Some(Body::McpConfig(config)) => {
+                replace_nul(&mut config.path);
+                config.server_names.iter_mut().for_each(clean);
+            }
+            Some(Body::McpServer(server)) => {
+                clean(&mut server.name);
+                replace_nul(&mut server.config_path);
+                for tool in &mut server.tools {
+                    clean(&mut tool.name);
+                    clean(&mut tool.description);
+                    // JSON text from the client escapes control characters;
+                    // any other source must not smuggle a NUL in.
+                    replace_nul(&mut tool.input_schema_json);
+                }
+            }
+        }
+    }
+}
+
+fn replace_nul(text: &mut String) {
+    if text.contains('\0') {
+        *text = text.replace('\0', "\u{fffd}");
+    }
 }
 
 fn body_len(resource: &ContextResource) -> usize {
@@ -195,6 +245,50 @@ mod tests {
             "shortened sources stay unique"
         );
         assert!(out[1].source.starts_with("instruction_file:/ddd"));
+    }
+
+    #[test]
+    fn every_text_is_cleaned_of_control_characters_before_publication() {
+        let mut failed = server("s", 2, 0);
+        failed.error = "stderr: \0\0\u{1b}[31mboom\u{1b}[0m".into();
+        failed.warning = "w\u{7}".into();
+        if let Some(Body::McpServer(body)) = failed.body.as_mut() {
+            body.tools[0].name = "t\0".into();
+            body.tools[1].description = "d\r\n\0".into();
+            body.tools[1].input_schema_json = "{\"a\":\"\0\"}".into();
+        }
+        let file = ContextResource {
+            source: "instruction_file:/w/A\0.md".into(),
+            kind: ResourceKind::InstructionFile as i32,
+            status: ResourceStatus::Ok as i32,
+            body: Some(Body::InstructionFile(v1::InstructionFile {
+                path: "/w/A\0.md".into(),
+                content: "line\n\tindented\0".into(),
+                truncated: false,
+            })),
+            ..Default::default()
+        };
+        let out = enforce_limits(vec![failed, file]);
+        assert_eq!(out[0].error, "stderr: \u{fffd}\u{fffd}boom");
+        assert_eq!(out[0].warning, "w\u{fffd}");
+        let Some(Body::McpServer(body)) = &out[0].body else {
+            panic!()
+        };
+        assert_eq!(body.tools[0].name, "t\u{fffd}");
+        assert_eq!(body.tools[1].description, "d\n\u{fffd}");
+        assert_eq!(body.tools[1].input_schema_json, "{\"a\":\"\u{fffd}\"}");
+        assert_eq!(out[1].source, "instruction_file:/w/A\u{fffd}.md");
+        let Some(Body::InstructionFile(body)) = &out[1].body else {
+            panic!()
+        };
+        assert_eq!(body.content, "line\n\tindented\u{fffd}");
+        let push = Report {
+            context_config: v1::ContextConfig::default(),
+            phase: Phase::Pending,
+            resources: out,
+        }
+        .to_push("run", 1, true);
+        ctxsync_proto::validate::push(&push).expect("the cleaned report is valid");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! reference servers.
 //!
 //! # The fixture binary
-//! `mcp-fixture --mode normal|slow-start|hang|crash|zero-tools|changing-tools|secret-error`
+//! `mcp-fixture --mode normal|slow-start|hang|crash|zero-tools|changing-tools|secret-error|crash-nul|nul-tools`
 //! (every flag also an env var, `MCP_FIXTURE_*`):
 //! * `normal`: tools `echo {text}` and `add {a, b}`; `--page-size N` paginates `tools/list`;
 //! * `slow-start --delay-ms N`: sleeps before reading stdin;
@@ -13,6 +13,10 @@
 //!   `F` on every list; with `--watch` a change of `F` sends `notifications/tools/list_changed`;
 //! * `secret-error [--url URL]`: rejects `initialize` with an error (also on stderr) echoing
 //!   the values of its `FIXTURE_*` env vars, all its args and the URL;
+//! * `crash-nul`: writes `mcp-fixture: \0\0bad \e[31mbytes\e[0m\x01 before failing\0\r\n`
+//!   to stderr, exits with status 3;
+//! * `nul-tools`: tools `echo` and `add` (as `normal`) whose descriptions hold NUL, other
+//!   control characters and terminal colours (and `echo`'s schema a NUL);
 //! * `--record-dir D`: see [`read_starts`] and [`live_pids`];
 //! * `--http 127.0.0.1:PORT`: streamable HTTP at `/mcp`; prints `http://ADDR/mcp` on stdout.
 //!

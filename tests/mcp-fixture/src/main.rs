@@ -36,6 +36,12 @@ enum Mode {
     /// Rejects `initialize` with an error (also written to stderr) that echoes
     /// its env values, its args and `--url`.
     SecretError,
+    /// Writes NUL bytes, other control characters and terminal colours to
+    /// stderr, then exits with status 3 before the handshake.
+    CrashNul,
+    /// Tools `echo` and `add` whose descriptions (and schema) hold NUL and
+    /// other control characters.
+    NulTools,
 }
 
 #[derive(Debug, Parser)]
@@ -104,6 +110,26 @@ impl Fixture {
                     })
                     .collect())
             }
+            Mode::NulTools => Ok(vec![
+                Tool::new(
+                    "echo",
+                    "Returns its text\0 argument, \u{1b}[1mloudly\u{1b}[0m\u{7}",
+                    object(json!({
+                        "type": "object",
+                        "properties": {"text": {"type": "string", "description": "the text\u{0}"}},
+                        "required": ["text"]
+                    })),
+                ),
+                Tool::new(
+                    "add",
+                    "Adds\u{1} two\r\nnumbers\0",
+                    object(json!({
+                        "type": "object",
+                        "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+                        "required": ["a", "b"]
+                    })),
+                ),
+            ]),
             _ => Ok(vec![
                 Tool::new(
                     "echo",
@@ -307,6 +333,15 @@ async fn main() -> anyhow::Result<()> {
     match args.mode {
         Mode::Crash => {
             eprintln!("mcp-fixture: crashing at start as asked");
+            drop(_recording);
+            std::process::exit(3);
+        }
+        Mode::CrashNul => {
+            use std::io::Write as _;
+            let mut stderr = std::io::stderr();
+            stderr
+                .write_all(b"mcp-fixture: \0\0bad \x1b[31mbytes\x1b[0m\x01 before failing\0\r\n")?;
+            stderr.flush()?;
             drop(_recording);
             std::process::exit(3);
         }
