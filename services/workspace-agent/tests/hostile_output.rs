@@ -125,6 +125,7 @@ async fn hostile_server_output_and_files_are_cleaned_and_published() {
             watch: false,
             watch_debounce: Duration::from_millis(100),
             http_addr: None,
+            http_limits: Default::default(),
         },
         agent_shutdown.clone(),
     )
