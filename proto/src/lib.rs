@@ -4,6 +4,7 @@
 //! Messages are generated at build time from `ctxsync/v1/*.proto` with protox
 //! and prost, so building needs no `protoc`.
 
+pub mod ids;
 pub mod subjects;
 pub mod validate;
 pub mod wire;

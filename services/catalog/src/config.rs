@@ -13,8 +13,6 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-/// Longest tenant or server id, in bytes.
-pub const MAX_ID_BYTES: usize = 64;
 /// Default bound of one tool call.
 pub const DEFAULT_CALL_TIMEOUT_SECONDS: u64 = 60;
 /// Default bound of one tool result's content, in bytes.
@@ -230,14 +228,6 @@ pub enum ConfigError {
     Invalid(String),
 }
 
-fn valid_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= MAX_ID_BYTES
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
-}
-
 impl CatalogConfig {
     pub fn from_yaml(text: &str) -> Result<Self, String> {
         let config: Self = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
@@ -259,22 +249,19 @@ impl CatalogConfig {
     fn validate(&self) -> Result<(), String> {
         let mut tenants = HashSet::new();
         for tenant in &self.tenants {
-            if !valid_id(&tenant.id) {
-                return Err(format!(
-                    "tenant id {:?} must be 1 to {MAX_ID_BYTES} bytes of letters, digits, '-', '_' or '.'",
-                    tenant.id
-                ));
-            }
+            ctxsync_proto::ids::tenant(&tenant.id).map_err(|e| e.to_string())?;
             if !tenants.insert(tenant.id.as_str()) {
                 return Err(format!("tenant {:?} is configured twice", tenant.id));
             }
             let mut servers = HashSet::new();
             for server in &tenant.servers {
                 let id = &server.id;
+                ctxsync_proto::ids::name("server id", id)
+                    .map_err(|e| format!("tenant {:?}: {e}", tenant.id))?;
                 // `__` separates server and tool in the tool names chats see.
-                if !valid_id(id) || id.contains("__") {
+                if id.contains("__") {
                     return Err(format!(
-                        "tenant {:?}: server id {id:?} must be 1 to {MAX_ID_BYTES} bytes of letters, digits, '-', '_' or '.', without \"__\"",
+                        "tenant {:?}: server id {id:?} contains \"__\", which separates server and tool names",
                         tenant.id
                     ));
                 }

@@ -7,6 +7,7 @@
 use std::time::{Instant, SystemTime};
 
 use chrono::{DateTime, Utc};
+use ctxsync_proto::ids;
 use ctxsync_proto::v1::{
     Agent, AgentState, ContextConfig, ContextResource, DiscoveryChanged, PushContextStateRequest,
     PushDropReason, Snapshot, SnapshotCommitted, StartupDropReason, StartupRequest,
@@ -213,14 +214,14 @@ impl Store {
         name: &str,
         token_sha256: &[u8],
     ) -> Result<Uuid, StoreError> {
-        for (field, value) in [("tenant", tenant), ("workspace", workspace), ("name", name)] {
-            if value.trim().is_empty() || value.len() > 256 {
-                return Err(StoreError::Invalid(ValidationError::Invalid {
-                    field: field.into(),
-                    reason: "must be 1 to 256 bytes and not blank".into(),
-                }));
-            }
-            validate::no_nul(|| field.into(), value)?;
+        let checked = ids::tenant(tenant)
+            .and_then(|()| ids::name("workspace", workspace))
+            .and_then(|()| ids::name("agent name", name));
+        if let Err(error) = checked {
+            return Err(StoreError::Invalid(ValidationError::Invalid {
+                field: error.what.replace(' ', "_"),
+                reason: error.to_string(),
+            }));
         }
         if token_sha256.len() != 32 {
             return Err(StoreError::Invalid(ValidationError::Invalid {
