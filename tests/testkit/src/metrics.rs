@@ -53,7 +53,8 @@ impl Metrics {
                     .all(|(k, v)| label_text.split(',').any(|l| l == format!("{k}=\"{v}\"")));
                 matches.then(|| value.parse::<f64>().ok()).flatten()
             })
-            .sum()
+            // Not .sum(): an empty f64 sum is -0.
+            .fold(0.0, |total, value| total + value)
     }
 
     pub fn text(&self) -> &str {
