@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ctxsync_mcp::TransportSpec;
@@ -13,75 +13,12 @@ use ctxsync_proto::v1::{DiscoveryChanged, discovery_changed::Cause, mcp_discover
 use futures::StreamExt;
 use prost::Message;
 use serde_json::{Value, json};
-use testkit::{NatsServer, TestDatabase, workspace_binary};
+use testkit::{NatsServer, Process, TestDatabase, workspace_binary};
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
-/// A child process killed when the test ends.
-struct Process {
-    name: &'static str,
-    child: Child,
-}
-
-impl Process {
-    fn spawn(package: &str, bin: &'static str, env: &[(&str, String)]) -> Self {
-        let child = Command::new(workspace_binary(package, bin))
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-            .env("CTXSYNC_LOG", "info")
-            .stdin(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
-        Self { name: bin, child }
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// SIGTERM, then the exit status (bounded).
-    fn terminate(&mut self) -> std::process::ExitStatus {
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        )
-        .expect("signal");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "{} ignored SIGTERM", self.name);
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
 fn addr() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], testkit::free_port()))
-}
-
-/// Waits until a service's `/readyz` answers 200.
-async fn wait_ready(http: &reqwest::Client, addr: SocketAddr, name: &str) {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        if let Ok(response) = http.get(format!("http://{addr}/readyz")).send().await
-            && response.status().is_success()
-        {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{name} not ready within {DEADLINE:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 async fn next_event(events: &mut async_nats::Subscriber) -> DiscoveryChanged {
@@ -183,9 +120,9 @@ async fn first_turn_waits_for_discovery_and_a_restart_withholds_old_tools_until_
     gate_env.push(("CTXSYNC_GATE_PENDING_TIMEOUT", "60s".into()));
     gate_env.push(("CTXSYNC_GATE_STALE_GRACE", "60s".into()));
     let mut gate = Process::spawn("chat-gate", "chat-gate", &gate_env);
-    wait_ready(&http, store_addr, "snapshot-store").await;
-    wait_ready(&http, ingest_addr, "agent-ingest").await;
-    wait_ready(&http, gate_addr, "chat-gate").await;
+    store.wait_ready(DEADLINE).await;
+    ingest.wait_ready(DEADLINE).await;
+    gate.wait_ready(DEADLINE).await;
 
     // Register through the operator CLI.
     let registered = Command::new(workspace_binary("ctxsync-cli", "ctxsync"))
@@ -316,7 +253,7 @@ async fn first_turn_waits_for_discovery_and_a_restart_withholds_old_tools_until_
 
     // 3. Every process stops cleanly on SIGTERM.
     for process in [&mut agent, &mut gate, &mut ingest, &mut store] {
-        let status = process.terminate();
-        assert!(status.success(), "{} exited with {status}", process.name);
+        let status = process.terminate(Duration::from_secs(20)).await;
+        assert!(status.success(), "{} exited with {status}", process.name());
     }
 }

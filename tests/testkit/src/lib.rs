@@ -8,16 +8,30 @@
 //!
 //! [`report`] builds the discovery reports agents push; [`store`] is a typed
 //! client of snapshot-store's NATS API.
+//!
+//! For tests across real processes: [`Process`] runs one of our binaries
+//! (readiness, SIGSTOP/SIGCONT, kill -9, SIGTERM, restart with the same env),
+//! [`PrivatePostgres`] is a Postgres server of the test's own that can be
+//! killed hard and restarted, [`agent::FakeAgent`] pushes through
+//! agent-ingest and records every answer, [`chat`] asks chat-gate for turns
+//! over HTTP and NATS, and [`metrics`] reads a service's `/metrics`.
 
+pub mod agent;
 mod binary;
+pub mod chat;
+pub mod metrics;
 mod nats;
 mod postgres;
+mod private_postgres;
+mod process;
 pub mod report;
 pub mod store;
 
 pub use binary::workspace_binary;
 pub use nats::NatsServer;
 pub use postgres::TestDatabase;
+pub use private_postgres::{POSTGRES_BIN_DIR_ENV, PrivatePostgres};
+pub use process::{Process, ProcessBuilder};
 
 /// A subject prefix unique to one test, for tests that share a NATS server.
 pub fn unique_prefix() -> String {
@@ -33,6 +47,11 @@ pub fn init_logs() {
         )
         .with_test_writer()
         .try_init();
+}
+
+/// A loopback address on a free port (see [`free_port`]).
+pub fn free_addr() -> std::net::SocketAddr {
+    std::net::SocketAddr::from(([127, 0, 0, 1], free_port()))
 }
 
 /// Reserves a free TCP port on loopback (released before returning).
