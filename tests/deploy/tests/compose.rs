@@ -102,22 +102,27 @@ fn every_service_is_health_checked_and_started_in_order() {
     );
 }
 
+/// The services that start MCP servers run the `mcp` image (with Node.js and
+/// Python); the others the slim one.
+const STARTS_MCP_SERVERS: [&str; 2] = ["catalog", "workspace-agent"];
+
 #[test]
-fn services_run_from_one_image_as_non_root_with_env_the_code_reads() {
+fn services_run_from_our_two_images_as_non_root_with_env_the_code_reads() {
     let compose = compose();
     let known = env_names_in_code();
-    let image = compose["services"]["snapshot-store"]["image"]
-        .as_str()
-        .unwrap()
-        .to_owned();
     for (name, service) in services(&compose) {
         let Some(this_image) = service["image"].as_str() else {
             continue;
         };
-        if !this_image.contains("ctxsync") {
+        if !this_image.contains("CTXSYNC_IMAGE") && !this_image.contains("CTXSYNC_MCP_IMAGE") {
             continue;
         }
-        assert_eq!(this_image, image, "{name} uses the one ctxsync image");
+        let expected = if STARTS_MCP_SERVERS.contains(&name.as_str()) {
+            "${CTXSYNC_MCP_IMAGE:-ctxsync-mcp:0.1.0}"
+        } else {
+            "${CTXSYNC_IMAGE:-ctxsync:0.1.0}"
+        };
+        assert_eq!(this_image, expected, "{name}'s image");
         if let Some(user) = service["user"].as_str() {
             assert!(
                 !user.starts_with("0") && !user.starts_with("root"),
