@@ -214,12 +214,14 @@ impl Store {
         name: &str,
         token_sha256: &[u8],
     ) -> Result<Uuid, StoreError> {
-        let checked = ids::tenant(tenant)
-            .and_then(|()| ids::name("workspace", workspace))
-            .and_then(|()| ids::name("agent name", name));
-        if let Err(error) = checked {
+        let checked = [
+            ("tenant", ids::tenant(tenant)),
+            ("workspace", ids::name("workspace", workspace)),
+            ("name", ids::name("agent name", name)),
+        ];
+        if let Some((field, Err(error))) = checked.into_iter().find(|(_, c)| c.is_err()) {
             return Err(StoreError::Invalid(ValidationError::Invalid {
-                field: error.what.replace(' ', "_"),
+                field: field.into(),
                 reason: error.to_string(),
             }));
         }
