@@ -91,6 +91,26 @@ impl Subjects {
     pub fn store_get_agent_state(&self) -> String {
         self.join("store.agent.get")
     }
+    /// snapshot-store: issue a tenant key (request/reply; operators only).
+    pub fn store_tenant_key_create(&self) -> String {
+        self.join("store.tenant_key.create")
+    }
+    /// snapshot-store: list tenant keys (request/reply; operators only).
+    pub fn store_tenant_key_list(&self) -> String {
+        self.join("store.tenant_key.list")
+    }
+    /// snapshot-store: revoke a tenant key (request/reply; operators only).
+    pub fn store_tenant_key_revoke(&self) -> String {
+        self.join("store.tenant_key.revoke")
+    }
+    /// snapshot-store: which tenant a key digest belongs to (request/reply; chat-gate).
+    pub fn store_tenant_key_verify(&self) -> String {
+        self.join("store.tenant_key.verify")
+    }
+    /// A tenant key was revoked: gates drop it from their caches.
+    pub fn tenant_key_revoked(&self) -> String {
+        self.join("events.tenant_key.revoked")
+    }
     /// Every snapshot-store request subject, for subscribing.
     pub fn store_all(&self) -> String {
         self.join("store.>")
@@ -113,9 +133,15 @@ impl Subjects {
         self.join("events.snapshot.*")
     }
 
-    /// chat-gate: may this turn run, and with which context (request/reply).
-    pub fn gate_turn(&self) -> String {
-        self.join("gate.turn")
+    /// chat-gate: may this turn run, and with which context (request/reply),
+    /// for an agent of `tenant`. The tenant is part of the subject so that
+    /// NATS permissions can confine a chat backend to its own.
+    pub fn gate_turn(&self, tenant: &str) -> String {
+        self.join(&format!("gate.turn.{tenant}"))
+    }
+    /// chat-gate: the turn subjects of every tenant, for subscribing.
+    pub fn gate_turn_all(&self) -> String {
+        self.join("gate.turn.*")
     }
 
     /// chat-gate: one event per first-turn decision (outcome and wait only).
@@ -123,13 +149,29 @@ impl Subjects {
         self.join("events.gate.waited")
     }
 
-    /// catalog: prepare a session's catalog (request/reply).
-    pub fn catalog_prepare(&self) -> String {
-        self.join("catalog.prepare")
+    /// catalog: prepare a session of `tenant`'s catalog (request/reply).
+    pub fn catalog_prepare(&self, tenant: &str) -> String {
+        self.join(&format!("catalog.prepare.{tenant}"))
     }
-    /// catalog: call a tool of a pinned server (request/reply).
-    pub fn catalog_call(&self) -> String {
-        self.join("catalog.call")
+    /// catalog: call a tool of a server pinned in a session of `tenant` (request/reply).
+    pub fn catalog_call(&self, tenant: &str) -> String {
+        self.join(&format!("catalog.call.{tenant}"))
+    }
+    /// catalog: end a session of `tenant` and stop its servers (request/reply).
+    pub fn catalog_session_end(&self, tenant: &str) -> String {
+        self.join(&format!("catalog.session.end.{tenant}"))
+    }
+    /// catalog: the preparation subjects of every tenant, for subscribing.
+    pub fn catalog_prepare_all(&self) -> String {
+        self.join("catalog.prepare.*")
+    }
+    /// catalog: the call subjects of every tenant, for subscribing.
+    pub fn catalog_call_all(&self) -> String {
+        self.join("catalog.call.*")
+    }
+    /// catalog: the session-end subjects of every tenant, for subscribing.
+    pub fn catalog_session_end_all(&self) -> String {
+        self.join("catalog.session.end.*")
     }
     /// catalog: events of one kind (e.g. `mcp.catalog.changed`).
     pub fn catalog_event(&self, kind: &str) -> String {
@@ -155,6 +197,19 @@ mod tests {
             Subjects::new("test.x1").unwrap().store_push(),
             "test.x1.store.agent.push"
         );
+    }
+
+    #[test]
+    fn tenant_subjects_end_with_the_tenant() {
+        let s = Subjects::default();
+        assert_eq!(s.gate_turn("acme"), "ctxsync.gate.turn.acme");
+        assert_eq!(s.gate_turn_all(), "ctxsync.gate.turn.*");
+        assert_eq!(s.catalog_call("acme"), "ctxsync.catalog.call.acme");
+        assert_eq!(
+            s.catalog_session_end("acme"),
+            "ctxsync.catalog.session.end.acme"
+        );
+        assert_eq!(s.catalog_session_end_all(), "ctxsync.catalog.session.end.*");
     }
 
     #[test]

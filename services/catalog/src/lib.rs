@@ -3,11 +3,13 @@
 //!
 //! * It remembers the last successful discovery of every configured server,
 //!   keyed by the server's whole configuration ([`config::ServerKey`]).
-//! * `<prefix>.catalog.prepare` pins every enabled server of a tenant for a
-//!   session, from memory without starting it where the rules allow, else live;
-//!   one Postgres transaction per preparation.
-//! * `<prefix>.catalog.call` starts a pinned server on the first call of one of
-//!   its tools and compares its live catalog with the pin.
+//! * `<prefix>.catalog.prepare.<tenant>` pins every enabled server of the
+//!   tenant for a session, from memory without starting it where the rules
+//!   allow, else live; one Postgres transaction per preparation.
+//! * `<prefix>.catalog.call.<tenant>` starts a pinned server on the first call
+//!   of one of its tools and compares its live catalog with the pin.
+//! * The tenant is the subject's last token, so NATS permissions bind a
+//!   caller to its own tenant's sessions and tools.
 //! * Once serving, it warms its memory in the background, one server at a time.
 //! * [`latency::report`] aggregates the stored events.
 //!
@@ -32,9 +34,25 @@ pub use config::{CatalogConfig, ConfigError};
 pub use service::{Error, Reloader, Running, run, start};
 pub use warmup::WarmupStatus;
 
-/// The subject of `CatalogEndSessionRequest` (not in `Subjects` yet).
-pub fn session_end_subject(subjects: &ctxsync_proto::subjects::Subjects) -> String {
-    format!("{}.catalog.session.end", subjects.prefix())
+/// A request's tenant is the last token of its subject
+/// (`<prefix>.catalog.<op>.<tenant>`), which NATS permissions confine to the
+/// caller's own. A tenant named in the body must be that one.
+pub(crate) fn tenant_of(
+    body_tenant: &mut String,
+    incoming: &ctxsync_runtime::rpc::Incoming,
+) -> Result<(), String> {
+    let subject_tenant = incoming.last_token();
+    if body_tenant.is_empty() {
+        subject_tenant.clone_into(body_tenant);
+        return Ok(());
+    }
+    if body_tenant != subject_tenant {
+        return Err(format!(
+            "tenant {:?} in the request differs from the subject's tenant {subject_tenant:?}",
+            body_tenant.chars().take(80).collect::<String>()
+        ));
+    }
+    Ok(())
 }
 
 /// Error codes of [`ctxsync_proto::v1::CatalogError`].

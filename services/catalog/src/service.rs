@@ -203,7 +203,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
     servers.push(
         rpc::serve(
             &connection,
-            subjects.catalog_prepare(),
+            subjects.catalog_prepare_all(),
             CATALOG_QUEUE_GROUP,
             shutdown.clone(),
             grace,
@@ -211,9 +211,16 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
                 error: error(codes::REQUEST_INVALID, message),
                 ..Default::default()
             },
-            move |request: CatalogPrepareRequest, _| {
+            move |mut request: CatalogPrepareRequest, incoming: rpc::Incoming| {
                 let core = handler_core.clone();
+                let tenant = crate::tenant_of(&mut request.tenant, &incoming);
                 async move {
+                    if let Err(message) = tenant {
+                        return CatalogPrepareReply {
+                            error: error(codes::REQUEST_INVALID, message),
+                            ..Default::default()
+                        };
+                    }
                     let reply = core.prepare(request).await;
                     core.fit_reply(reply, |message| CatalogPrepareReply {
                         error: error(codes::REPLY_TOO_LARGE, message),
@@ -228,7 +235,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
     servers.push(
         rpc::serve(
             &connection,
-            subjects.catalog_call(),
+            subjects.catalog_call_all(),
             CATALOG_QUEUE_GROUP,
             shutdown.clone(),
             grace,
@@ -236,9 +243,16 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
                 error: error(codes::REQUEST_INVALID, message),
                 ..Default::default()
             },
-            move |request: CatalogCallRequest, _| {
+            move |mut request: CatalogCallRequest, incoming: rpc::Incoming| {
                 let core = handler_core.clone();
+                let tenant = crate::tenant_of(&mut request.tenant, &incoming);
                 async move {
+                    if let Err(message) = tenant {
+                        return CatalogCallReply {
+                            error: error(codes::REQUEST_INVALID, message),
+                            ..Default::default()
+                        };
+                    }
                     let reply = core.call(request).await;
                     core.fit_reply(reply, |message| CatalogCallReply {
                         error: error(codes::REPLY_TOO_LARGE, message),
@@ -250,11 +264,10 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
         .await?,
     );
     let handler_core = core.clone();
-    let end_subject = crate::session_end_subject(&subjects);
     servers.push(
         rpc::serve(
             &connection,
-            end_subject.clone(),
+            subjects.catalog_session_end_all(),
             CATALOG_QUEUE_GROUP,
             shutdown.clone(),
             grace,
@@ -262,9 +275,18 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
                 error: error(codes::REQUEST_INVALID, message),
                 ..Default::default()
             },
-            move |request: CatalogEndSessionRequest, _| {
+            move |mut request: CatalogEndSessionRequest, incoming: rpc::Incoming| {
                 let core = handler_core.clone();
-                async move { core.end_session(request).await }
+                let tenant = crate::tenant_of(&mut request.tenant, &incoming);
+                async move {
+                    match tenant {
+                        Ok(()) => core.end_session(request).await,
+                        Err(message) => CatalogEndSessionReply {
+                            error: error(codes::REQUEST_INVALID, message),
+                            ..Default::default()
+                        },
+                    }
+                }
             },
         )
         .await?,

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use common::*;
 use ctxsync_proto::Message;
-use ctxsync_proto::v1::CatalogEvent;
 use ctxsync_proto::v1::catalog_pin::Source;
+use ctxsync_proto::v1::{CatalogCallReply, CatalogCallRequest, CatalogEvent};
 use futures::StreamExt;
 
 const PINNED: i32 = Source::Pinned as i32;
@@ -874,5 +874,73 @@ async fn a_result_over_the_servers_limit_is_refused_by_name() {
     let message = &refused.error.as_ref().unwrap().message;
     assert!(message.contains("max_content_bytes = 64"), "{message}");
     assert!(!message.contains(&long));
+    harness.stop().await;
+}
+
+/// The tenant is the subject's (which NATS permissions confine): a session
+/// prepared for one tenant cannot be called or ended on another tenant's
+/// subject, and a body naming another tenant than its subject is refused.
+#[tokio::test]
+async fn a_session_is_bound_to_the_tenant_of_its_subject() {
+    let record = tempfile::tempdir().unwrap();
+    let harness = Harness::start(
+        tenants(vec![
+            ("acme", vec![fixture("fx", record.path(), &[])]),
+            ("globex", vec![fixture("fx", record.path(), &[])]),
+        ]),
+        settings(),
+    )
+    .await;
+    let prepared = harness.prepare("acme", "s1").await;
+    assert_eq!(prepared.error, None);
+    let echo = serde_json::json!({"text": "hi"});
+
+    let foreign = harness
+        .call("globex", "s1", "fx", "echo", echo.clone())
+        .await;
+    assert_eq!(
+        error_code(&foreign.error),
+        "session.not_prepared",
+        "{foreign:?}"
+    );
+    let ended = harness.end_session("globex", "s1").await;
+    assert_eq!(ended.released, 0);
+
+    let smuggled: CatalogCallReply = ctxsync_runtime::rpc::request(
+        &harness.client,
+        harness.subjects.catalog_call("globex"),
+        &CatalogCallRequest {
+            tenant: "acme".into(),
+            session_id: "s1".into(),
+            server_id: "fx".into(),
+            tool: "echo".into(),
+            arguments_json: echo.to_string(),
+        },
+        None,
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        error_code(&smuggled.error),
+        "request.invalid",
+        "{smuggled:?}"
+    );
+    assert!(
+        smuggled
+            .error
+            .unwrap()
+            .message
+            .contains("differs from the subject's tenant"),
+    );
+    assert_eq!(
+        harness
+            .count("SELECT count(*) FROM catalog.sessions WHERE tenant = 'globex'")
+            .await,
+        0
+    );
+
+    let own = harness.call("acme", "s1", "fx", "echo", echo).await;
+    assert!(own.ok, "{own:?}");
     harness.stop().await;
 }

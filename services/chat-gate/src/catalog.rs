@@ -13,7 +13,7 @@ use ctxsync_runtime::rpc;
 #[derive(Clone)]
 pub struct CatalogClient {
     client: async_nats::Client,
-    subject: String,
+    subjects: Subjects,
     timeout: Duration,
 }
 
@@ -21,7 +21,7 @@ impl CatalogClient {
     pub fn new(client: async_nats::Client, subjects: &Subjects, timeout: Duration) -> Self {
         Self {
             client,
-            subject: subjects.catalog_prepare(),
+            subjects: subjects.clone(),
             timeout,
         }
     }
@@ -34,7 +34,7 @@ impl CatalogClient {
         };
         let answer: Result<CatalogPrepareReply, _> = rpc::request(
             &self.client,
-            self.subject.clone(),
+            self.subjects.catalog_prepare(tenant),
             &request,
             None,
             self.timeout,

@@ -140,6 +140,7 @@ pub fn validate(request: &TurnRequest) -> Result<(), String> {
     if request.chat_id.is_empty() {
         return Err("chat_id is required".into());
     }
+    ctxsync_proto::ids::tenant(&request.tenant).map_err(|e| e.to_string())?;
     for (field, value) in [("chat_id", &request.chat_id), ("tenant", &request.tenant)] {
         if value.len() > MAX_ID_BYTES {
             return Err(format!(
@@ -161,6 +162,24 @@ fn truncate(s: &str, max: usize) -> &str {
         end -= 1;
     }
     &s[..end]
+}
+
+/// What the store answers for an unknown agent, so that another tenant's
+/// agent cannot be told apart from one that does not exist.
+pub fn not_found_message(agent_id: &str) -> String {
+    match uuid::Uuid::parse_str(agent_id) {
+        Ok(id) => format!("agent {id} not found"),
+        Err(_) => format!("agent {agent_id:?} not found"),
+    }
+}
+
+/// Where a turn's catalog preparation ended.
+enum CatalogOutcome {
+    Section(ctxsync_proto::v1::CatalogSection),
+    /// Cut short by the drain.
+    Drained,
+    /// Not started: the agent is not the caller's.
+    NotAsked,
 }
 
 fn read_error_reply(agent_id: &str, error: ReadError) -> TurnReply {
@@ -315,8 +334,10 @@ impl Gate {
     }
 
     /// The current projection of an agent, without waiting.
+    /// Another tenant's agent is `NotFound`, like an unknown one.
     pub async fn context(
         &self,
+        tenant: &str,
         agent_id: &str,
     ) -> Result<ctxsync_proto::v1::ChatProjection, ReadError> {
         if uuid::Uuid::parse_str(agent_id).is_err() {
@@ -333,6 +354,11 @@ impl Gate {
             .await?
             .fresh_view(Trust::ReadFirst, timeout)
             .await?;
+        if view.tenant() != tenant {
+            metrics::counter!("ctxsync_gate_refused_total", "reason" => "wrong_tenant")
+                .increment(1);
+            return Err(ReadError::NotFound(not_found_message(agent_id)));
+        }
         let mut projection = view.projection.clone();
         let decision = match view.readiness {
             Readiness::Legacy => GateDecision::Legacy,
@@ -418,7 +444,7 @@ impl Gate {
         let (first_turn, tenant) = (request.first_turn, request.tenant.clone());
         let reply = match catalog {
             Some(catalog) => self.decide_with_catalog(request, trust, catalog).await,
-            None => self.decide(request, trust).await,
+            None => self.decide(request, trust, None).await,
         };
         record(&reply);
         if first_turn {
@@ -437,13 +463,19 @@ impl Gate {
         catalog: impl std::future::Future<Output = ctxsync_proto::v1::CatalogSection>,
     ) -> TurnReply {
         let drained = self.inner.drained.clone();
+        let (entitled, confirmed) = tokio::sync::oneshot::channel();
         let catalog = async move {
+            // Nothing is prepared before the agent is known to be the
+            // caller's: a turn answered not-found creates no session.
+            if confirmed.await.is_err() {
+                return CatalogOutcome::NotAsked;
+            }
             tokio::select! {
-                section = catalog => Some(section),
-                _ = drained.cancelled() => None,
+                section = catalog => CatalogOutcome::Section(section),
+                _ = drained.cancelled() => CatalogOutcome::Drained,
             }
         };
-        let decide = self.decide(request, trust);
+        let decide = self.decide(request, trust, Some(entitled));
         tokio::pin!(catalog, decide);
         let mut section = None;
         let mut reply = loop {
@@ -452,8 +484,9 @@ impl Gate {
                 done = &mut catalog, if section.is_none() => section = Some(done),
             }
         };
-        if reply.decision() == GateDecision::ShuttingDown {
-            // Asked again anyway: the catalog's answer is not worth waiting for.
+        if reply.error.is_some() || reply.decision() == GateDecision::ShuttingDown {
+            // Asked again anyway (or not entitled): the catalog's answer is
+            // not worth waiting for.
             return reply;
         }
         let section = match section {
@@ -464,8 +497,9 @@ impl Gate {
             return reply;
         };
         match section {
-            Some(section) => projection::add_catalog(projection, section),
-            None => {
+            CatalogOutcome::Section(section) => projection::add_catalog(projection, section),
+            CatalogOutcome::NotAsked => {}
+            CatalogOutcome::Drained => {
                 reply.decision = GateDecision::ShuttingDown as i32;
                 projection::finish(projection, GateDecision::ShuttingDown, reply.waited_ms);
             }
@@ -473,7 +507,14 @@ impl Gate {
         reply
     }
 
-    async fn decide(&self, request: TurnRequest, trust: Trust) -> TurnReply {
+    /// `entitled` is told once the agent is known to be the caller's (or the
+    /// store cannot say): only then may the turn's catalog be prepared.
+    async fn decide(
+        &self,
+        request: TurnRequest,
+        trust: Trust,
+        entitled: Option<tokio::sync::oneshot::Sender<()>>,
+    ) -> TurnReply {
         let started = Instant::now();
         if let Err(message) = validate(&request) {
             return error_reply(Code::InvalidArgument, message);
@@ -492,12 +533,26 @@ impl Gate {
             biased;
             looked_up = looked_up => match looked_up {
                 Ok(looked_up) => looked_up,
-                Err(error) => return read_error_reply(agent_id, error),
+                Err(error) => {
+                    if matches!(error, ReadError::Unavailable(_)) {
+                        // The catalog is the caller's own tenant's either way.
+                        entitled.map(|tx| tx.send(()));
+                    }
+                    return read_error_reply(agent_id, error);
+                }
             },
             _ = self.inner.drained.cancelled() => {
                 return shutting_down_reply(agent_id, started.elapsed());
             }
         };
+        if view.tenant() != request.tenant {
+            // Another tenant's agent is answered exactly like an unknown one.
+            metrics::counter!("ctxsync_gate_refused_total", "reason" => "wrong_tenant")
+                .increment(1);
+            tracing::info!(agent_id, tenant = %request.tenant, "turn for another tenant's agent refused");
+            return error_reply(Code::NotFound, not_found_message(agent_id));
+        }
+        entitled.map(|tx| tx.send(()));
         if !request.first_turn {
             return answer(&view, GateDecision::NotFirstTurn, Duration::ZERO);
         }

@@ -1,11 +1,14 @@
 //! The HTTP API for chat backends in any language.
 //!
-//! `POST /api/v1/gate` takes `{"chat_id", "agent_id", "first_turn", "tenant"?}`
-//! and answers the decision and the projection; `GET
+//! Every request carries a tenant key (`Authorization: Bearer cxk_…`, see
+//! [`crate::auth`]); the tenant is the key's, never the body's. `POST
+//! /api/v1/gate` takes `{"chat_id", "agent_id", "first_turn"}` and answers the
+//! decision and the projection, with the catalog's pins and their tools; `GET
 //! /api/v1/agents/{agent_id}/context` answers the current projection without
-//! waiting. Answers are plain JSON in snake_case with every field present,
-//! enums as lowercase names and tool input schemas as JSON objects. Errors are
-//! `{"error": {"code", "message"}}` with 400, 404, 413, 415 or 503.
+//! waiting. An agent of another tenant is 404, like an unknown one. Answers
+//! are plain JSON in snake_case with every field present, enums as lowercase
+//! names and tool input schemas as JSON objects. Errors are `{"error":
+//! {"code", "message"}}` with 400, 401, 404, 413, 415 or 503.
 
 use axum::Router;
 use axum::body::Bytes;
@@ -15,23 +18,63 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use ctxsync_proto::v1::{
-    ChatProjection, GateDecision, McpTransport, ResourceStatus, TurnReply, TurnRequest,
-    catalog_section, gate_error::Code, mcp_discovery::Phase,
+    CatalogPin, ChatProjection, GateDecision, McpTransport, ResourceStatus, TurnReply, TurnRequest,
+    catalog_pin, catalog_section, gate_error::Code, mcp_discovery::Phase,
 };
 use serde_json::{Value, json};
 
+use crate::auth::{AuthError, Caller, TenantKeys};
 use crate::gate::Gate;
 use crate::store::ReadError;
 
 /// Largest accepted request body, in bytes.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
-pub fn routes(gate: Gate) -> Router {
+/// What the handlers share.
+#[derive(Clone)]
+pub struct Api {
+    pub gate: Gate,
+    pub keys: TenantKeys,
+}
+
+pub fn routes(gate: Gate, keys: TenantKeys) -> Router {
     Router::new()
         .route("/api/v1/gate", post(turn))
         .route("/api/v1/agents/{agent_id}/context", get(context))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .with_state(gate)
+        .with_state(Api { gate, keys })
+}
+
+/// The caller, or the answer refusing it (before the body is looked at).
+async fn caller(keys: &TenantKeys, headers: &HeaderMap) -> Result<Caller, Response> {
+    let header = headers
+        .get(header::AUTHORIZATION)
+        .map(|v| v.to_str().unwrap_or("?"));
+    keys.authenticate(header).await.map_err(|refusal| {
+        metrics::counter!("ctxsync_gate_refused_total", "reason" => refusal.reason()).increment(1);
+        match refusal {
+            AuthError::Unavailable(reason) => {
+                tracing::warn!(%reason, "cannot check a tenant key");
+                error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    "cannot check the tenant key now; retry",
+                )
+            }
+            refusal => {
+                let mut response = error(
+                    StatusCode::UNAUTHORIZED,
+                    "unauthenticated",
+                    refusal.to_string(),
+                );
+                response.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer realm=\"ctxsync\""),
+                );
+                response
+            }
+        }
+    })
 }
 
 fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
@@ -48,7 +91,8 @@ fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response
     response
 }
 
-/// The request body: exactly these fields; `first_turn` and `tenant` may be omitted.
+/// The request body: exactly these fields; `first_turn` may be omitted, and
+/// `tenant`, if sent, must be the key's.
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TurnBody {
@@ -61,10 +105,14 @@ struct TurnBody {
 }
 
 async fn turn(
-    State(gate): State<Gate>,
+    State(api): State<Api>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    let caller = match caller(&api.keys, &headers).await {
+        Ok(caller) => caller,
+        Err(refused) => return refused,
+    };
     if let Some(content_type) = headers.get(header::CONTENT_TYPE) {
         let json = content_type
             .to_str()
@@ -102,12 +150,20 @@ async fn turn(
             );
         }
     };
-    let reply = gate
+    if !parsed.tenant.is_empty() && parsed.tenant != caller.tenant {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid",
+            "tenant differs from the tenant of your key: omit it (the key decides)",
+        );
+    }
+    let reply = api
+        .gate
         .turn(TurnRequest {
             chat_id: parsed.chat_id,
             agent_id: parsed.agent_id,
             first_turn: parsed.first_turn,
-            tenant: parsed.tenant,
+            tenant: caller.tenant,
         })
         .await;
     if let Some(e) = &reply.error {
@@ -119,8 +175,16 @@ async fn turn(
     axum::Json(reply_json(&reply)).into_response()
 }
 
-async fn context(State(gate): State<Gate>, Path(agent_id): Path<String>) -> Response {
-    match gate.context(&agent_id).await {
+async fn context(
+    State(api): State<Api>,
+    headers: HeaderMap,
+    Path(agent_id): Path<String>,
+) -> Response {
+    let caller = match caller(&api.keys, &headers).await {
+        Ok(caller) => caller,
+        Err(refused) => return refused,
+    };
+    match api.gate.context(&caller.tenant, &agent_id).await {
         Ok(projection) => axum::Json(projection_json(&projection)).into_response(),
         Err(ReadError::Invalid(message)) => error(StatusCode::BAD_REQUEST, "invalid", message),
         Err(ReadError::NotFound(message)) => error(StatusCode::NOT_FOUND, "not_found", message),
@@ -223,9 +287,7 @@ pub fn projection_json(p: &ChatProjection) -> Value {
                 "server": t.server,
                 "tool": t.tool,
                 "description": t.description,
-                // A schema that is not JSON is passed on as text rather than dropped.
-                "input_schema": serde_json::from_str::<Value>(&t.input_schema_json)
-                    .unwrap_or_else(|_| Value::String(t.input_schema_json.clone())),
+                "input_schema": schema_json(&t.input_schema_json),
             })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
         "failed_servers": p.failed_servers.iter().map(|s| json!({
@@ -252,8 +314,37 @@ pub fn projection_json(p: &ChatProjection) -> Value {
         "summary": p.summary,
         "catalog": {
             "status": catalog_status,
-            "pins": catalog.pins.len(),
+            "pins": catalog.pins.iter().map(pin_json).collect::<Vec<_>>(),
             "error": catalog.error,
         },
     })
+}
+
+/// A catalog pin as the NATS reply carries it: the server, where its tools
+/// came from, and the tools under the names a chat calls them by.
+fn pin_json(pin: &CatalogPin) -> Value {
+    let source = match pin.source() {
+        catalog_pin::Source::Pinned => "pinned",
+        catalog_pin::Source::Connected => "connected",
+        catalog_pin::Source::Failed => "failed",
+        catalog_pin::Source::Unspecified => "unspecified",
+    };
+    json!({
+        "server_id": pin.server_id,
+        "transport": transport_name(pin.transport),
+        "source": source,
+        "catalog_hash": pin.catalog_hash,
+        "error": pin.error,
+        "handshake_ms": pin.handshake_ms,
+        "tools": pin.tools.iter().map(|t| json!({
+            "name": t.name,
+            "description": t.description,
+            "input_schema": schema_json(&t.input_schema_json),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// A schema that is not JSON is passed on as text rather than dropped.
+fn schema_json(schema: &str) -> Value {
+    serde_json::from_str::<Value>(schema).unwrap_or_else(|_| Value::String(schema.to_owned()))
 }

@@ -8,9 +8,12 @@
 //! a previous process withheld). Views of agents stay in memory, kept current
 //! by the events (which carry the committed state), so most turns need no
 //! store read. The API is NATS request/reply on
-//! `<prefix>.gate.turn` in a queue group, and HTTP (`POST /api/v1/gate`,
-//! `GET /api/v1/agents/{agent_id}/context`).
+//! `<prefix>.gate.turn.<tenant>` in a queue group (NATS permissions confine a
+//! chat backend's user to its tenant's subject), and HTTP (`POST
+//! /api/v1/gate`, `GET /api/v1/agents/{agent_id}/context`) authenticated by
+//! a tenant key. Either way an agent of another tenant is not found.
 
+pub mod auth;
 pub mod catalog;
 pub mod gate;
 pub mod http;
@@ -21,7 +24,6 @@ pub mod watch;
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime};
 
-use async_nats::HeaderMap;
 use ctxsync_proto::subjects::{GATE_QUEUE_GROUP, Subjects};
 use ctxsync_proto::v1::{
     DiscoveryChanged, GateError, SnapshotCommitted, TurnReply, TurnRequest, gate_error::Code,
@@ -65,6 +67,11 @@ pub struct Config {
     #[arg(long, env = "CTXSYNC_GATE_CATALOG_TIMEOUT", default_value = "12s", value_parser = humantime::parse_duration)]
     pub catalog_timeout: Duration,
 
+    /// Prepare the tenant's catalog on first turns (false: the catalog
+    /// section says it was not requested; for deployments without a catalog).
+    #[arg(long, env = "CTXSYNC_GATE_CATALOG", default_value_t = true, action = clap::ArgAction::Set)]
+    pub catalog: bool,
+
     /// Turns one replica holds at once over NATS (waiting first turns included);
     /// more wait in the subscription.
     #[arg(long, env = "CTXSYNC_GATE_MAX_TURNS", default_value_t = 20_000)]
@@ -98,6 +105,7 @@ impl Config {
             store_timeout: settings.store_timeout,
             attempt_ttl: settings.attempt_ttl,
             catalog_timeout: Duration::from_secs(12),
+            catalog: true,
             max_turns: 20_000,
             max_views: settings.views.max_views,
             view_ttl: settings.views.idle_ttl,
@@ -282,8 +290,11 @@ fn apply_events(
 /// lost. Views are distrusted as soon as the gap is counted (they compare
 /// epochs); once connected, every agent someone waits on is read again.
 /// Runs through the drain: waits still going on after shutdown are re-read too.
+/// Also forgets the remembered tenant keys: a revocation may be among the
+/// lost events.
 fn recheck_after_gaps(
     gate: Gate,
+    keys: auth::TenantKeys,
     nats: &NatsConnection,
     stop: CancellationToken,
 ) -> JoinHandle<()> {
@@ -295,6 +306,7 @@ fn recheck_after_gaps(
                 _ = stop.cancelled() => break,
                 changed = gaps.changed() => if changed.is_err() { break },
             }
+            keys.forget_all();
             if !nats.is_connected() {
                 // The reconnect is another gap: re-read then, not into the void.
                 continue;
@@ -361,33 +373,58 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, St
     let store = store::StoreReader::new(nats.client.clone(), &subjects, settings.store_timeout);
     let catalog =
         catalog::CatalogClient::new(nats.client.clone(), &subjects, config.catalog_timeout);
-    let gate = Gate::new(settings, store, nats.gaps(), shutdown.clone())
-        .with_catalog(catalog)
+    let mut gate = Gate::new(settings, store, nats.gaps(), shutdown.clone())
         .with_wait_events(nats.client.clone(), subjects.gate_turn_waited());
+    if config.catalog {
+        gate = gate.with_catalog(catalog);
+    }
+
+    let keys = auth::TenantKeys::new(nats.client.clone(), &subjects, config.store_timeout);
 
     // The event subscriptions are in place (confirmed by a round trip, not
     // just written) before the first turn is served.
     let discovery = subscribe(&nats, subjects.discovery_changed_all()).await?;
     let snapshots = subscribe(&nats, subjects.snapshot_committed_all()).await?;
+    let revocations = subscribe(&nats, subjects.tenant_key_revoked()).await?;
     let tasks_stop = gate.drained().child_token();
     let tasks = vec![
-        recheck_after_gaps(gate.clone(), &nats, tasks_stop.clone()),
+        recheck_after_gaps(gate.clone(), keys.clone(), &nats, tasks_stop.clone()),
         housekeeping(gate.clone(), config.sweep_interval, tasks_stop.clone()),
+        tokio::spawn({
+            let (keys, stop) = (keys.clone(), tasks_stop.clone());
+            async move {
+                tokio::select! {
+                    () = keys.follow_revocations(revocations) => {}
+                    () = stop.cancelled() => {}
+                }
+            }
+        }),
     ];
 
     let handler_gate = gate.clone();
     let server = rpc::serve_after(
         &nats,
-        subjects.gate_turn(),
+        subjects.gate_turn_all(),
         GATE_QUEUE_GROUP,
         shutdown.clone(),
         config.common.shutdown_grace,
         config.max_turns.max(1),
         apply_events(gate.clone(), discovery, snapshots),
         malformed,
-        move |request: TurnRequest, _headers: Option<HeaderMap>| {
+        move |mut request: TurnRequest, incoming: rpc::Incoming| {
             let gate = handler_gate.clone();
-            async move { gate.turn_after_events(request).await }
+            // The subject's tenant, which NATS permissions confine: never the body's.
+            let tenant = incoming.last_token();
+            let mismatch = !request.tenant.is_empty() && request.tenant != tenant;
+            tenant.clone_into(&mut request.tenant);
+            async move {
+                if mismatch {
+                    return malformed(
+                        "tenant in the request differs from the subject's tenant: omit it".into(),
+                    );
+                }
+                gate.turn_after_events(request).await
+            }
         },
     )
     .await?;
@@ -396,7 +433,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, St
     let http = HttpServer::start(
         config.common.http_addr,
         http_limits,
-        http::routes(gate.clone()),
+        http::routes(gate.clone(), keys),
         readiness,
         shutdown,
     )

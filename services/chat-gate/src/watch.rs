@@ -59,6 +59,15 @@ impl View {
         }
     }
 
+    /// The tenant the agent was registered under.
+    pub fn tenant(&self) -> &str {
+        self.state
+            .agent
+            .as_ref()
+            .map(|a| a.tenant.as_str())
+            .unwrap_or_default()
+    }
+
     pub fn agent_run_id(&self) -> &str {
         self.state
             .agent

@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use ctxsync_proto::v1::catalog_section::Status;
 use ctxsync_proto::v1::*;
-use ctxsync_runtime::{CommonArgs, DatabaseArgs, Shutdown};
+use ctxsync_runtime::Shutdown;
 
 async fn start_catalog(h: &Harness) -> (catalog::Running, Shutdown) {
     let fixture = mcp_fixture::fixture_binary();
@@ -14,28 +14,13 @@ async fn start_catalog(h: &Harness) -> (catalog::Running, Shutdown) {
         "tenants": [{ "id": "acme", "servers": [
             { "id": "notes", "transport": { "stdio": { "command": fixture, "args": ["--mode", "normal"] } } }
         ]}]
-    })
-    .to_string();
-    let mut settings = catalog::Settings::default();
-    settings.warmup.enabled = false;
-    let shutdown = Shutdown::new();
-    let running = catalog::start(
-        catalog::Config {
-            common: CommonArgs::for_nats(h.nats.url(), h.subjects.prefix()),
-            database: DatabaseArgs::new(h.db.url()),
-            servers: catalog::config::CatalogConfig::from_yaml(&yaml).unwrap(),
-            settings,
-        },
-        shutdown.clone(),
-    )
-    .await
-    .expect("catalog starts");
-    (running, shutdown)
+    });
+    h.start_catalog(yaml).await
 }
 
 #[tokio::test]
 async fn a_first_turn_carries_the_tenants_catalog_pins_next_to_the_workspace_projection() {
-    let h = Harness::spawn().await;
+    let h = Harness::spawn_with(with_catalog).await;
     let (_catalog, _stop) = start_catalog(&h).await;
     let agent = h
         .agent_reporting(complete(RUN_A, 1, vec![server("ws", &["t"])]))
@@ -71,7 +56,7 @@ async fn a_first_turn_carries_the_tenants_catalog_pins_next_to_the_workspace_pro
 
 #[tokio::test]
 async fn a_catalog_that_does_not_answer_fails_open_and_the_projection_says_so() {
-    let h = Harness::spawn().await;
+    let h = Harness::spawn_with(with_catalog).await;
     let agent = h
         .agent_reporting(complete(RUN_A, 1, vec![server("ws", &["t"])]))
         .await;
@@ -100,7 +85,7 @@ fn projection_of(reply: &TurnReply) -> &ChatProjection {
 
 #[tokio::test]
 async fn first_turn_waits_reach_the_latency_report_by_outcome() {
-    let h = Harness::spawn().await;
+    let h = Harness::spawn_with(with_catalog).await;
     let (_catalog, _stop) = start_catalog(&h).await;
     let agent = h
         .agent_reporting(complete(RUN_A, 1, vec![server("ws", &["t"])]))

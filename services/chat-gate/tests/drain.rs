@@ -129,12 +129,15 @@ fn since(earlier: SystemTime, later: SystemTime) -> Duration {
 /// Re-asks until the draining gate's subscription is gone: a turn then
 /// finds no responder (nothing else serves the subject yet).
 async fn until_no_responders(h: &Harness, agent: &str) {
-    let (client, subject) = (h.client.clone(), h.subjects.gate_turn());
+    let (client, subject) = (
+        h.client.clone(),
+        h.subjects.gate_turn(testkit::chat::TEST_TENANT),
+    );
     let probe = TurnRequest {
         chat_id: "probe".into(),
         agent_id: agent.into(),
         first_turn: false,
-        tenant: String::new(),
+        tenant: testkit::chat::TEST_TENANT.into(),
     };
     until("the draining gate takes no new turns".into(), move || {
         let (client, subject, probe) = (client.clone(), subject.clone(), probe.clone());
@@ -234,7 +237,7 @@ async fn waits_left_at_the_end_of_the_grace_are_answered_shutting_down_before_jo
             chat_id: "after-the-signal".into(),
             agent_id: agents[0].clone(),
             first_turn: true,
-            tenant: String::new(),
+            tenant: testkit::chat::TEST_TENANT.into(),
         })
         .await;
     assert_eq!(at_once.decision(), GateDecision::ShuttingDown);

@@ -617,7 +617,7 @@ fn first_turn(chat_id: &str, agent_id: &str) -> TurnRequest {
         chat_id: chat_id.into(),
         agent_id: agent_id.into(),
         first_turn: true,
-        tenant: String::new(),
+        tenant: testkit::chat::TEST_TENANT.into(),
     }
 }
 

@@ -38,16 +38,17 @@ authorization {{
   users = [
     {{ user: "no-events", password: "secret-1", permissions: {{
         publish: {{ allow: [">"] }}
-        subscribe: {{ allow: ["_INBOX.chat-gate.>", "{turn}"] }}
+        subscribe: {{ allow: ["_INBOX.chat-gate.>", "{turn}", "{revoked}"] }}
     }} }}
     {{ user: "no-turns", password: "secret-2", permissions: {{
         publish: {{ allow: [">"] }}
-        subscribe: {{ allow: ["_INBOX.chat-gate.>", "{discovery}", "{snapshots}"] }}
+        subscribe: {{ allow: ["_INBOX.chat-gate.>", "{discovery}", "{snapshots}", "{revoked}"] }}
     }} }}
   ]
 }}
 "#,
-        turn = s.gate_turn(),
+        turn = s.gate_turn_all(),
+        revoked = s.tenant_key_revoked(),
         discovery = s.discovery_changed_all(),
         snapshots = s.snapshot_committed_all(),
     ));
@@ -66,7 +67,7 @@ authorization {{
     assert!(
         message.contains(&format!(
             "nats refused the subscription to {:?} (user \"no-turns\")",
-            s.gate_turn()
+            s.gate_turn_all()
         )),
         "{message}"
     );
@@ -115,7 +116,8 @@ async fn a_subscription_refused_after_a_reconnect_makes_the_gate_unready() {
     let inbox = "_INBOX.chat-gate.>".to_owned();
     let mut nats = NatsServer::start_with_config(&gate_user(&[
         inbox.clone(),
-        s.gate_turn(),
+        s.gate_turn_all(),
+        s.tenant_key_revoked(),
         s.discovery_changed_all(),
         s.snapshot_committed_all(),
     ]));
@@ -134,7 +136,8 @@ async fn a_subscription_refused_after_a_reconnect_makes_the_gate_unready() {
     // client subscribes again on reconnect and is refused.
     nats.restart_with_config(&gate_user(&[
         inbox,
-        s.gate_turn(),
+        s.gate_turn_all(),
+        s.tenant_key_revoked(),
         s.snapshot_committed_all(),
     ]));
     let refused = tokio::time::timeout(DEADLINE, async {

@@ -19,6 +19,8 @@ pub enum AgentCommandError {
     Rpc(#[from] rpc::RpcError),
     #[error("snapshot-store refused: {0}")]
     Store(String),
+    #[error("{0}")]
+    Invalid(String),
 }
 
 /// A new agent's id and its token (shown once; the store keeps only its hash).

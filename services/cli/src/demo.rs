@@ -233,7 +233,7 @@ pub async fn run(setup: &DemoSetup<'_>, shutdown: Shutdown) -> anyhow::Result<()
                 gate_answer = Some(Box::pin(async move {
                     rpc::request::<_, TurnReply>(
                         &client,
-                        subjects.gate_turn(),
+                        subjects.gate_turn("demo"),
                         &TurnRequest {
                             chat_id: "demo-chat-1".into(),
                             agent_id,

@@ -4,6 +4,7 @@ pub mod agent;
 pub mod bench;
 pub mod demo;
 pub mod deps;
+pub mod tenant;
 pub mod up;
 
 use std::time::Duration;

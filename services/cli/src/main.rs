@@ -32,6 +32,13 @@ enum Command {
         #[command(flatten)]
         database: ctxsync_runtime::DatabaseArgs,
     },
+    /// Issue, list and revoke the tenant keys chat backends present to chat-gate.
+    Tenant {
+        #[command(flatten)]
+        connection: Connection,
+        #[command(subcommand)]
+        command: TenantCommand,
+    },
     /// Register agents and inspect what they reported.
     Agent {
         #[command(flatten)]
@@ -62,6 +69,42 @@ enum AgentCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Subcommand)]
+enum TenantCommand {
+    /// Tenant keys (`Authorization: Bearer <key>` on chat-gate's HTTP API).
+    Key {
+        #[command(subcommand)]
+        command: KeyCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeyCommand {
+    /// Issue a key for a tenant and print it (shown only once; the store keeps its SHA-256).
+    Create {
+        #[arg(long)]
+        tenant: String,
+        /// A note on who uses the key (no secrets; shown by `list`).
+        #[arg(long, default_value = "")]
+        label: String,
+        /// Print `{"key_id": ..., "tenant": ..., "key": ...}`.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List keys (never the keys themselves): all tenants', or one's.
+    List {
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Also list revoked keys.
+        #[arg(long)]
+        all: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a key by its id (`tk_…`, from `list`); gates refuse it at once.
+    Revoke { key_id: String },
 }
 
 #[tokio::main]
@@ -115,6 +158,13 @@ async fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Tenant {
+            connection,
+            command: TenantCommand::Key { command },
+        } => {
+            ctxsync_runtime::telemetry::init(ctxsync_runtime::LogFormat::Text, "warn")?;
+            tenant_key(connection, command).await
+        }
         Command::Agent {
             connection,
             command,
@@ -162,6 +212,49 @@ async fn agent(connection: Connection, command: AgentCommand) -> anyhow::Result<
             } else {
                 print!("{}", ctxsync_cli::agent::render(&state));
             }
+        }
+    }
+    Ok(())
+}
+
+async fn tenant_key(connection: Connection, command: KeyCommand) -> anyhow::Result<()> {
+    let subjects = ctxsync_proto::subjects::Subjects::new(&connection.subject_prefix)
+        .context("invalid CTXSYNC_SUBJECT_PREFIX")?;
+    let nats = ctxsync_runtime::nats::connect(&connection.nats_url, "ctxsync-cli").await?;
+    let timeout = connection.timeout;
+    match command {
+        KeyCommand::Create {
+            tenant,
+            label,
+            json,
+        } => {
+            let created =
+                ctxsync_cli::tenant::create(&nats.client, &subjects, timeout, &tenant, &label)
+                    .await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&created)?);
+            } else {
+                println!("key_id {}", created.key_id);
+                println!("tenant {}", created.tenant);
+                println!("key    {}", created.key);
+                eprintln!("store the key now: it is not shown again");
+            }
+        }
+        KeyCommand::List { tenant, all, json } => {
+            let keys =
+                ctxsync_cli::tenant::list(&nats.client, &subjects, timeout, tenant.as_deref(), all)
+                    .await?;
+            if json {
+                let keys: Vec<_> = keys.iter().map(ctxsync_cli::tenant::key_json).collect();
+                println!("{}", serde_json::to_string_pretty(&keys)?);
+            } else {
+                print!("{}", ctxsync_cli::tenant::render(&keys));
+            }
+        }
+        KeyCommand::Revoke { key_id } => {
+            let key =
+                ctxsync_cli::tenant::revoke(&nats.client, &subjects, timeout, &key_id).await?;
+            println!("revoked {} (tenant {})", key.key_id, key.tenant);
         }
     }
     Ok(())

@@ -143,11 +143,11 @@ pub async fn run(args: UpArgs, shutdown: Shutdown) -> anyhow::Result<()> {
         store.http_addr()
     );
     println!(
-        "  chat-gate       http://{}  (POST /api/v1/gate, GET /api/v1/agents/{{id}}/context)",
+        "  chat-gate       http://{}  (POST /api/v1/gate, GET /api/v1/agents/{{id}}/context; Bearer key from `ctxsync tenant key create`)",
         gate.http_addr()
     );
     println!(
-        "  catalog         http://{}  (NATS {}.catalog.prepare, .call)",
+        "  catalog         http://{}  (NATS {}.catalog.prepare.<tenant>, .call.<tenant>)",
         catalog.http_addr(),
         args.subject_prefix
     );

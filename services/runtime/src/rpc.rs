@@ -105,6 +105,27 @@ pub async fn request<Req: Message, Resp: Message + Default>(
     Resp::decode(answer.payload).map_err(|source| RpcError::Decode { subject, source })
 }
 
+/// What a handler learns of a request besides its body: the subject it came
+/// on (some subjects carry the caller's tenant, confined by NATS
+/// permissions) and its headers (trace context, deadline).
+#[derive(Debug, Clone)]
+pub struct Incoming {
+    pub subject: async_nats::Subject,
+    pub headers: Option<HeaderMap>,
+}
+
+impl Incoming {
+    /// The subject's last token (`<prefix>.gate.turn.<tenant>` → the tenant).
+    pub fn last_token(&self) -> &str {
+        self.subject.rsplit('.').next().unwrap_or_default()
+    }
+
+    /// The request's deadline, if it carries one.
+    pub fn deadline(&self) -> Option<SystemTime> {
+        deadline_of(self.headers.as_ref())
+    }
+}
+
 /// How many requests one replica handles at once; more wait in the subscription.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 512;
 
@@ -145,7 +166,7 @@ pub async fn serve<Req, Resp, F, Fut>(
 where
     Req: Message + Default + Send + 'static,
     Resp: Message + Send + 'static,
-    F: Fn(Req, Option<HeaderMap>) -> Fut + Send + Sync + 'static,
+    F: Fn(Req, Incoming) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Resp> + Send + 'static,
 {
     serve_with_limit(
@@ -177,7 +198,7 @@ pub async fn serve_with_limit<Req, Resp, F, Fut>(
 where
     Req: Message + Default + Send + 'static,
     Resp: Message + Send + 'static,
-    F: Fn(Req, Option<HeaderMap>) -> Fut + Send + Sync + 'static,
+    F: Fn(Req, Incoming) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Resp> + Send + 'static,
 {
     serve_after(
@@ -217,7 +238,7 @@ pub async fn serve_after<Req, Resp, F, Fut>(
 where
     Req: Message + Default + Send + 'static,
     Resp: Message + Send + 'static,
-    F: Fn(Req, Option<HeaderMap>) -> Fut + Send + Sync + 'static,
+    F: Fn(Req, Incoming) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Resp> + Send + 'static,
 {
     // Only once the server has the subscription may the service call itself ready.
@@ -282,8 +303,12 @@ where
                     tracing::debug!(%subject, "request past its deadline dropped unexecuted");
                     return;
                 }
+                let incoming = Incoming {
+                    subject: message.subject,
+                    headers: message.headers,
+                };
                 let response = match Req::decode(message.payload) {
-                    Ok(request) => handler(request, message.headers).await,
+                    Ok(request) => handler(request, incoming).await,
                     Err(error) => on_malformed(format!("malformed request: {error}")),
                 };
                 if let Err(error) = client

@@ -24,6 +24,10 @@ use uuid::Uuid;
 pub enum StoreError {
     #[error("agent {0} not found")]
     NotFound(Uuid),
+    #[error("tenant key {0:?} not found")]
+    KeyNotFound(String),
+    #[error("a tenant key with this digest exists already: generate a new key")]
+    KeyExists,
     #[error("invalid agent id {0:?}")]
     InvalidAgentId(String),
     #[error(transparent)]

@@ -7,11 +7,11 @@
 //! state after the commit, unless it is over the event size limit.
 
 pub mod db;
+pub mod tenant_keys;
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use async_nats::HeaderMap;
 use ctxsync_proto::subjects::{STORE_QUEUE_GROUP, Subjects};
 use ctxsync_proto::v1::{
     AgentState, AuthenticateAgentReply, AuthenticateAgentRequest, GetAgentStateReply,
@@ -139,9 +139,9 @@ impl RunningStore {
 
 fn error_reply(error: &StoreError) -> ProtoError {
     let code = match error {
-        StoreError::NotFound(_) => Code::NotFound,
+        StoreError::NotFound(_) | StoreError::KeyNotFound(_) => Code::NotFound,
         StoreError::InvalidAgentId(_) | StoreError::Invalid(_) => Code::InvalidArgument,
-        StoreError::AlreadyExists { .. } => Code::AlreadyExists,
+        StoreError::AlreadyExists { .. } | StoreError::KeyExists => Code::AlreadyExists,
         StoreError::DeadlineExceeded => Code::DeadlineExceeded,
         StoreError::Database(_) | StoreError::Corrupt(_) => Code::Internal,
     };
@@ -155,7 +155,7 @@ fn error_reply(error: &StoreError) -> ProtoError {
 }
 
 /// A store reply that can carry an error instead of its answer.
-trait Reply: Default {
+pub(crate) trait Reply: Default {
     fn failed(error: ProtoError) -> Self;
 }
 
@@ -173,7 +173,11 @@ impl_reply!(
     AuthenticateAgentReply,
     UpdateStartupReply,
     StorePushReply,
-    GetAgentStateReply
+    GetAgentStateReply,
+    ctxsync_proto::v1::CreateTenantKeyReply,
+    ctxsync_proto::v1::ListTenantKeysReply,
+    ctxsync_proto::v1::RevokeTenantKeyReply,
+    ctxsync_proto::v1::VerifyTenantKeyReply
 );
 
 fn malformed<R: Reply>(message: String) -> R {
@@ -184,13 +188,13 @@ fn malformed<R: Reply>(message: String) -> R {
 }
 
 /// The reply for `result`: its answer, or the error.
-fn reply<T, R: Reply>(result: Result<T, StoreError>, answer: impl FnOnce(T) -> R) -> R {
+pub(crate) fn reply<T, R: Reply>(result: Result<T, StoreError>, answer: impl FnOnce(T) -> R) -> R {
     result.map_or_else(|error| R::failed(error_reply(&error)), answer)
 }
 
 /// Publishes an event after commit. A lost event is repaired by readers
 /// re-checking on reconnect, so a publish failure is logged, not retried.
-async fn publish(
+pub(crate) async fn publish(
     nats: &async_nats::Client,
     subject: String,
     trace: Option<TraceContext>,
@@ -260,7 +264,7 @@ pub async fn run(config: Config, shutdown: Shutdown) -> Result<(), StartError> {
 }
 
 /// Serves one store subject in the store's queue group.
-async fn endpoint<Req, R, F, Fut>(
+pub(crate) async fn endpoint<Req, R, F, Fut>(
     nats: &NatsConnection,
     subject: String,
     shutdown: &Shutdown,
@@ -270,7 +274,7 @@ async fn endpoint<Req, R, F, Fut>(
 where
     Req: Message + Default + Send + 'static,
     R: Reply + Message + Send + 'static,
-    F: Fn(Req, Option<HeaderMap>) -> Fut + Send + Sync + 'static,
+    F: Fn(Req, rpc::Incoming) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = R> + Send + 'static,
 {
     rpc::serve(
@@ -311,35 +315,38 @@ async fn serve_all(
     );
     let startup = endpoint(nats, subjects.store_update_startup(), shutdown, grace, {
         let (s, n, j) = (s.clone(), n.clone(), j.clone());
-        move |req: UpdateStartupRequest, headers: Option<HeaderMap>| {
-            let trace = TraceContext::from_nats(headers.as_ref());
+        move |req: UpdateStartupRequest, incoming: rpc::Incoming| {
+            let trace = TraceContext::from_nats(incoming.headers.as_ref());
             let span = continue_trace(tracing::info_span!("store.startup"), trace.as_ref());
-            let deadline = rpc::deadline_of(headers.as_ref());
+            let deadline = incoming.deadline();
             update_startup(s.clone(), n.clone(), j.clone(), limit, trace, deadline, req)
                 .instrument(span)
         }
     });
     let push = endpoint(nats, subjects.store_push(), shutdown, grace, {
         let (s, n, j) = (s.clone(), n.clone(), j.clone());
-        move |req: StorePushRequest, headers: Option<HeaderMap>| {
-            let trace = TraceContext::from_nats(headers.as_ref());
+        move |req: StorePushRequest, incoming: rpc::Incoming| {
+            let trace = TraceContext::from_nats(incoming.headers.as_ref());
             let span = continue_trace(tracing::info_span!("store.push"), trace.as_ref());
-            let deadline = rpc::deadline_of(headers.as_ref());
+            let deadline = incoming.deadline();
             let (s, n, j) = (s.clone(), n.clone(), j.clone());
             async move { handle_push(&s, &n, &j, limit, trace, deadline, req).await }
                 .instrument(span)
         }
     });
     let get = endpoint(nats, subjects.store_get_agent_state(), shutdown, grace, {
+        let s = s.clone();
         move |req: GetAgentStateRequest, _| agent_state(s.clone(), req)
     });
-    Ok(vec![
+    let mut servers = vec![
         register.await?,
         authenticate.await?,
         startup.await?,
         push.await?,
         get.await?,
-    ])
+    ];
+    servers.extend(tenant_keys::serve(nats, subjects, &s, shutdown, grace).await?);
+    Ok(servers)
 }
 
 async fn register_agent(store: Store, req: RegisterAgentRequest) -> RegisterAgentReply {

@@ -70,7 +70,6 @@ const RUNTIME_CLIENTS: [&str; 5] = [
 ];
 
 fn needs(s: &Subjects) -> BTreeMap<&'static str, Needs> {
-    let session_end = catalog::session_end_subject(s);
     let mut needs = BTreeMap::from([
         (
             "snapshot-store",
@@ -78,6 +77,7 @@ fn needs(s: &Subjects) -> BTreeMap<&'static str, Needs> {
                 publish: vec![
                     s.discovery_changed("agent-1"),
                     s.snapshot_committed("agent-1"),
+                    s.tenant_key_revoked(),
                 ],
                 subscribe: vec![
                     s.store_register_agent(),
@@ -85,6 +85,8 @@ fn needs(s: &Subjects) -> BTreeMap<&'static str, Needs> {
                     s.store_update_startup(),
                     s.store_push(),
                     s.store_get_agent_state(),
+                    s.store_tenant_key_create(),
+                    s.store_tenant_key_verify(),
                     s.store_all(),
                 ],
                 responds: true,
@@ -107,13 +109,15 @@ fn needs(s: &Subjects) -> BTreeMap<&'static str, Needs> {
             Needs {
                 publish: vec![
                     s.store_get_agent_state(),
-                    s.catalog_prepare(),
+                    s.store_tenant_key_verify(),
+                    s.catalog_prepare("demo"),
                     s.gate_turn_waited(),
                 ],
                 subscribe: vec![
-                    s.gate_turn(),
+                    s.gate_turn_all(),
                     s.discovery_changed_all(),
                     s.snapshot_committed_all(),
+                    s.tenant_key_revoked(),
                 ],
                 responds: true,
             },
@@ -126,9 +130,9 @@ fn needs(s: &Subjects) -> BTreeMap<&'static str, Needs> {
                     s.catalog_events_all(),
                 ],
                 subscribe: vec![
-                    s.catalog_prepare(),
-                    s.catalog_call(),
-                    session_end.clone(),
+                    s.catalog_prepare_all(),
+                    s.catalog_call_all(),
+                    s.catalog_session_end_all(),
                     s.gate_turn_waited(),
                 ],
                 responds: true,
@@ -137,21 +141,27 @@ fn needs(s: &Subjects) -> BTreeMap<&'static str, Needs> {
         (
             "ctxsync-cli",
             Needs {
-                publish: vec![s.store_register_agent(), s.store_get_agent_state()],
+                publish: vec![
+                    s.store_register_agent(),
+                    s.store_get_agent_state(),
+                    s.store_tenant_key_create(),
+                    s.store_tenant_key_list(),
+                    s.store_tenant_key_revoke(),
+                ],
                 subscribe: vec![],
                 responds: false,
             },
         ),
         (
-            "chat",
+            "chat-demo",
             Needs {
                 publish: vec![
-                    s.gate_turn(),
-                    s.catalog_prepare(),
-                    s.catalog_call(),
-                    session_end,
+                    s.gate_turn("demo"),
+                    s.catalog_prepare("demo"),
+                    s.catalog_call("demo"),
+                    s.catalog_session_end("demo"),
                 ],
-                subscribe: vec![inbox("chat"), s.catalog_events_all()],
+                subscribe: vec![inbox("chat-demo")],
                 responds: false,
             },
         ),
@@ -248,10 +258,10 @@ fn permissions_are_exactly_what_the_code_needs() {
         users.iter().map(|(u, _, p)| (u.as_str(), p)).collect();
     let ingest_reads = list(&by_user["agent-ingest"]["subscribe"]["allow"]);
     for chat_traffic in [
-        subjects.gate_turn(),
+        subjects.gate_turn("demo"),
         subjects.discovery_changed("a"),
         subjects.snapshot_committed("a"),
-        "_INBOX.chat.x.y".to_owned(),
+        "_INBOX.chat-demo.x.y".to_owned(),
         "_INBOX.chat-gate.x.y".to_owned(),
     ] {
         assert!(
@@ -526,12 +536,12 @@ async fn agent_ingest_cannot_read_chat_traffic() {
     let s = Subjects::default();
     let (ingest, mut ingest_errors) = server.connect("agent-ingest").await;
     let (gate, _) = server.connect("chat-gate").await;
-    let (chat, _) = server.connect("chat").await;
+    let (chat, _) = server.connect("chat-demo").await;
     let (store, _) = server.connect("snapshot-store").await;
 
     let mut spies = Vec::new();
     for subject in [
-        s.gate_turn(),
+        s.gate_turn_all(),
         s.discovery_changed_all(),
         "_INBOX.>".to_owned(),
     ] {
@@ -540,7 +550,7 @@ async fn agent_ingest_cannot_read_chat_traffic() {
     }
 
     let turns = gate
-        .queue_subscribe(s.gate_turn(), GATE_QUEUE_GROUP.into())
+        .queue_subscribe(s.gate_turn_all(), GATE_QUEUE_GROUP.into())
         .await
         .unwrap();
     ctxsync_runtime::nats::sync_with_server(&gate)
@@ -557,7 +567,10 @@ async fn agent_ingest_cannot_read_chat_traffic() {
     let _store_seen = echo_responder(store.clone(), store_requests);
 
     // Chat traffic flows: a turn and its reply, an event.
-    assert_eq!(request(&chat, s.gate_turn()).await, s.gate_turn());
+    assert_eq!(
+        request(&chat, s.gate_turn("demo")).await,
+        s.gate_turn("demo")
+    );
     store
         .publish(s.discovery_changed("agent-1"), "changed".into())
         .await
@@ -637,23 +650,114 @@ async fn responders_answer_only_requests_they_received() {
         .await
         .unwrap();
     violation(&mut store_errors, "publish", "_INBOX.agent-ingest.forged.1").await;
-    catalog.publish(s.gate_turn(), "x".into()).await.unwrap();
+    catalog
+        .publish(s.gate_turn("demo"), "x".into())
+        .await
+        .unwrap();
     ctxsync_runtime::nats::sync_with_server(&catalog)
         .await
         .unwrap();
-    violation(&mut catalog_errors, "publish", &s.gate_turn()).await;
+    violation(&mut catalog_errors, "publish", &s.gate_turn("demo")).await;
 
     // While a request it received is answered.
-    let (chat, _) = server.connect("chat").await;
+    let (chat, _) = server.connect("chat-demo").await;
     let calls = catalog
-        .queue_subscribe(s.catalog_call(), CATALOG_QUEUE_GROUP.into())
+        .queue_subscribe(s.catalog_call_all(), CATALOG_QUEUE_GROUP.into())
         .await
         .unwrap();
     ctxsync_runtime::nats::sync_with_server(&catalog)
         .await
         .unwrap();
     let _seen = echo_responder(catalog.clone(), calls);
-    assert_eq!(request(&chat, s.catalog_call()).await, s.catalog_call());
+    assert_eq!(
+        request(&chat, s.catalog_call("demo")).await,
+        s.catalog_call("demo")
+    );
+}
+
+/// The shipped chat user of tenant `demo`, against the real server: its own
+/// tenant's turns and catalog work; every subject of another tenant, the
+/// wildcards, the store and other clients' inboxes are refused by the server.
+#[tokio::test]
+async fn a_chat_user_is_confined_to_its_own_tenant() {
+    let server = Server::start().await;
+    let s = Subjects::default();
+    let (gate, _) = server.connect("chat-gate").await;
+    let (catalog, _) = server.connect("catalog").await;
+    let (chat, mut chat_errors) = server.connect("chat-demo").await;
+    let turns = gate
+        .queue_subscribe(s.gate_turn_all(), GATE_QUEUE_GROUP.into())
+        .await
+        .unwrap();
+    let mut turns_seen = echo_responder(gate.clone(), turns);
+    let prepares = catalog
+        .queue_subscribe(s.catalog_prepare_all(), CATALOG_QUEUE_GROUP.into())
+        .await
+        .unwrap();
+    let mut prepares_seen = echo_responder(catalog.clone(), prepares);
+    ctxsync_runtime::nats::sync_with_server(&gate)
+        .await
+        .unwrap();
+    ctxsync_runtime::nats::sync_with_server(&catalog)
+        .await
+        .unwrap();
+
+    assert_eq!(
+        request(&chat, s.gate_turn("demo")).await,
+        s.gate_turn("demo")
+    );
+    assert_eq!(
+        request(&chat, s.catalog_prepare("demo")).await,
+        s.catalog_prepare("demo")
+    );
+    assert_eq!(turns_seen.recv().await.unwrap(), s.gate_turn("demo"));
+    assert_eq!(
+        prepares_seen.recv().await.unwrap(),
+        s.catalog_prepare("demo")
+    );
+
+    for foreign in [
+        s.gate_turn("other"),
+        s.catalog_prepare("other"),
+        s.catalog_call("other"),
+        s.catalog_session_end("other"),
+        s.gate_turn_all(),
+        s.store_get_agent_state(),
+        s.store_tenant_key_verify(),
+    ] {
+        chat.publish(foreign.clone(), "forged".into())
+            .await
+            .unwrap();
+        ctxsync_runtime::nats::sync_with_server(&chat)
+            .await
+            .unwrap();
+        violation(&mut chat_errors, "publish", &foreign).await;
+    }
+    for spy in [
+        "_INBOX.>".to_owned(),
+        "_INBOX.chat-other.>".to_owned(),
+        "_INBOX.chat-gate.>".to_owned(),
+        s.discovery_changed_all(),
+        s.catalog_events_all(),
+    ] {
+        let _refused = chat.subscribe(spy.clone()).await.unwrap();
+        violation(&mut chat_errors, "subscription", &spy).await;
+    }
+    // Nothing of the refused publishes reached a responder: the next
+    // request of this client is the next thing each one saw.
+    assert_eq!(
+        request(&chat, s.gate_turn("demo")).await,
+        s.gate_turn("demo")
+    );
+    assert_eq!(turns_seen.recv().await.unwrap(), s.gate_turn("demo"));
+    assert_eq!(
+        request(&chat, s.catalog_prepare("demo")).await,
+        s.catalog_prepare("demo")
+    );
+    assert_eq!(
+        prepares_seen.recv().await.unwrap(),
+        s.catalog_prepare("demo")
+    );
 }
 
 #[tokio::test]

@@ -103,7 +103,6 @@ async fn first_turn_waits_for_discovery_and_a_restart_withholds_old_tools_until_
     let db = TestDatabase::create().await;
     let prefix = testkit::unique_prefix();
     let subjects = Subjects::new(&prefix).unwrap();
-    let http = reqwest::Client::new();
     let (store_addr, ingest_addr, gate_addr) = (addr(), addr(), addr());
     let base = |http_addr: SocketAddr| {
         vec![
@@ -148,6 +147,31 @@ async fn first_turn_waits_for_discovery_and_a_restart_withholds_old_tools_until_
     );
     let registered: Value = serde_json::from_slice(&registered.stdout).unwrap();
     let agent_id = registered["agent_id"].as_str().unwrap().to_owned();
+
+    // The chat backend's tenant key, issued by the operator CLI too.
+    let created = Command::new(workspace_binary("ctxsync-cli", "ctxsync"))
+        .args(["tenant", "key", "create", "--tenant", "acme", "--json"])
+        .env("NATS_URL", nats.url())
+        .env("CTXSYNC_SUBJECT_PREFIX", &prefix)
+        .output()
+        .unwrap();
+    assert!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    let created: Value = serde_json::from_slice(&created.stdout).unwrap();
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        reqwest::header::AUTHORIZATION,
+        format!("Bearer {}", created["key"].as_str().unwrap())
+            .parse()
+            .unwrap(),
+    );
+    let http = reqwest::Client::builder()
+        .default_headers(headers)
+        .build()
+        .unwrap();
 
     let workspace = tempfile::tempdir().unwrap();
     write_workspace(workspace.path());

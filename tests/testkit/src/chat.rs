@@ -1,6 +1,6 @@
-//! Chat backends asking chat-gate for a turn, over HTTP (`POST /api/v1/gate`)
-//! and over NATS (`<prefix>.gate.turn`), answered in one shape so a test can
-//! count decisions whichever way the chat came.
+//! Chat backends asking chat-gate for a turn, over HTTP (`POST /api/v1/gate`
+//! with a tenant key) and over NATS (`<prefix>.gate.turn.<tenant>`), answered
+//! in one shape so a test can count decisions whichever way the chat came.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -88,7 +88,16 @@ pub fn decision_name(reply: &TurnReply) -> String {
         .to_ascii_lowercase()
 }
 
-/// A first turn (or a later one) over HTTP; waits at most `timeout`.
+/// The tenant of [`TEST_TENANT_KEY`], and of the agents `StoreClient` registers.
+pub const TEST_TENANT: &str = "acme";
+
+/// The tenant key [`http_turn`] presents. A test makes it valid in its own
+/// database with `StoreClient::create_test_tenant_key` (each test has its own
+/// database, so one well-known key is enough).
+pub const TEST_TENANT_KEY: &str = "cxk_testkeyofthetenantacme000000000000000000000";
+
+/// A first turn (or a later one) over HTTP with [`TEST_TENANT_KEY`]; waits at
+/// most `timeout`.
 pub async fn http_turn(
     http: &reqwest::Client,
     gate: SocketAddr,
@@ -97,9 +106,32 @@ pub async fn http_turn(
     first_turn: bool,
     timeout: Duration,
 ) -> ChatAnswer {
+    http_turn_as(
+        http,
+        gate,
+        TEST_TENANT_KEY,
+        chat_id,
+        agent_id,
+        first_turn,
+        timeout,
+    )
+    .await
+}
+
+/// [`http_turn`] presenting `tenant_key`.
+pub async fn http_turn_as(
+    http: &reqwest::Client,
+    gate: SocketAddr,
+    tenant_key: &str,
+    chat_id: &str,
+    agent_id: &str,
+    first_turn: bool,
+    timeout: Duration,
+) -> ChatAnswer {
     let asked = Instant::now();
     let sent = http
         .post(format!("http://{gate}/api/v1/gate"))
+        .bearer_auth(tenant_key)
         .json(&json!({ "chat_id": chat_id, "agent_id": agent_id, "first_turn": first_turn }))
         .timeout(timeout)
         .send()
@@ -144,10 +176,32 @@ pub async fn http_turn(
     answered
 }
 
-/// A first turn (or a later one) over NATS; waits at most `timeout`.
+/// A first turn (or a later one) over NATS as [`TEST_TENANT`]; waits at most `timeout`.
 pub async fn nats_turn(
     client: &async_nats::Client,
     subjects: &Subjects,
+    chat_id: &str,
+    agent_id: &str,
+    first_turn: bool,
+    timeout: Duration,
+) -> ChatAnswer {
+    nats_turn_as(
+        client,
+        subjects,
+        TEST_TENANT,
+        chat_id,
+        agent_id,
+        first_turn,
+        timeout,
+    )
+    .await
+}
+
+/// [`nats_turn`] on `tenant`'s subject.
+pub async fn nats_turn_as(
+    client: &async_nats::Client,
+    subjects: &Subjects,
+    tenant: &str,
     chat_id: &str,
     agent_id: &str,
     first_turn: bool,
@@ -160,12 +214,12 @@ pub async fn nats_turn(
         first_turn,
         tenant: String::new(),
     };
+    let subject = subjects.gate_turn(tenant);
     let answer = |outcome| ChatAnswer::new(Via::Nats, chat_id, agent_id, asked, outcome);
-    let reply: TurnReply =
-        match rpc::request(client, subjects.gate_turn(), &request, None, timeout).await {
-            Ok(reply) => reply,
-            Err(error) => return answer(Outcome::NoAnswer(error.to_string())),
-        };
+    let reply: TurnReply = match rpc::request(client, subject, &request, None, timeout).await {
+        Ok(reply) => reply,
+        Err(error) => return answer(Outcome::NoAnswer(error.to_string())),
+    };
     if let Some(error) = &reply.error {
         return answer(if error.code() == Code::NotFound {
             Outcome::NotFound

@@ -19,6 +19,21 @@ pub fn startup(run_id: &str, reclaim: bool) -> StartupRequest {
     }
 }
 
+/// A fresh tenant key in the format chat-gate accepts: `cxk_` and 43
+/// base64url characters (32 random bytes).
+pub fn new_tenant_key() -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let random: Vec<u8> = (0..3)
+        .flat_map(|_| uuid::Uuid::new_v4().into_bytes())
+        .collect();
+    let body: String = random
+        .iter()
+        .take(43)
+        .map(|b| ALPHABET[usize::from(b & 63)] as char)
+        .collect();
+    format!("cxk_{body}")
+}
+
 /// Requests to one store (one subject prefix). Cheap to clone into tasks.
 /// Every call panics when the store does not answer, and the calls that name
 /// a result (`register`, `push_ok`, `state`) assert the store reported no error.
@@ -94,6 +109,60 @@ impl StoreClient {
             .await;
         assert_eq!(reply.error, None);
         reply.agent_id
+    }
+
+    /// The tenant agents are registered in (`acme` unless [`StoreClient::in_tenant`]).
+    pub fn tenant(&self) -> &str {
+        &self.tenant
+    }
+
+    /// The same store, registering agents in `tenant`.
+    pub fn in_tenant(mut self, tenant: &str) -> Self {
+        tenant.clone_into(&mut self.tenant);
+        self
+    }
+
+    /// Issues a tenant key of `tenant` (as `ctxsync tenant key create` does)
+    /// and returns the key and its id.
+    pub async fn create_tenant_key(&self, tenant: &str) -> (String, String) {
+        let key = new_tenant_key();
+        let id = self.add_tenant_key(tenant, &key).await;
+        (key, id)
+    }
+
+    /// Makes `testkit::chat::TEST_TENANT_KEY` a valid key of
+    /// `testkit::chat::TEST_TENANT` in this store; returns its id.
+    pub async fn create_test_tenant_key(&self) -> String {
+        self.add_tenant_key(crate::chat::TEST_TENANT, crate::chat::TEST_TENANT_KEY)
+            .await
+    }
+
+    async fn add_tenant_key(&self, tenant: &str, key: &str) -> String {
+        let reply: CreateTenantKeyReply = self
+            .request(
+                self.subjects.store_tenant_key_create(),
+                &CreateTenantKeyRequest {
+                    tenant: tenant.into(),
+                    label: "test".into(),
+                    key_sha256: sha(key),
+                },
+            )
+            .await;
+        assert_eq!(reply.error, None);
+        reply.key.expect("the created key").key_id
+    }
+
+    /// Revokes a tenant key by id.
+    pub async fn revoke_tenant_key(&self, key_id: &str) {
+        let reply: RevokeTenantKeyReply = self
+            .request(
+                self.subjects.store_tenant_key_revoke(),
+                &RevokeTenantKeyRequest {
+                    key_id: key_id.into(),
+                },
+            )
+            .await;
+        assert_eq!(reply.error, None);
     }
 
     /// The agent's Startup with `run_id` (agent version `test`), as answered.

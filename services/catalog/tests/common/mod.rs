@@ -160,7 +160,7 @@ impl Harness {
 
     pub async fn prepare(&self, tenant: &str, session: &str) -> CatalogPrepareReply {
         self.request(
-            self.subjects.catalog_prepare(),
+            self.subjects.catalog_prepare(tenant),
             &CatalogPrepareRequest {
                 tenant: tenant.into(),
                 session_id: session.into(),
@@ -191,7 +191,7 @@ impl Harness {
         arguments_json: &str,
     ) -> CatalogCallReply {
         self.request(
-            self.subjects.catalog_call(),
+            self.subjects.catalog_call(tenant),
             &CatalogCallRequest {
                 tenant: tenant.into(),
                 session_id: session.into(),
@@ -205,7 +205,7 @@ impl Harness {
 
     pub async fn end_session(&self, tenant: &str, session: &str) -> CatalogEndSessionReply {
         self.request(
-            catalog::session_end_subject(&self.subjects),
+            self.subjects.catalog_session_end(tenant),
             &CatalogEndSessionRequest {
                 tenant: tenant.into(),
                 session_id: session.into(),

@@ -44,7 +44,14 @@ pub fn gate_config(nats_url: &str, prefix: &str) -> Config {
     config.pending_timeout = Duration::from_secs(20);
     config.stale_grace = Duration::from_secs(20);
     config.sweep_interval = Duration::from_secs(600);
+    // Tests of the catalog section turn it on (`with_catalog`).
+    config.catalog = false;
     config
+}
+
+/// A gate that prepares the tenant's catalog on first turns.
+pub fn with_catalog(config: &mut Config) {
+    config.catalog = true;
 }
 
 impl Harness {
@@ -106,8 +113,10 @@ impl Harness {
             .expect("test client connects")
             .client;
         let subjects = Subjects::new(&prefix).unwrap();
+        let api = StoreClient::new(client.clone(), subjects.clone(), TIMEOUT, "ws1");
+        api.create_test_tenant_key().await;
         Self {
-            api: StoreClient::new(client.clone(), subjects.clone(), TIMEOUT, "ws1"),
+            api,
             nats,
             db,
             subjects,
@@ -116,7 +125,7 @@ impl Harness {
             store: Some(store),
             gate_shutdown,
             gate: Some(gate),
-            http: reqwest::Client::new(),
+            http: authenticated_http(),
             proxy,
         }
     }
@@ -164,9 +173,10 @@ impl Harness {
         agent
     }
 
-    /// A turn over the gate's NATS API, with no tenant.
+    /// A turn over the gate's NATS API, as the agents' tenant.
     pub async fn turn(&self, chat_id: &str, agent_id: &str, first_turn: bool) -> TurnReply {
-        self.tenant_turn("", chat_id, agent_id, first_turn).await
+        self.tenant_turn(testkit::chat::TEST_TENANT, chat_id, agent_id, first_turn)
+            .await
     }
 
     /// A turn of `tenant`'s chat over the gate's NATS API.
@@ -179,12 +189,12 @@ impl Harness {
     ) -> TurnReply {
         rpc::request(
             &self.client,
-            self.subjects.gate_turn(),
+            self.subjects.gate_turn(tenant),
             &TurnRequest {
                 chat_id: chat_id.into(),
                 agent_id: agent_id.into(),
                 first_turn,
-                tenant: tenant.into(),
+                tenant: String::new(),
             },
             None,
             TIMEOUT,
@@ -200,7 +210,10 @@ impl Harness {
         chat_id: &str,
         agent_id: &str,
     ) -> tokio::task::JoinHandle<(TurnReply, SystemTime)> {
-        let (client, subject) = (self.client.clone(), self.subjects.gate_turn());
+        let (client, subject) = (
+            self.client.clone(),
+            self.subjects.gate_turn(testkit::chat::TEST_TENANT),
+        );
         let request = first_turn_request(chat_id, agent_id);
         tokio::spawn(async move {
             let reply: TurnReply = rpc::request(&client, subject, &request, None, TIMEOUT)
@@ -288,6 +301,26 @@ impl Harness {
         .await;
     }
 
+    /// A catalog service on this test's NATS, prefix and database, serving
+    /// `config` (the catalog's YAML as JSON), without warm-up.
+    pub async fn start_catalog(&self, config: serde_json::Value) -> (catalog::Running, Shutdown) {
+        let mut settings = catalog::Settings::default();
+        settings.warmup.enabled = false;
+        let shutdown = Shutdown::new();
+        let running = catalog::start(
+            catalog::Config {
+                common: CommonArgs::for_nats(self.nats.url(), self.subjects.prefix()),
+                database: ctxsync_runtime::DatabaseArgs::new(self.db.url()),
+                servers: catalog::config::CatalogConfig::from_yaml(&config.to_string()).unwrap(),
+                settings,
+            },
+            shutdown.clone(),
+        )
+        .await
+        .expect("catalog starts");
+        (running, shutdown)
+    }
+
     /// Counts the store reads of this test's prefix, as the store sees them.
     pub async fn count_store_reads(&self) -> ReadCounter {
         let mut subscriber =
@@ -355,12 +388,27 @@ impl Drop for ReadCounter {
     }
 }
 
+/// An HTTP client that presents the test tenant's key on every request.
+pub fn authenticated_http() -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        reqwest::header::AUTHORIZATION,
+        format!("Bearer {}", testkit::chat::TEST_TENANT_KEY)
+            .parse()
+            .unwrap(),
+    );
+    reqwest::Client::builder()
+        .default_headers(headers)
+        .build()
+        .unwrap()
+}
+
 fn first_turn_request(chat_id: &str, agent_id: &str) -> TurnRequest {
     TurnRequest {
         chat_id: chat_id.into(),
         agent_id: agent_id.into(),
         first_turn: true,
-        tenant: String::new(),
+        tenant: testkit::chat::TEST_TENANT.into(),
     }
 }
 

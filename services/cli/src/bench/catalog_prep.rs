@@ -137,7 +137,7 @@ fn child_processes() -> std::collections::HashSet<u32> {
 async fn prepare(env: &Env, session: &str) -> Result<CatalogPrepareReply, BenchError> {
     let reply: CatalogPrepareReply = rpc::request(
         &env.client,
-        env.subjects.catalog_prepare(),
+        env.subjects.catalog_prepare(TENANT),
         &CatalogPrepareRequest {
             tenant: TENANT.into(),
             session_id: session.into(),
@@ -159,7 +159,7 @@ async fn prepare(env: &Env, session: &str) -> Result<CatalogPrepareReply, BenchE
 async fn end_session(env: &Env, session: &str) {
     let _: Result<CatalogEndSessionReply, _> = rpc::request(
         &env.client,
-        catalog::session_end_subject(&env.subjects),
+        env.subjects.catalog_session_end(TENANT),
         &CatalogEndSessionRequest {
             tenant: TENANT.into(),
             session_id: session.into(),

@@ -24,6 +24,9 @@ use crate::deps::{self, Dependency};
 /// Bound of one call the bench makes to a service (waits included).
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// The tenant of every agent the bench registers.
+pub const BENCH_TENANT: &str = "bench";
+
 /// Where the bench ran, for the report.
 #[derive(Debug, Clone, Serialize)]
 pub struct Environment {
@@ -181,6 +184,8 @@ impl Env {
         gate_config.pending_timeout = CALL_TIMEOUT;
         gate_config.stale_grace = CALL_TIMEOUT;
         gate_config.sweep_interval = Duration::ZERO;
+        // No catalog runs here: the bench measures the gate's own path.
+        gate_config.catalog = false;
         let gate = chat_gate::start(gate_config, shutdown.child_token())
             .await
             .step("chat-gate")?;
@@ -271,7 +276,7 @@ impl Env {
                     &self.client,
                     &self.subjects,
                     CALL_TIMEOUT,
-                    "bench",
+                    BENCH_TENANT,
                     "bench",
                     &format!("{name}-{i}"),
                 )
@@ -368,12 +373,12 @@ impl Env {
     pub async fn first_turn(&self, chat_id: String, agent_id: String) -> Result<TurnReply, String> {
         rpc::request(
             &self.client,
-            self.subjects.gate_turn(),
+            self.subjects.gate_turn(BENCH_TENANT),
             &TurnRequest {
                 chat_id,
                 agent_id,
                 first_turn: true,
-                tenant: String::new(),
+                tenant: BENCH_TENANT.into(),
             },
             None,
             CALL_TIMEOUT,

@@ -132,7 +132,7 @@ async fn first_turn(
             chat_id,
             agent_id,
             first_turn: true,
-            tenant: String::new(),
+            tenant: super::env::BENCH_TENANT.into(),
         },
         None,
         CALL_TIMEOUT,
@@ -292,7 +292,7 @@ async fn round(
     let baseline = gate.waiters_held();
     let rss_before = rss_bytes();
 
-    let subject = env.subjects.gate_turn();
+    let subject = env.subjects.gate_turn(super::env::BENCH_TENANT);
     let tasks: Vec<_> = (0..chats)
         .map(|c| {
             let index = c % agents.len();
@@ -545,7 +545,7 @@ pub async fn polling(
         let baseline = env.gate.gate().waiters_held();
         let chat = tokio::spawn(first_turn(
             env.client.clone(),
-            env.subjects.gate_turn(),
+            env.subjects.gate_turn(super::env::BENCH_TENANT),
             format!("poll-chat-{r}"),
             agent[0].id.clone(),
         ));

@@ -41,6 +41,7 @@ async fn ten_waiting_turns(grace: &str) -> Waiting {
     all_ready(&mut [&mut store, &mut ingest, &mut gate]).await;
     let client = cluster.nats("faults-test").await;
     let store_client = cluster.store_client(&client.client);
+    store_client.create_test_tenant_key().await;
     let ingest_url = url_of(&ingest);
     let mut agents = Vec::new();
     let mut chats = Vec::new();

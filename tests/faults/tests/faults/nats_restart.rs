@@ -29,6 +29,7 @@ async fn nats_restarted_while_fifty_chats_wait_all_are_answered_ready() {
     all_ready(&mut [&mut store, &mut ingest, &mut gate]).await;
     let nats_client = cluster.nats("faults-test").await;
     let store_client = cluster.store_client(&nats_client.client);
+    store_client.create_test_tenant_key().await;
     let ingest_url = url_of(&ingest);
 
     let mut agents = Vec::with_capacity(AGENTS);

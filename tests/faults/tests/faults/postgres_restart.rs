@@ -37,6 +37,7 @@ async fn postgres_killed_and_restarted_under_load_loses_no_acked_push_and_answer
     let pids = [store.pid(), ingest.pid(), gate.pid()];
     let nats_client = cluster.nats("faults-test").await;
     let store_client = cluster.store_client(&nats_client.client);
+    store_client.create_test_tenant_key().await;
     let ingest_url = url_of(&ingest);
 
     // Chats wait on agents whose discovery is pending.

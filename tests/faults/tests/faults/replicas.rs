@@ -82,6 +82,7 @@ async fn a_chat_waiting_on_either_gate_is_woken_by_a_commit_on_either_store() {
     .await;
     let nats_client = cluster.nats("faults-test").await;
     let store_client = cluster.store_client(&nats_client.client);
+    store_client.create_test_tenant_key().await;
     let ingest_url = url_of(&ingest);
 
     // Agent i has a chat waiting on gate 1 (i even) or gate 2 (i odd) over

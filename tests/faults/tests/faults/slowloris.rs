@@ -100,6 +100,7 @@ async fn slow_connections_on_every_listener_neither_block_real_requests_nor_stay
     all_ready(&mut [&mut store, &mut ingest, &mut gate, &mut catalog]).await;
     let client = cluster.nats("faults-test").await;
     let store_client = cluster.store_client(&client.client);
+    store_client.create_test_tenant_key().await;
     let ingest_url = url_of(&ingest);
     let mut agent = FakeAgent::register(&store_client, &ingest_url, "pusher").await;
     assert!(agent.startup().await.answer.is_accepted());

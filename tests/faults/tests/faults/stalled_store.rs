@@ -158,6 +158,10 @@ impl Stage {
         let mut gate = cluster.gate("gate").spawn();
         all_ready(&mut [&mut store_a, &mut store_b, &mut ingest, &mut gate]).await;
         let client = cluster.nats("faults-test").await;
+        cluster
+            .store_client(&client.client)
+            .create_test_tenant_key()
+            .await;
         let workspace = tempfile::tempdir().unwrap();
         write_workspace(workspace.path());
         Self {

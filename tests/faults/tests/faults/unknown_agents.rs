@@ -94,6 +94,10 @@ async fn ten_thousand_unknown_agent_ids_are_not_found_and_leave_no_views() {
         .spawn();
     all_ready(&mut [&mut store, &mut gate]).await;
     let client = cluster.nats("faults-test").await;
+    cluster
+        .store_client(&client.client)
+        .create_test_tenant_key()
+        .await;
 
     let warm = ask_unknown(&cluster, &client.client, &gate, WARM_UP, WARM_UP / 10).await;
     assert!(warm.iter().all(|a| a.outcome == Outcome::NotFound));

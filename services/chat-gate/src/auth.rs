@@ -1,0 +1,264 @@
+//! Who is asking over HTTP: every request carries a tenant key
+//! (`Authorization: Bearer cxk_…`), and the tenant comes from the key.
+//!
+//! Keys live in snapshot-store as SHA-256 digests. A key is checked there
+//! once and then remembered for [`KEY_CACHE_TTL`]; a revocation event drops
+//! it from the cache at once, and any gap in the event stream (a NATS
+//! disconnect) forgets every remembered key, so a revoked key never outlives
+//! its revocation here by more than the event's delivery. A missing or
+//! malformed credential never reaches the store; an unknown well-formed key
+//! is remembered as unknown for a short time, and store lookups run a few at
+//! a time, so guessing keys cannot load the store.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ctxsync_proto::subjects::Subjects;
+use ctxsync_proto::v1::{TenantKeyRevoked, VerifyTenantKeyReply, VerifyTenantKeyRequest};
+use ctxsync_runtime::rpc;
+use futures::StreamExt;
+use prost::Message;
+use sha2::{Digest, Sha256};
+use tokio::sync::Semaphore;
+
+/// How a tenant key starts.
+pub const KEY_PREFIX: &str = "cxk_";
+/// Base64url characters after the prefix (32 random bytes).
+const KEY_BODY_CHARS: usize = 43;
+
+/// How long a verified key is trusted without asking the store again.
+pub const KEY_CACHE_TTL: Duration = Duration::from_secs(300);
+/// How long an unknown key is answered 401 without asking the store again.
+const UNKNOWN_KEY_TTL: Duration = Duration::from_secs(2);
+/// Keys remembered at most (valid and unknown each); past it the oldest go.
+const MAX_CACHED_KEYS: usize = 10_000;
+/// Store lookups of keys at once.
+const MAX_LOOKUPS: usize = 8;
+
+/// A caller the gate knows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    pub tenant: String,
+    pub key_id: String,
+}
+
+/// Why a request was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    #[error("missing credential: send Authorization: Bearer <tenant key>")]
+    Missing,
+    #[error("malformed credential: expected Authorization: Bearer cxk_<43 characters>")]
+    Malformed,
+    #[error("unknown or revoked tenant key")]
+    Unknown,
+    #[error("cannot check the tenant key now: {0}")]
+    Unavailable(String),
+}
+
+impl AuthError {
+    /// The label of `ctxsync_gate_auth_refused_total`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Missing => "missing",
+            Self::Malformed => "malformed",
+            Self::Unknown => "unknown_key",
+            Self::Unavailable(_) => "store_unavailable",
+        }
+    }
+}
+
+type Digest32 = [u8; 32];
+
+#[derive(Default)]
+struct Cache {
+    valid: HashMap<Digest32, (Caller, Instant)>,
+    unknown: HashMap<Digest32, Instant>,
+}
+
+/// Verifies tenant keys against snapshot-store, with a cache.
+#[derive(Clone)]
+pub struct TenantKeys {
+    client: async_nats::Client,
+    subject: String,
+    timeout: Duration,
+    cache: Arc<Mutex<Cache>>,
+    lookups: Arc<Semaphore>,
+}
+
+/// The key's format, checked before anything is looked up.
+pub fn well_formed(key: &str) -> bool {
+    key.strip_prefix(KEY_PREFIX).is_some_and(|body| {
+        body.len() == KEY_BODY_CHARS
+            && body
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    })
+}
+
+/// The bearer credential of an `Authorization` header value.
+pub fn bearer(header: Option<&str>) -> Result<&str, AuthError> {
+    let header = header.ok_or(AuthError::Missing)?;
+    let (scheme, credential) = header.trim().split_once(' ').ok_or(AuthError::Malformed)?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return Err(AuthError::Malformed);
+    }
+    let credential = credential.trim();
+    if well_formed(credential) {
+        Ok(credential)
+    } else {
+        Err(AuthError::Malformed)
+    }
+}
+
+fn evict_oldest<V>(map: &mut HashMap<Digest32, V>, at: impl Fn(&V) -> Instant) {
+    if map.len() < MAX_CACHED_KEYS {
+        return;
+    }
+    if let Some(oldest) = map.iter().min_by_key(|(_, v)| at(v)).map(|(k, _)| *k) {
+        map.remove(&oldest);
+    }
+}
+
+impl TenantKeys {
+    pub fn new(client: async_nats::Client, subjects: &Subjects, timeout: Duration) -> Self {
+        Self {
+            client,
+            subject: subjects.store_tenant_key_verify(),
+            timeout,
+            cache: Arc::default(),
+            lookups: Arc::new(Semaphore::new(MAX_LOOKUPS)),
+        }
+    }
+
+    /// The caller an `Authorization` header names.
+    pub async fn authenticate(&self, header: Option<&str>) -> Result<Caller, AuthError> {
+        let result = match bearer(header) {
+            Ok(key) => self.verify(key).await,
+            Err(error) => Err(error),
+        };
+        let outcome = match &result {
+            Ok(_) => "ok",
+            Err(error) => error.reason(),
+        };
+        metrics::counter!("ctxsync_gate_auth_total", "outcome" => outcome).increment(1);
+        result
+    }
+
+    async fn verify(&self, key: &str) -> Result<Caller, AuthError> {
+        let digest: Digest32 = Sha256::digest(key.as_bytes()).into();
+        if let Some(known) = self.cached(&digest) {
+            return known;
+        }
+        let _permit = tokio::time::timeout(self.timeout, self.lookups.acquire())
+            .await
+            .map_err(|_| AuthError::Unavailable("too many key checks at once".into()))?
+            .expect("the lookup semaphore is never closed");
+        // Another request may have looked the same key up meanwhile.
+        if let Some(known) = self.cached(&digest) {
+            return known;
+        }
+        let request = VerifyTenantKeyRequest {
+            key_sha256: digest.to_vec(),
+        };
+        let reply: VerifyTenantKeyReply = rpc::request(
+            &self.client,
+            self.subject.clone(),
+            &request,
+            None,
+            self.timeout,
+        )
+        .await
+        .map_err(|e| AuthError::Unavailable(e.to_string()))?;
+        if let Some(error) = reply.error {
+            return Err(AuthError::Unavailable(error.message));
+        }
+        let mut cache = self.cache.lock().expect("key cache lock");
+        match reply.key {
+            Some(key) => {
+                let caller = Caller {
+                    tenant: key.tenant,
+                    key_id: key.key_id,
+                };
+                evict_oldest(&mut cache.valid, |(_, at)| *at);
+                cache.valid.insert(digest, (caller.clone(), Instant::now()));
+                Ok(caller)
+            }
+            None => {
+                evict_oldest(&mut cache.unknown, |at| *at);
+                cache.unknown.insert(digest, Instant::now());
+                Err(AuthError::Unknown)
+            }
+        }
+    }
+
+    fn cached(&self, digest: &Digest32) -> Option<Result<Caller, AuthError>> {
+        let cache = self.cache.lock().expect("key cache lock");
+        if let Some((caller, at)) = cache.valid.get(digest)
+            && at.elapsed() < KEY_CACHE_TTL
+        {
+            return Some(Ok(caller.clone()));
+        }
+        if let Some(at) = cache.unknown.get(digest)
+            && at.elapsed() < UNKNOWN_KEY_TTL
+        {
+            return Some(Err(AuthError::Unknown));
+        }
+        None
+    }
+
+    /// Drops a revoked key from the cache.
+    pub fn revoked(&self, key_id: &str) {
+        let mut cache = self.cache.lock().expect("key cache lock");
+        cache.valid.retain(|_, (caller, _)| caller.key_id != key_id);
+    }
+
+    /// Forgets every remembered key (events may have been lost).
+    pub fn forget_all(&self) {
+        let mut cache = self.cache.lock().expect("key cache lock");
+        cache.valid.clear();
+        cache.unknown.clear();
+    }
+
+    /// Keys remembered as valid now.
+    pub fn cached_keys(&self) -> usize {
+        self.cache.lock().expect("key cache lock").valid.len()
+    }
+
+    /// Applies revocation events until the subscription ends.
+    pub async fn follow_revocations(self, mut events: async_nats::Subscriber) {
+        while let Some(message) = events.next().await {
+            match TenantKeyRevoked::decode(message.payload) {
+                Ok(event) => {
+                    tracing::info!(key_id = %event.key_id, tenant = %event.tenant, "tenant key revoked: forgotten");
+                    self.revoked(&event.key_id);
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "malformed revocation event ignored")
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_credentials_are_checked_before_any_lookup() {
+        let key = format!("{KEY_PREFIX}{}", "a".repeat(KEY_BODY_CHARS));
+        assert_eq!(bearer(None), Err(AuthError::Missing));
+        assert_eq!(bearer(Some("Basic abc")), Err(AuthError::Malformed));
+        assert_eq!(bearer(Some("Bearer")), Err(AuthError::Malformed));
+        assert_eq!(
+            bearer(Some("Bearer cxs_agenttoken")),
+            Err(AuthError::Malformed)
+        );
+        assert_eq!(
+            bearer(Some(&format!("Bearer {key}x"))),
+            Err(AuthError::Malformed)
+        );
+        assert_eq!(bearer(Some(&format!("bearer  {key}"))), Ok(key.as_str()));
+    }
+}

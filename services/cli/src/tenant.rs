@@ -1,0 +1,162 @@
+//! `ctxsync tenant key create|list|revoke`: the credentials chat backends
+//! present to chat-gate. A key is printed once, at creation; the store keeps
+//! only its SHA-256.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use base64::Engine;
+use ctxsync_proto::subjects::Subjects;
+use ctxsync_proto::v1::{
+    CreateTenantKeyReply, CreateTenantKeyRequest, ListTenantKeysReply, ListTenantKeysRequest,
+    RevokeTenantKeyReply, RevokeTenantKeyRequest, TenantKey,
+};
+use ctxsync_runtime::rpc;
+use rand::RngCore;
+use sha2::Digest;
+
+use crate::agent::AgentCommandError;
+
+/// A fresh tenant key: 32 random bytes, URL-safe base64, prefix `cxk_`.
+pub fn new_key() -> String {
+    let mut bytes = [0u8; 32];
+    rand::rng().fill_bytes(&mut bytes);
+    format!(
+        "cxk_{}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+    )
+}
+
+/// A key just created: its id and the key itself (shown once).
+#[derive(Debug, serde::Serialize)]
+pub struct CreatedKey {
+    pub key_id: String,
+    pub tenant: String,
+    pub key: String,
+}
+
+/// Checked here too, so a typo never reaches the store.
+fn check_tenant(tenant: &str) -> Result<(), AgentCommandError> {
+    ctxsync_proto::ids::tenant(tenant)
+        .map_err(|e| AgentCommandError::Invalid(format!("--tenant: {e}")))
+}
+
+pub async fn create(
+    nats: &async_nats::Client,
+    subjects: &Subjects,
+    timeout: Duration,
+    tenant: &str,
+    label: &str,
+) -> Result<CreatedKey, AgentCommandError> {
+    check_tenant(tenant)?;
+    let key = new_key();
+    let reply: CreateTenantKeyReply = rpc::request(
+        nats,
+        subjects.store_tenant_key_create(),
+        &CreateTenantKeyRequest {
+            tenant: tenant.into(),
+            label: label.into(),
+            key_sha256: sha2::Sha256::digest(key.as_bytes()).to_vec(),
+        },
+        None,
+        timeout,
+    )
+    .await?;
+    if let Some(error) = reply.error {
+        return Err(AgentCommandError::Store(error.message));
+    }
+    let stored = reply.key.unwrap_or_default();
+    Ok(CreatedKey {
+        key_id: stored.key_id,
+        tenant: stored.tenant,
+        key,
+    })
+}
+
+pub async fn list(
+    nats: &async_nats::Client,
+    subjects: &Subjects,
+    timeout: Duration,
+    tenant: Option<&str>,
+    include_revoked: bool,
+) -> Result<Vec<TenantKey>, AgentCommandError> {
+    if let Some(tenant) = tenant {
+        check_tenant(tenant)?;
+    }
+    let reply: ListTenantKeysReply = rpc::request(
+        nats,
+        subjects.store_tenant_key_list(),
+        &ListTenantKeysRequest {
+            tenant: tenant.unwrap_or_default().into(),
+            include_revoked,
+        },
+        None,
+        timeout,
+    )
+    .await?;
+    match reply.error {
+        Some(error) => Err(AgentCommandError::Store(error.message)),
+        None => Ok(reply.keys),
+    }
+}
+
+pub async fn revoke(
+    nats: &async_nats::Client,
+    subjects: &Subjects,
+    timeout: Duration,
+    key_id: &str,
+) -> Result<TenantKey, AgentCommandError> {
+    let reply: RevokeTenantKeyReply = rpc::request(
+        nats,
+        subjects.store_tenant_key_revoke(),
+        &RevokeTenantKeyRequest {
+            key_id: key_id.into(),
+        },
+        None,
+        timeout,
+    )
+    .await?;
+    match reply.error {
+        Some(error) => Err(AgentCommandError::Store(error.message)),
+        None => Ok(reply.key.unwrap_or_default()),
+    }
+}
+
+fn time(ts: Option<&pbjson_types::Timestamp>) -> String {
+    ts.and_then(|ts| chrono::DateTime::from_timestamp(ts.seconds, 0))
+        .map(|t| t.format("%Y-%m-%dT%H:%M:%SZ").to_string())
+        .unwrap_or_else(|| "-".into())
+}
+
+/// One line per key: id, tenant, created, revoked, label. Never a key.
+pub fn render(keys: &[TenantKey]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<20} {:<20} {:<21} {:<21} LABEL",
+        "KEY ID", "TENANT", "CREATED", "REVOKED"
+    );
+    for key in keys {
+        let _ = writeln!(
+            out,
+            "{:<20} {:<20} {:<21} {:<21} {}",
+            key.key_id,
+            key.tenant,
+            time(key.created_at.as_ref()),
+            time(key.revoked_at.as_ref()),
+            key.label
+        );
+    }
+    out
+}
+
+/// A key as JSON for `list --json` (no secret: the key itself is never stored).
+pub fn key_json(key: &TenantKey) -> serde_json::Value {
+    serde_json::json!({
+        "key_id": key.key_id,
+        "tenant": key.tenant,
+        "label": key.label,
+        "created_at": time(key.created_at.as_ref()),
+        "revoked_at": key.revoked_at.as_ref().map(|t| time(Some(t))),
+    })
+}
