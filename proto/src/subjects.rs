@@ -75,6 +75,10 @@ impl Subjects {
     pub fn store_register_agent(&self) -> String {
         self.join("store.agent.register")
     }
+    /// snapshot-store: give a registered agent a new token (request/reply; operators only).
+    pub fn store_rotate_agent_token(&self) -> String {
+        self.join("store.agent.rotate_token")
+    }
     /// snapshot-store: look an agent up by token hash (request/reply).
     pub fn store_authenticate_agent(&self) -> String {
         self.join("store.agent.authenticate")

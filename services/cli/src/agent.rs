@@ -5,9 +5,12 @@ use std::time::Duration;
 
 use base64::Engine;
 use ctxsync_proto::subjects::Subjects;
+use std::path::Path;
+
 use ctxsync_proto::v1::{
-    AgentState, GetAgentStateReply, GetAgentStateRequest, RegisterAgentReply, RegisterAgentRequest,
-    ResourceKind, ResourceStatus, context_resource::Body,
+    AgentState, AuthenticateAgentReply, AuthenticateAgentRequest, GetAgentStateReply,
+    GetAgentStateRequest, RegisterAgentReply, RegisterAgentRequest, ResourceKind, ResourceStatus,
+    RotateAgentTokenReply, RotateAgentTokenRequest, context_resource::Body,
 };
 use ctxsync_runtime::rpc;
 use rand::RngCore;
@@ -19,6 +22,10 @@ pub enum AgentCommandError {
     Rpc(#[from] rpc::RpcError),
     #[error("snapshot-store refused: {0}")]
     Store(String),
+    #[error("snapshot-store refused: {0}")]
+    Exists(String),
+    #[error("token file {path}: {reason}")]
+    TokenFile { path: String, reason: String },
     #[error("{0}")]
     Invalid(String),
 }
@@ -63,12 +70,188 @@ pub async fn register(
     )
     .await?;
     if let Some(error) = reply.error {
-        return Err(AgentCommandError::Store(error.message));
+        return Err(match error.code() {
+            ctxsync_proto::v1::store_error::Code::AlreadyExists => {
+                AgentCommandError::Exists(error.message)
+            }
+            _ => AgentCommandError::Store(error.message),
+        });
     }
     Ok(Registered {
         agent_id: reply.agent_id,
         token,
     })
+}
+
+/// What `register --token-file` does when the agent exists already.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum IfExists {
+    /// Refuse (nothing is written).
+    Fail,
+    /// Keep the agent: reuse the token file when it holds the agent's valid
+    /// token, otherwise give the agent a new token (written to the file).
+    Keep,
+    /// Give the existing agent a new token; the old one stops working.
+    Rotate,
+}
+
+/// What `register --token-file` did.
+#[derive(Debug, serde::Serialize)]
+pub struct RegisteredToFile {
+    pub agent_id: String,
+    pub token_file: String,
+    /// `registered`, `kept` (the file's token was valid) or `rotated`.
+    pub outcome: &'static str,
+}
+
+fn token_file_error(path: &Path, reason: impl std::fmt::Display) -> AgentCommandError {
+    AgentCommandError::TokenFile {
+        path: path.display().to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+/// Writes the token next to `path` and renames it into place (mode 0600), so
+/// the file holds either the old token or the whole new one, never less.
+fn write_token_file(path: &Path, token: &str) -> Result<(), AgentCommandError> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let temporary = dir.join(format!(
+        ".{}.{}.tmp",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("token"),
+        std::process::id()
+    ));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&temporary)
+        .and_then(|mut file| {
+            file.write_all(token.as_bytes())?;
+            file.sync_all()
+        })
+        .and_then(|()| std::fs::rename(&temporary, path));
+    if let Err(error) = written {
+        let _ = std::fs::remove_file(&temporary);
+        return Err(token_file_error(path, error));
+    }
+    Ok(())
+}
+
+/// The agent the token in `path` belongs to, if the file holds a valid token
+/// of the agent named `tenant/workspace/name`.
+async fn valid_token_in(
+    nats: &async_nats::Client,
+    subjects: &Subjects,
+    timeout: Duration,
+    path: &Path,
+    (tenant, workspace, name): (&str, &str, &str),
+) -> Result<Option<String>, AgentCommandError> {
+    let token = match std::fs::read_to_string(path) {
+        Ok(token) => token.trim().to_owned(),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(error) => return Err(token_file_error(path, error)),
+    };
+    if token.is_empty() {
+        return Ok(None);
+    }
+    let reply: AuthenticateAgentReply = rpc::request(
+        nats,
+        subjects.store_authenticate_agent(),
+        &AuthenticateAgentRequest {
+            token_sha256: sha2::Sha256::digest(token.as_bytes()).to_vec(),
+        },
+        None,
+        timeout,
+    )
+    .await?;
+    if let Some(error) = reply.error {
+        return Err(AgentCommandError::Store(error.message));
+    }
+    if reply.agent_id.is_empty() {
+        return Ok(None);
+    }
+    let state = show(nats, subjects, timeout, &reply.agent_id).await?;
+    let agent = state.agent.unwrap_or_default();
+    let same = (
+        agent.tenant.as_str(),
+        agent.workspace.as_str(),
+        agent.name.as_str(),
+    ) == (tenant, workspace, name);
+    Ok(same.then_some(reply.agent_id))
+}
+
+/// `register --token-file`: the token goes to `path`, never to the output.
+/// Checks the file can be written before anything is registered.
+#[allow(clippy::too_many_arguments)]
+pub async fn register_to_file(
+    nats: &async_nats::Client,
+    subjects: &Subjects,
+    timeout: Duration,
+    tenant: &str,
+    workspace: &str,
+    name: &str,
+    path: &Path,
+    if_exists: IfExists,
+) -> Result<RegisteredToFile, AgentCommandError> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if !dir.is_dir() {
+        return Err(token_file_error(path, "its directory does not exist"));
+    }
+    if path.is_dir() {
+        return Err(token_file_error(path, "is a directory"));
+    }
+    let done = |agent_id: String, outcome| RegisteredToFile {
+        agent_id,
+        token_file: path.display().to_string(),
+        outcome,
+    };
+    let who = (tenant, workspace, name);
+    if if_exists == IfExists::Keep
+        && let Some(agent_id) = valid_token_in(nats, subjects, timeout, path, who).await?
+    {
+        return Ok(done(agent_id, "kept"));
+    }
+    match register(nats, subjects, timeout, tenant, workspace, name).await {
+        Ok(registered) => {
+            write_token_file(path, &registered.token)?;
+            Ok(done(registered.agent_id, "registered"))
+        }
+        Err(AgentCommandError::Exists(message)) if if_exists == IfExists::Fail => {
+            Err(AgentCommandError::Exists(format!(
+                "{message} (--if-exists keep reuses it, --if-exists rotate gives it a new token)"
+            )))
+        }
+        Err(AgentCommandError::Exists(_)) => {
+            let token = new_token();
+            let reply: RotateAgentTokenReply = rpc::request(
+                nats,
+                subjects.store_rotate_agent_token(),
+                &RotateAgentTokenRequest {
+                    tenant: tenant.into(),
+                    workspace: workspace.into(),
+                    name: name.into(),
+                    token_sha256: sha2::Sha256::digest(token.as_bytes()).to_vec(),
+                },
+                None,
+                timeout,
+            )
+            .await?;
+            if let Some(error) = reply.error {
+                return Err(AgentCommandError::Store(error.message));
+            }
+            write_token_file(path, &token)?;
+            Ok(done(reply.agent_id, "rotated"))
+        }
+        Err(error) => Err(error),
+    }
 }
 
 pub async fn show(

@@ -50,7 +50,8 @@ enum Command {
 
 #[derive(Subcommand)]
 enum AgentCommand {
-    /// Register an agent and print its id and token (the token is shown only once).
+    /// Register an agent and print its id and token (the token is shown only
+    /// once), or write the token to --token-file.
     Register {
         #[arg(long)]
         tenant: String,
@@ -58,7 +59,16 @@ enum AgentCommand {
         workspace: String,
         #[arg(long)]
         name: String,
-        /// Print `{"agent_id": ..., "token": ...}`.
+        /// Write the token to this file (mode 0600, replaced atomically)
+        /// instead of printing it.
+        #[arg(long)]
+        token_file: Option<std::path::PathBuf>,
+        /// With --token-file, when the agent exists already: fail, keep it
+        /// (reuse the file's valid token, else give it a new one), or rotate
+        /// (always a new token).
+        #[arg(long, value_enum, default_value = "fail", requires = "token_file")]
+        if_exists: ctxsync_cli::agent::IfExists,
+        /// Print JSON.
         #[arg(long)]
         json: bool,
     },
@@ -185,7 +195,36 @@ async fn agent(connection: Connection, command: AgentCommand) -> anyhow::Result<
             tenant,
             workspace,
             name,
+            token_file: Some(token_file),
+            if_exists,
             json,
+        } => {
+            let registered = ctxsync_cli::agent::register_to_file(
+                &nats.client,
+                &subjects,
+                timeout,
+                &tenant,
+                &workspace,
+                &name,
+                &token_file,
+                if_exists,
+            )
+            .await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&registered)?);
+            } else {
+                println!("agent_id   {}", registered.agent_id);
+                println!("token_file {}", registered.token_file);
+                println!("outcome    {}", registered.outcome);
+            }
+        }
+        AgentCommand::Register {
+            tenant,
+            workspace,
+            name,
+            token_file: None,
+            json,
+            ..
         } => {
             let registered = ctxsync_cli::agent::register(
                 &nats.client,

@@ -109,3 +109,112 @@ async fn register_prints_id_and_token_once_and_show_prints_the_report() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("NATS_URL"));
     shutdown.cancel();
 }
+
+/// `register --token-file --if-exists`: what a second `docker compose up`
+/// runs. The token goes to the file (0600), never to the output; a valid
+/// token file keeps the agent; a lost one gets a new token, and the old
+/// token stops authenticating; `fail` refuses and leaves the file alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn register_to_a_token_file_is_idempotent() {
+    use std::os::unix::fs::PermissionsExt;
+    testkit::init_logs();
+    let nats = NatsServer::start();
+    let db = TestDatabase::create().await;
+    let prefix = testkit::unique_prefix();
+    let _store = snapshot_store::start(
+        snapshot_store::Config::new(CommonArgs::for_nats(nats.url(), &prefix), db.url()),
+        Shutdown::new(),
+    )
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("agent-token");
+    let file_arg = format!("--token-file={}", file.display());
+    let register = |if_exists: &str| {
+        ctxsync(
+            &nats,
+            &prefix,
+            &[
+                "agent",
+                "register",
+                "--tenant=demo",
+                "--workspace=demo",
+                "--name=demo-agent",
+                &file_arg,
+                &format!("--if-exists={if_exists}"),
+                "--json",
+            ],
+        )
+    };
+    let parse = |out: &std::process::Output| -> serde_json::Value {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+
+    let first = register("keep");
+    let first_json = parse(&first);
+    assert_eq!(first_json["outcome"], "registered");
+    let token = std::fs::read_to_string(&file).unwrap();
+    assert!(token.starts_with("cxs_"));
+    assert!(!String::from_utf8_lossy(&first.stdout).contains(&token));
+    let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let agent_id = first_json["agent_id"].as_str().unwrap().to_owned();
+
+    let again = parse(&register("keep"));
+    assert_eq!(again["outcome"], "kept");
+    assert_eq!(again["agent_id"], agent_id.as_str());
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), token);
+
+    let refused = register("fail");
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("already exists") && stderr.contains("--if-exists keep"),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), token);
+
+    std::fs::remove_file(&file).unwrap();
+    let rotated = parse(&register("keep"));
+    assert_eq!(rotated["outcome"], "rotated");
+    assert_eq!(rotated["agent_id"], agent_id.as_str());
+    let new_token = std::fs::read_to_string(&file).unwrap();
+    assert_ne!(new_token, token);
+    let pool = sqlx::PgPool::connect(db.url()).await.unwrap();
+    let stored: Vec<u8> =
+        sqlx::query_scalar("SELECT token_sha256 FROM snapshot.agents WHERE agent_id = $1::uuid")
+            .bind(&agent_id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    use sha2::Digest;
+    assert_eq!(stored, sha2::Sha256::digest(new_token.as_bytes()).to_vec());
+
+    // A directory that does not exist is refused before anything is registered.
+    let missing = dir.path().join("no-such-dir/token");
+    let out = ctxsync(
+        &nats,
+        &prefix,
+        &[
+            "agent",
+            "register",
+            "--tenant=demo",
+            "--workspace=demo",
+            "--name=other",
+            &format!("--token-file={}", missing.display()),
+        ],
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("its directory does not exist"));
+    let others: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM snapshot.agents WHERE name = 'other'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(others, 0);
+}

@@ -24,6 +24,12 @@ use uuid::Uuid;
 pub enum StoreError {
     #[error("agent {0} not found")]
     NotFound(Uuid),
+    #[error("no agent named {name:?} in {tenant}/{workspace}")]
+    NoSuchAgentName {
+        tenant: String,
+        workspace: String,
+        name: String,
+    },
     #[error("tenant key {0:?} not found")]
     KeyNotFound(String),
     #[error("a tenant key with this digest exists already: generate a new key")]
@@ -256,6 +262,41 @@ impl Store {
             });
         }
         Ok(agent_id)
+    }
+
+    /// Replaces the token of the agent named `tenant/workspace/name`.
+    pub async fn rotate_token(
+        &self,
+        tenant: &str,
+        workspace: &str,
+        name: &str,
+        token_sha256: &[u8],
+    ) -> Result<Uuid, StoreError> {
+        if token_sha256.len() != 32 {
+            return Err(StoreError::Invalid(ValidationError::Invalid {
+                field: "token_sha256".into(),
+                reason: format!("must be 32 bytes, got {}", token_sha256.len()),
+            }));
+        }
+        let row = sqlx::query(
+            "UPDATE snapshot.agents SET token_sha256 = $4
+             WHERE tenant = $1 AND workspace = $2 AND name = $3
+             RETURNING agent_id",
+        )
+        .bind(tenant)
+        .bind(workspace)
+        .bind(name)
+        .bind(token_sha256)
+        .fetch_optional(&self.pool)
+        .await?;
+        match row {
+            Some(row) => Ok(row.get("agent_id")),
+            None => Err(StoreError::NoSuchAgentName {
+                tenant: tenant.into(),
+                workspace: workspace.into(),
+                name: name.into(),
+            }),
+        }
     }
 
     pub async fn authenticate(&self, token_sha256: &[u8]) -> Result<Option<Uuid>, StoreError> {

@@ -139,7 +139,9 @@ impl RunningStore {
 
 fn error_reply(error: &StoreError) -> ProtoError {
     let code = match error {
-        StoreError::NotFound(_) | StoreError::KeyNotFound(_) => Code::NotFound,
+        StoreError::NotFound(_)
+        | StoreError::KeyNotFound(_)
+        | StoreError::NoSuchAgentName { .. } => Code::NotFound,
         StoreError::InvalidAgentId(_) | StoreError::Invalid(_) => Code::InvalidArgument,
         StoreError::AlreadyExists { .. } | StoreError::KeyExists => Code::AlreadyExists,
         StoreError::DeadlineExceeded => Code::DeadlineExceeded,
@@ -174,6 +176,7 @@ impl_reply!(
     UpdateStartupReply,
     StorePushReply,
     GetAgentStateReply,
+    ctxsync_proto::v1::RotateAgentTokenReply,
     ctxsync_proto::v1::CreateTenantKeyReply,
     ctxsync_proto::v1::ListTenantKeysReply,
     ctxsync_proto::v1::RevokeTenantKeyReply,
@@ -303,6 +306,30 @@ async fn serve_all(
         let s = s.clone();
         move |req: RegisterAgentRequest, _| register_agent(s.clone(), req)
     });
+    let rotate = endpoint(
+        nats,
+        subjects.store_rotate_agent_token(),
+        shutdown,
+        grace,
+        {
+            let s = s.clone();
+            move |req: ctxsync_proto::v1::RotateAgentTokenRequest, _| {
+                let s = s.clone();
+                async move {
+                    let result = s
+                        .rotate_token(&req.tenant, &req.workspace, &req.name, &req.token_sha256)
+                        .await;
+                    reply(result, |id| {
+                        tracing::info!(agent_id = %id, tenant = %req.tenant, workspace = %req.workspace, name = %req.name, "agent token rotated");
+                        ctxsync_proto::v1::RotateAgentTokenReply {
+                            agent_id: id.to_string(),
+                            error: None,
+                        }
+                    })
+                }
+            }
+        },
+    );
     let authenticate = endpoint(
         nats,
         subjects.store_authenticate_agent(),
@@ -340,6 +367,7 @@ async fn serve_all(
     });
     let mut servers = vec![
         register.await?,
+        rotate.await?,
         authenticate.await?,
         startup.await?,
         push.await?,

@@ -143,6 +143,8 @@ fn needs(s: &Subjects) -> BTreeMap<&'static str, Needs> {
             Needs {
                 publish: vec![
                     s.store_register_agent(),
+                    s.store_rotate_agent_token(),
+                    s.store_authenticate_agent(),
                     s.store_get_agent_state(),
                     s.store_tenant_key_create(),
                     s.store_tenant_key_list(),
