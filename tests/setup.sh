@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepares a machine to run the test suite: checks (and on Debian installs)
 # nats-server and PostgreSQL, starts Postgres if it is installed but stopped,
-# and installs the reference MCP servers. Safe to run again.
+# installs the reference MCP servers, and makes a Docker engine and the local
+# images of the compose test available. Safe to run again.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -41,4 +42,5 @@ fi
 
 bash "$here/mcp-servers/install.sh"
 bash "$here/deploy/install-tools.sh"
+bash "$here/docker/setup.sh"
 echo "test prerequisites ready" >&2
