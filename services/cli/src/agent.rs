@@ -19,7 +19,13 @@ use sha2::Digest;
 #[derive(Debug, thiserror::Error)]
 pub enum AgentCommandError {
     #[error(transparent)]
-    Rpc(#[from] rpc::RpcError),
+    Rpc(rpc::RpcError),
+    /// Nothing answers the store's subject: the operator's next step.
+    #[error(
+        "snapshot-store is not running (nothing answers on {subject}): start it (or `ctxsync up`), \
+         and check that NATS_URL and CTXSYNC_SUBJECT_PREFIX are the services' own"
+    )]
+    StoreNotRunning { subject: String },
     #[error("snapshot-store refused: {0}")]
     Store(String),
     #[error("snapshot-store refused: {0}")]
@@ -28,6 +34,15 @@ pub enum AgentCommandError {
     TokenFile { path: String, reason: String },
     #[error("{0}")]
     Invalid(String),
+}
+
+impl From<rpc::RpcError> for AgentCommandError {
+    fn from(error: rpc::RpcError) -> Self {
+        match error {
+            rpc::RpcError::NoResponders { subject } => Self::StoreNotRunning { subject },
+            error => Self::Rpc(error),
+        }
+    }
 }
 
 /// A new agent's id and its token (shown once; the store keeps only its hash).

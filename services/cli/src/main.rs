@@ -186,6 +186,18 @@ async fn main() -> anyhow::Result<()> {
 }
 
 async fn agent(connection: Connection, command: AgentCommand) -> anyhow::Result<()> {
+    // Validate, then act: a bad name is refused before anything is connected.
+    if let AgentCommand::Register {
+        tenant,
+        workspace,
+        name,
+        ..
+    } = &command
+    {
+        ctxsync_proto::ids::tenant(tenant).context("invalid --tenant")?;
+        ctxsync_proto::ids::name("workspace", workspace).context("invalid --workspace")?;
+        ctxsync_proto::ids::name("agent name", name).context("invalid --name")?;
+    }
     let subjects = ctxsync_proto::subjects::Subjects::new(&connection.subject_prefix)
         .context("invalid CTXSYNC_SUBJECT_PREFIX")?;
     let nats = ctxsync_runtime::nats::connect(&connection.nats_url, "ctxsync-cli").await?;

@@ -218,3 +218,50 @@ async fn register_to_a_token_file_is_idempotent() {
             .unwrap();
     assert_eq!(others, 0);
 }
+
+/// What an operator meets first: a bad name is refused before anything is
+/// connected (no NATS runs here at all), and `agent show` without a store
+/// says what to start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_names_and_a_missing_store_get_messages_that_say_what_to_do() {
+    testkit::init_logs();
+    let nats = NatsServer::start();
+    let prefix = testkit::unique_prefix();
+    let out = ctxsync(
+        &nats,
+        &prefix,
+        &[
+            "agent",
+            "register",
+            "--tenant",
+            "bad tenant",
+            "--workspace",
+            "w",
+            "--name",
+            "n",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("invalid --tenant")
+            && stderr.contains("must be 1 to 64 characters of letters, digits, '-' or '_'"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("store the token"), "{stderr}");
+    assert!(out.stdout.is_empty());
+
+    let out = ctxsync(
+        &nats,
+        &prefix,
+        &["agent", "show", "51e7ad71-5c05-47f8-924f-ec320f745c17"],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "snapshot-store is not running (nothing answers on {prefix}.store.agent.get): start it"
+        )),
+        "{stderr}"
+    );
+}
