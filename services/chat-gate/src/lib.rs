@@ -244,7 +244,9 @@ fn apply_events(
         let _span = continue_trace(tracing::info_span!("gate.discovery"), trace.as_ref()).entered();
         match DiscoveryChanged::decode(message.payload) {
             Ok(event) => {
-                tracing::info!(
+                // Every replica sees every event: one line per event and
+                // replica is chatter at INFO (the store logs the commit once).
+                tracing::debug!(
                     agent_id = %event.agent_id,
                     trace_id = trace.map(|t| t.trace_id()).unwrap_or_default(),
                     phase = event.phase().as_str_name(),
