@@ -74,10 +74,12 @@ impl Sanitizer {
     ) -> Sanitizer {
         let mut secrets = BTreeSet::new();
         for (name, value) in inherited {
-            if is_secret_env_name(&name) {
-                add_value(&mut secrets, &value);
-            } else if !is_harmless_env_name(&name) && value.trim().len() >= MIN_INHERITED_SECRET_LEN
-            {
+            // A secret-looking name is a secret from MIN_SECRET_LEN bytes
+            // (filtered when the matcher is built), any other name from
+            // MIN_INHERITED_SECRET_LEN unless it is a well-known system variable.
+            let secret = is_secret_env_name(&name)
+                || (!is_harmless_env_name(&name) && value.trim().len() >= MIN_INHERITED_SECRET_LEN);
+            if secret {
                 add_value(&mut secrets, &value);
             }
         }
