@@ -20,7 +20,7 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let args = ctxsync_runtime::args::parse::<Args>();
     let args_config_path = args.catalog.config.clone();
     let _telemetry = ctxsync_runtime::telemetry::init_service("catalog", &args.common)?;
     let config = args

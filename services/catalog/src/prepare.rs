@@ -239,7 +239,12 @@ impl Core {
             match store::load_pins(&self.pool, tenant, session_id).await {
                 Ok(Some(_)) => return self.follow_up(tenant, session_id, started).await,
                 Ok(None) => {}
-                Err(e) => return internal(format!("cannot read the session's pins: {e}")),
+                Err(e) => {
+                    return internal(format!(
+                        "cannot read the session's pins: {}",
+                        ctxsync_runtime::db::describe(&e)
+                    ));
+                }
             }
         }
 
@@ -285,8 +290,11 @@ impl Core {
             // A concurrent request prepared the session first.
             Ok(None) => return self.follow_up(tenant, session_id, started).await,
             Err(e) => {
-                tracing::error!(%tenant, error = %e, "preparation not committed");
-                return internal(format!("cannot store the preparation: {e}"));
+                tracing::error!(%tenant, error = %ctxsync_runtime::db::describe(&e), "preparation not committed");
+                return internal(format!(
+                    "cannot store the preparation: {}",
+                    ctxsync_runtime::db::describe(&e)
+                ));
             }
         };
         for (server, outcome) in servers.iter().zip(&outcomes) {
@@ -472,7 +480,12 @@ impl Core {
         let pins = match store::load_pins(&self.pool, tenant, session_id).await {
             Ok(Some(pins)) => pins,
             Ok(None) => return internal("the session's pins vanished".to_owned()),
-            Err(e) => return internal(format!("cannot read the session's pins: {e}")),
+            Err(e) => {
+                return internal(format!(
+                    "cannot read the session's pins: {}",
+                    ctxsync_runtime::db::describe(&e)
+                ));
+            }
         };
         let duration = started.elapsed();
         let event = NewEvent {
@@ -489,9 +502,13 @@ impl Core {
         match self.pool.acquire().await {
             Ok(mut conn) => match store::insert_events(&mut conn, vec![event]).await {
                 Ok(written) => self.publish(&written).await,
-                Err(e) => tracing::warn!(error = %e, "cannot record a follow-up preparation"),
+                Err(e) => {
+                    tracing::warn!(error = %ctxsync_runtime::db::describe(&e), "cannot record a follow-up preparation")
+                }
             },
-            Err(e) => tracing::warn!(error = %e, "cannot record a follow-up preparation"),
+            Err(e) => {
+                tracing::warn!(error = %ctxsync_runtime::db::describe(&e), "cannot record a follow-up preparation")
+            }
         }
         CatalogPrepareReply {
             pins: pins

@@ -26,7 +26,7 @@ pub enum Error {
     Config(#[from] ctxsync_runtime::config::ConfigError),
     #[error(transparent)]
     Db(#[from] db::DbError),
-    #[error("cannot apply the catalog schema migrations: {0}")]
+    #[error("cannot apply the catalog schema migrations: {}", db::describe_migrate(.0))]
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error(transparent)]
     Nats(#[from] nats::NatsConnectError),

@@ -276,7 +276,10 @@ impl Core {
             Err(e) => {
                 return call_error(
                     codes::INTERNAL,
-                    format!("cannot read the session's pins: {e}"),
+                    format!(
+                        "cannot read the session's pins: {}",
+                        ctxsync_runtime::db::describe(&e)
+                    ),
                 );
             }
         };
@@ -743,7 +746,7 @@ impl Core {
                 self.publish(&written).await;
             }
             Err(e) => {
-                tracing::error!(error = %e, server = server.id(), "cannot store call-time events")
+                tracing::error!(error = %ctxsync_runtime::db::describe(&e), server = server.id(), "cannot store call-time events")
             }
         }
     }
@@ -756,7 +759,9 @@ impl Core {
         .await;
         match written {
             Ok(written) => self.publish(&written).await,
-            Err(e) => tracing::warn!(error = %e, "cannot store call events"),
+            Err(e) => {
+                tracing::warn!(error = %ctxsync_runtime::db::describe(&e), "cannot store call events")
+            }
         }
     }
 

@@ -119,7 +119,7 @@ enum KeyCommand {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let cli = ctxsync_runtime::args::parse::<Cli>();
     match cli.command {
         Command::Up(args) => {
             ctxsync_runtime::telemetry::init(ctxsync_runtime::LogFormat::Text, &args.log_filter)?;
@@ -141,12 +141,18 @@ async fn main() -> anyhow::Result<()> {
         Command::Migrate { database } => {
             ctxsync_runtime::telemetry::init(ctxsync_runtime::LogFormat::Text, "warn")?;
             let pool = ctxsync_runtime::db::connect(&database).await?;
-            snapshot_store::Store::migrate(&pool)
-                .await
-                .context("snapshot schema migrations failed")?;
-            catalog::store::migrate(&pool)
-                .await
-                .context("catalog schema migrations failed")?;
+            snapshot_store::Store::migrate(&pool).await.map_err(|e| {
+                anyhow::anyhow!(
+                    "snapshot schema migrations failed: {}",
+                    ctxsync_runtime::db::describe_migrate(&e)
+                )
+            })?;
+            catalog::store::migrate(&pool).await.map_err(|e| {
+                anyhow::anyhow!(
+                    "catalog schema migrations failed: {}",
+                    ctxsync_runtime::db::describe_migrate(&e)
+                )
+            })?;
             println!("migrations applied: snapshot, catalog");
             Ok(())
         }
@@ -157,10 +163,15 @@ async fn main() -> anyhow::Result<()> {
         } => {
             ctxsync_runtime::telemetry::init(ctxsync_runtime::LogFormat::Text, "warn")?;
             let pool = ctxsync_runtime::db::connect(&database).await?;
-            catalog::store::migrate(&pool)
+            catalog::store::migrate(&pool).await.map_err(|e| {
+                anyhow::anyhow!(
+                    "catalog schema migrations failed: {}",
+                    ctxsync_runtime::db::describe_migrate(&e)
+                )
+            })?;
+            let report = catalog::latency::report(&pool, since)
                 .await
-                .context("catalog schema migrations failed")?;
-            let report = catalog::latency::report(&pool, since).await?;
+                .map_err(|e| anyhow::anyhow!("{}", ctxsync_runtime::db::describe(&e)))?;
             if json {
                 println!("{}", report.render_json());
             } else {

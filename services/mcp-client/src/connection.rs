@@ -20,7 +20,10 @@ use crate::text::clean_text;
 use crate::{McpError, ServerInfo, ServerSpec, ToolDecl, TransportSpec};
 
 /// How much of a stdio server's stderr is kept for error messages (the tail).
-pub const STDERR_TAIL_BYTES: usize = 4096;
+/// Far more than an error text holds ([`crate::MAX_SANITIZED_LEN`]): the
+/// sanitizer must see every secret whole before the text is cut, so the cut
+/// happens after it (it keeps the end of the stderr), never here.
+pub const STDERR_TAIL_BYTES: usize = 64 * 1024;
 /// After stdin is closed, how long a server gets to exit before SIGTERM, and
 /// after SIGTERM before SIGKILL.
 const EXIT_GRACE: Duration = Duration::from_secs(2);
@@ -485,13 +488,17 @@ impl Drop for ServerProcess {
 /// The last [`STDERR_TAIL_BYTES`] of a child's stderr, read by a background task.
 struct StderrTail {
     buffer: Arc<Mutex<Vec<u8>>>,
+    /// Whether the start of the output was dropped to keep the window.
+    dropped: Arc<std::sync::atomic::AtomicBool>,
     reader: Option<JoinHandle<()>>,
 }
 
 impl StderrTail {
     fn capture(mut stderr: ChildStderr) -> Self {
         let buffer = Arc::new(Mutex::new(Vec::new()));
+        let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let sink = buffer.clone();
+        let dropped_flag = dropped.clone();
         let reader = tokio::spawn(async move {
             let mut chunk = [0u8; 1024];
             while let Ok(n) = stderr.read(&mut chunk).await {
@@ -500,14 +507,18 @@ impl StderrTail {
                 }
                 let mut buffer = sink.lock().expect("stderr buffer lock");
                 buffer.extend_from_slice(&chunk[..n]);
-                if buffer.len() > STDERR_TAIL_BYTES {
+                // Trimmed at twice the window, so a chatty server costs one
+                // move per window of output, not one per read.
+                if buffer.len() > 2 * STDERR_TAIL_BYTES {
                     let excess = buffer.len() - STDERR_TAIL_BYTES;
                     buffer.drain(..excess);
+                    dropped_flag.store(true, std::sync::atomic::Ordering::Relaxed);
                 }
             }
         });
         StderrTail {
             buffer,
+            dropped,
             reader: Some(reader),
         }
     }
@@ -522,9 +533,22 @@ impl StderrTail {
 
     fn tail(&self) -> String {
         let buffer = self.buffer.lock().expect("stderr buffer lock");
-        // The cut may split a UTF-8 sequence: lossy decoding drops the fragment.
+        let mut kept: &[u8] = &buffer[buffer.len().saturating_sub(STDERR_TAIL_BYTES)..];
+        if buffer.len() > STDERR_TAIL_BYTES
+            || self.dropped.load(std::sync::atomic::Ordering::Relaxed)
+        {
+            // The window's first line lost its start: a secret cut there would
+            // pass the sanitizer as a fragment, so the partial line goes.
+            kept = match kept.iter().position(|&b| b == b'\n') {
+                Some(newline) => &kept[newline + 1..],
+                None => match kept.iter().position(u8::is_ascii_whitespace) {
+                    Some(space) => &kept[space + 1..],
+                    None => &[],
+                },
+            };
+        }
         // A server may write anything to stderr, NUL and terminal colours included.
-        clean_text(String::from_utf8_lossy(&buffer).trim())
+        clean_text(String::from_utf8_lossy(kept).trim())
             .trim()
             .to_string()
     }

@@ -24,7 +24,10 @@ use sha2::{Digest, Sha256};
 
 pub use connection::{CallOutcome, ConnectOptions, Connection, STDERR_TAIL_BYTES};
 pub use error::McpError;
-pub use sanitize::{MAX_SANITIZED_LEN, MIN_SECRET_LEN, REDACTED, Sanitizer, is_secret_env_name};
+pub use sanitize::{
+    MAX_SANITIZED_LEN, MIN_INHERITED_SECRET_LEN, MIN_SECRET_LEN, REDACTED, Sanitizer,
+    is_harmless_env_name, is_secret_env_name, process_env,
+};
 pub use spec::{ServerInfo, ServerSpec, ToolDecl, TransportKind, TransportSpec};
 pub use text::{clean_string, clean_text};
 

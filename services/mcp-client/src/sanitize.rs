@@ -1,13 +1,22 @@
 //! Error sanitizer (DESIGN §3): removes everything a server process could have
 //! seen of its configuration from an error text before it leaves the process.
 //!
+//! Secrets are found by VALUE, not by name: a server that echoes its whole
+//! environment on failure must not leak a variable whose name looks harmless.
 //! What is replaced with `[redacted]`:
 //! * the values of the server's configured env;
-//! * inherited env values whose names look secret (see [`is_secret_env_name`]);
+//! * the values of the inherited environment (what the server process also
+//!   sees): every value of at least [`MIN_INHERITED_SECRET_LEN`] bytes, and of
+//!   at least [`MIN_SECRET_LEN`] bytes when the name looks secret
+//!   ([`is_secret_env_name`]). Only the well-known system variables listed in
+//!   [`is_harmless_env_name`] (`PATH`, `HOME`, `LANG`, `TERM`, …) are kept:
+//!   their values are not secrets and appear in useful errors (paths);
 //! * header values, and for `Scheme credential` values (`Bearer x`, `Basic x`)
 //!   the credential alone; a `Basic` credential's decoded `user:password` too;
-//! * stdio arguments that are not flags, and the value of `--flag=value`
-//!   (the command itself is kept: it names what failed);
+//! * stdio arguments that are not flags (so `--token M` and `-p M`), the value
+//!   of `--flag=value` and `-f=value`, and a short flag's attached value
+//!   (`-pSECRET`, as getopt reads it); the command itself is kept: it names
+//!   what failed;
 //! * of the configured URL: userinfo, path and query (scheme, host and port stay);
 //! * of any URL found in the text: userinfo, path, query and fragment.
 //!
@@ -16,7 +25,10 @@
 //! Matching is leftmost-longest over all values at once, so a longer secret
 //! wins over a secret it contains and replacements are never re-matched.
 //! Control characters are cleaned ([`crate::clean_text`]) and the result is
-//! capped at [`MAX_SANITIZED_LEN`] bytes on a char boundary.
+//! capped at [`MAX_SANITIZED_LEN`] bytes on a char boundary, AFTER every
+//! secret was replaced (a cut never leaves a fragment of a secret). A long
+//! text with a server's stderr (`…; stderr: …`) keeps its head and the END of
+//! the stderr, the part that says why the server stopped.
 
 use std::collections::BTreeSet;
 
@@ -29,9 +41,16 @@ use crate::{ServerSpec, TransportSpec};
 pub const REDACTED: &str = "[redacted]";
 /// Values shorter than this (in bytes) are left alone.
 pub const MIN_SECRET_LEN: usize = 4;
+/// Inherited env values whose name does not look secret are redacted from
+/// this length on (in bytes): shorter ones (`1`, `true`, `info`, `0.1.0`)
+/// are settings, and replacing them everywhere would shred every text.
+pub const MIN_INHERITED_SECRET_LEN: usize = 8;
 /// Maximum length of a sanitized text, in bytes.
 pub const MAX_SANITIZED_LEN: usize = 4096;
 const TRUNCATED_MARK: &str = " [truncated]";
+const TRUNCATED_START: &str = "[truncated] ";
+/// Where a server's stderr starts in an error text ([`crate::McpError`]).
+const STDERR_MARK: &str = "; stderr: ";
 
 /// Sanitizes error texts of one server. Cheap to reuse; build once per server.
 #[derive(Clone, Debug)]
@@ -41,10 +60,10 @@ pub struct Sanitizer {
 }
 
 impl Sanitizer {
-    /// A sanitizer for `spec` that also treats this process's secret-looking
-    /// environment values as secrets.
+    /// A sanitizer for `spec` that also treats this process's environment
+    /// values (which the server inherits) as secrets.
     pub fn for_server(spec: &ServerSpec) -> Sanitizer {
-        Self::with_inherited_env(spec, std::env::vars())
+        Self::with_inherited_env(spec, process_env())
     }
 
     /// A sanitizer for `spec` with an explicit inherited environment (tests,
@@ -55,7 +74,12 @@ impl Sanitizer {
     ) -> Sanitizer {
         let mut secrets = BTreeSet::new();
         for (name, value) in inherited {
-            if is_secret_env_name(&name) {
+            // A secret-looking name is a secret from MIN_SECRET_LEN bytes
+            // (filtered when the matcher is built), any other name from
+            // MIN_INHERITED_SECRET_LEN unless it is a well-known system variable.
+            let secret = is_secret_env_name(&name)
+                || (!is_harmless_env_name(&name) && value.trim().len() >= MIN_INHERITED_SECRET_LEN);
+            if secret {
                 add_value(&mut secrets, &value);
             }
         }
@@ -127,6 +151,41 @@ impl Sanitizer {
     }
 }
 
+/// This process's environment; variables that are not UTF-8 cannot appear
+/// in a UTF-8 error text as they are, and are skipped.
+pub fn process_env() -> impl Iterator<Item = (String, String)> {
+    std::env::vars_os()
+        .filter_map(|(name, value)| Some((name.into_string().ok()?, value.into_string().ok()?)))
+}
+
+/// Well-known system variables whose values are not secrets (paths, locale,
+/// terminal): kept in error texts, where they make paths readable. Anything
+/// else inherited is a secret from [`MIN_INHERITED_SECRET_LEN`] bytes on.
+pub fn is_harmless_env_name(name: &str) -> bool {
+    const NAMES: &[&str] = &[
+        "PATH",
+        "HOME",
+        "PWD",
+        "OLDPWD",
+        "SHELL",
+        "USER",
+        "LOGNAME",
+        "LANG",
+        "LANGUAGE",
+        "TERM",
+        "COLORTERM",
+        "TERM_PROGRAM",
+        "TZ",
+        "TMPDIR",
+        "TMP",
+        "TEMP",
+        "HOSTNAME",
+        "SHLVL",
+        "_",
+    ];
+    NAMES.contains(&name) || name.starts_with("LC_")
+}
+
 /// Whether an inherited env var's name says its value is a secret.
 pub fn is_secret_env_name(name: &str) -> bool {
     let name = name.to_ascii_uppercase();
@@ -167,11 +226,20 @@ fn add_value(secrets: &mut BTreeSet<String>, value: &str) {
 }
 
 fn add_arg(secrets: &mut BTreeSet<String>, arg: &str) {
-    if let Some(flag) = arg.strip_prefix('-') {
-        // `--flag=value` / `-f=value`: the value is secret, the flag name is not.
-        if let Some((_, value)) = flag.split_once('=') {
+    if let Some(long) = arg.strip_prefix("--") {
+        // `--flag=value`: the value is secret, the flag name is not.
+        if let Some((_, value)) = long.split_once('=') {
             add_value(secrets, value);
         }
+        return;
+    }
+    if let Some(short) = arg.strip_prefix('-') {
+        // `-f=value` and `-fvalue` (getopt's attached value): whatever follows
+        // the letter. Bundled switches (`-xvf`) are short and stay readable.
+        let mut chars = short.chars();
+        chars.next();
+        let rest = chars.as_str();
+        add_value(secrets, rest.strip_prefix('=').unwrap_or(rest));
         return;
     }
     add_value(secrets, arg);
@@ -323,11 +391,35 @@ fn scrub_url(candidate: &str) -> String {
     out
 }
 
-fn cap(mut text: String) -> String {
+/// Caps an already redacted text at [`MAX_SANITIZED_LEN`]: the head of the
+/// text, or, when it carries a server's stderr, the head of the message (at
+/// most half) and the end of the stderr.
+fn cap(text: String) -> String {
     if text.len() <= MAX_SANITIZED_LEN {
         return text;
     }
-    let mut cut = MAX_SANITIZED_LEN - TRUNCATED_MARK.len();
+    let Some(at) = text.find(STDERR_MARK) else {
+        return cap_head(text, MAX_SANITIZED_LEN);
+    };
+    let stderr_at = at + STDERR_MARK.len();
+    let head = cap_head(text[..stderr_at].to_owned(), MAX_SANITIZED_LEN / 2);
+    let budget = MAX_SANITIZED_LEN - head.len() - TRUNCATED_START.len();
+    let stderr = &text[stderr_at..];
+    if stderr.len() <= budget {
+        return head + stderr;
+    }
+    let mut cut = stderr.len() - budget;
+    while !stderr.is_char_boundary(cut) {
+        cut += 1;
+    }
+    format!("{head}{TRUNCATED_START}{}", &stderr[cut..])
+}
+
+fn cap_head(mut text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
+    }
+    let mut cut = max - TRUNCATED_MARK.len();
     while !text.is_char_boundary(cut) {
         cut -= 1;
     }
@@ -409,6 +501,91 @@ mod tests {
             out,
             "[redacted] [redacted] [redacted] [redacted] [redacted] [redacted] [redacted] /home/someone abc"
         );
+    }
+
+    #[test]
+    fn inherited_values_are_redacted_by_value_whatever_their_name() {
+        let inherited = [
+            ("HARMLESS_LOOKING", "plain-value-secret"),
+            ("MODE", "short"),
+            ("PATH", "/usr/local/bin:/usr/bin"),
+            ("HOME", "/home/someone-else"),
+            ("LC_ALL", "en_US.UTF-8"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()));
+        let s = Sanitizer::with_inherited_env(&stdio(&[], &[]), inherited);
+        assert_eq!(
+            s.sanitize("env: HARMLESS_LOOKING=plain-value-secret MODE=short"),
+            "env: HARMLESS_LOOKING=[redacted] MODE=short"
+        );
+        assert_eq!(
+            s.sanitize(
+                "no such file: /home/someone-else/bin/x (PATH /usr/local/bin:/usr/bin, en_US.UTF-8)"
+            ),
+            "no such file: /home/someone-else/bin/x (PATH /usr/local/bin:/usr/bin, en_US.UTF-8)"
+        );
+    }
+
+    #[test]
+    fn short_flag_values_are_redacted_attached_separate_or_with_equals() {
+        let s = Sanitizer::with_inherited_env(
+            &stdio(
+                &[
+                    "-pattached-secret",
+                    "-k=equals-secret",
+                    "-u",
+                    "separate-secret",
+                    "-xvf",
+                ],
+                &[],
+            ),
+            no_env(),
+        );
+        assert_eq!(
+            s.sanitize("args -pattached-secret -k=equals-secret -u separate-secret -xvf"),
+            "args -p[redacted] -k=[redacted] -u [redacted] -xvf"
+        );
+        assert_eq!(
+            s.sanitize("password attached-secret"),
+            "password [redacted]"
+        );
+    }
+
+    #[test]
+    fn a_long_stderr_is_redacted_before_it_is_cut_and_keeps_its_end() {
+        let secret = "SECRET-HEAD-SECRET-TAIL";
+        let s = Sanitizer::with_inherited_env(&stdio(&[], &[("A", secret)]), no_env());
+        // Wherever the cut falls relative to the secret, no part of it survives.
+        for shift in 0..secret.len() + 2 {
+            let stderr = format!(
+                "{}{secret}{} the end",
+                "a".repeat(3000 + shift),
+                "b".repeat(MAX_SANITIZED_LEN / 2)
+            );
+            let out = s.sanitize(&format!("handshake failed: closed{STDERR_MARK}{stderr}"));
+            assert!(out.len() <= MAX_SANITIZED_LEN, "{}", out.len());
+            assert!(out.starts_with("handshake failed: closed; stderr: [truncated] "));
+            assert!(out.ends_with("bbb the end"), "the end of the stderr stays");
+            for fragment in ["HEAD", "TAIL", "T-H", "RET"] {
+                assert!(
+                    !out.contains(fragment),
+                    "{fragment} leaked at shift {shift}"
+                );
+            }
+        }
+        // A message longer than half the cap leaves room for the stderr's end.
+        let out = s.sanitize(&format!(
+            "{}{STDERR_MARK}{}z",
+            "m".repeat(5000),
+            "e".repeat(5000)
+        ));
+        assert!(out.len() <= MAX_SANITIZED_LEN);
+        assert!(
+            out.contains(" [truncated][truncated] "),
+            "{}",
+            &out[2000..2100]
+        );
+        assert!(out.ends_with("eez"));
     }
 
     #[test]

@@ -1,4 +1,7 @@
-//! Postgres pool setup with a startup error that names DATABASE_URL.
+//! Postgres pool setup with a startup error that names DATABASE_URL, and
+//! the one way a Postgres error becomes text ([`describe`]): the SQLSTATE
+//! code and the server's message, never the server's internals (sqlx's
+//! `Display` appends the server's source line, `at line 768`).
 
 use std::time::Duration;
 
@@ -9,10 +12,64 @@ use crate::DatabaseArgs;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {
+    #[error("invalid DATABASE_URL {url:?}: {reason}")]
+    InvalidUrl { url: String, reason: String },
     #[error("cannot connect to Postgres at {url} (DATABASE_URL): {reason}")]
     Connect { url: String, reason: String },
-    #[error("cannot apply database migrations: {0}")]
+    #[error("cannot apply database migrations: {}", describe_migrate(.0))]
     Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+/// An error of sqlx as operators see it: for an error the server returned,
+/// its message and SQLSTATE code only (no source file, line or routine of
+/// the server); for anything else, sqlx's own text.
+pub fn describe(error: &sqlx::Error) -> String {
+    match error {
+        sqlx::Error::Database(db) => match db.code() {
+            Some(code) => format!("{} (SQLSTATE {code})", db.message()),
+            None => db.message().to_owned(),
+        },
+        other => other.to_string(),
+    }
+}
+
+/// [`describe`] for a migration error.
+pub fn describe_migrate(error: &sqlx::migrate::MigrateError) -> String {
+    use sqlx::migrate::MigrateError;
+    match error {
+        MigrateError::Execute(e) => format!("while executing migrations: {}", describe(e)),
+        MigrateError::ExecuteMigration(e, version) => {
+            format!("while executing migration {version}: {}", describe(e))
+        }
+        other => other.to_string(),
+    }
+}
+
+/// DATABASE_URL as it may be shown: no userinfo, no query (`?password=`).
+pub fn redact_url(url: &str) -> String {
+    let redacted = crate::nats::redact_url(url);
+    match redacted.split_once('?') {
+        Some((base, _)) => format!("{base}?[redacted]"),
+        None => redacted,
+    }
+}
+
+/// Refuses a DATABASE_URL that is not a Postgres URL before sqlx tries it
+/// (sqlx would speak the Postgres protocol to whatever answers).
+pub fn check_url(url: &str) -> Result<(), DbError> {
+    let invalid = |reason: String| DbError::InvalidUrl {
+        url: redact_url(url),
+        reason,
+    };
+    match url.split_once("://") {
+        Some(("postgres" | "postgresql", _)) => Ok(()),
+        Some((scheme, _)) => Err(invalid(format!(
+            "expected a postgres:// or postgresql:// URL, not {scheme}://"
+        ))),
+        None => Err(invalid(
+            "expected a postgres:// or postgresql:// URL".to_owned(),
+        )),
+    }
 }
 
 /// A transaction left open this long is ended by Postgres: a replica that
@@ -22,9 +79,10 @@ pub enum DbError {
 pub const IDLE_IN_TRANSACTION_TIMEOUT: &str = "15s";
 
 pub async fn connect(args: &DatabaseArgs) -> Result<PgPool, DbError> {
+    check_url(&args.database_url)?;
     let connect_error = |e: sqlx::Error| DbError::Connect {
-        url: crate::nats::redact_url(&args.database_url),
-        reason: e.to_string(),
+        url: redact_url(&args.database_url),
+        reason: describe(&e),
     };
     let options = args
         .database_url
@@ -46,8 +104,32 @@ pub async fn connect(args: &DatabaseArgs) -> Result<PgPool, DbError> {
         .acquire_timeout(Duration::from_secs(5))
         .connect_with(options)
         .await
-        .map_err(|e| DbError::Connect {
-            url: crate::nats::redact_url(&args.database_url),
-            reason: e.to_string(),
-        })
+        .map_err(connect_error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_postgres_urls_are_accepted_and_the_refusal_hides_credentials() {
+        for url in [
+            "postgres://u@h/db",
+            "postgresql://u:p@h:5432/db?sslmode=disable",
+        ] {
+            check_url(url).unwrap();
+        }
+        for (url, scheme) in [
+            ("mysql://root:hunter2-pw@db:3306/app", "mysql://"),
+            ("http://user:hunter2-pw@db/?password=hunter2-pw", "http://"),
+        ] {
+            let message = check_url(url).unwrap_err().to_string();
+            assert!(message.starts_with("invalid DATABASE_URL "), "{message}");
+            assert!(message.contains("expected a postgres:// or postgresql:// URL"));
+            assert!(message.contains(&format!("not {scheme}")), "{message}");
+            assert!(!message.contains("hunter2"), "{message}");
+        }
+        let message = check_url("db.internal:5432").unwrap_err().to_string();
+        assert!(message.contains("DATABASE_URL"), "{message}");
+    }
 }

@@ -2,6 +2,7 @@
 //! setup, graceful shutdown, the NATS connection, protobuf request/reply over
 //! NATS, and the operator HTTP endpoints (`/healthz`, `/readyz`, `/metrics`).
 
+pub mod args;
 pub mod config;
 pub mod db;
 pub mod http;

@@ -1,4 +1,5 @@
-//! `tracing` setup: text or JSON lines on stderr, filtered by `CTXSYNC_LOG`;
+//! `tracing` setup: text or JSON lines on stderr, filtered by `CTXSYNC_LOG`
+//! (third-party crates that log credentials capped: [`QUIET_CRATES`]);
 //! and, when `--otlp-endpoint` is set, spans exported over OTLP/HTTP
 //! (protobuf, batched) carrying the trace ids the services log.
 
@@ -56,7 +57,7 @@ pub fn init_with(
     otlp: Option<Otlp>,
 ) -> Result<Telemetry, TelemetryError> {
     let env_filter =
-        EnvFilter::try_new(with_quiet_rmcp(filter)).map_err(|e| TelemetryError::Filter {
+        EnvFilter::try_new(with_quiet_crates(filter)).map_err(|e| TelemetryError::Filter {
             value: filter.to_owned(),
             reason: e.to_string(),
         })?;
@@ -183,16 +184,69 @@ pub fn continue_trace<'a>(
     span
 }
 
-/// rmcp logs transport failures with the full server URL (credentials,
-/// path and query included): it is silenced unless the operator names it.
-pub fn with_quiet_rmcp(filter: &str) -> String {
-    if filter.contains("rmcp") {
-        filter.to_owned()
-    } else if filter.trim().is_empty() {
-        "rmcp=off".to_owned()
-    } else {
-        format!("{filter},rmcp=off")
+/// Third-party crates whose verbose levels log credentials, and the most
+/// verbose level each keeps unless the operator's filter names it:
+/// * `rmcp` logs transport failures with the full server URL (credentials,
+///   path and query included) at every level: off;
+/// * `async_nats` logs the server address, password included, on every
+///   connect attempt at debug;
+/// * `sqlx`, `hyper`, `hyper_util`, `reqwest`, `h2`, `rustls` and `tower_http`
+///   log connection details, statements and headers at debug and below.
+pub const QUIET_CRATES: &[(&str, LevelFilter)] = &[
+    ("rmcp", LevelFilter::OFF),
+    ("async_nats", LevelFilter::INFO),
+    ("sqlx", LevelFilter::INFO),
+    ("hyper", LevelFilter::INFO),
+    ("hyper_util", LevelFilter::INFO),
+    ("reqwest", LevelFilter::INFO),
+    ("h2", LevelFilter::INFO),
+    ("rustls", LevelFilter::INFO),
+    ("tower_http", LevelFilter::INFO),
+];
+
+/// `filter` with every crate of [`QUIET_CRATES`] capped at its level, unless
+/// a directive of `filter` names it (`async_nats=debug`, `rmcp::transport`):
+/// then the operator chose. A cap is only added where the filter's default
+/// level is more verbose (`CTXSYNC_LOG=warn` stays warn for every crate).
+pub fn with_quiet_crates(filter: &str) -> String {
+    let directives: Vec<&str> = filter
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .collect();
+    let target_of = |directive: &str| -> Option<String> {
+        // `target[span{field}]=level`, `target=level`, `target` or `level`.
+        let head = directive.split('=').next().unwrap_or("");
+        let head = head.split('[').next().unwrap_or("").trim();
+        if head.is_empty() || (!directive.contains('=') && head.parse::<LevelFilter>().is_ok()) {
+            None
+        } else {
+            Some(head.to_owned())
+        }
+    };
+    // The most verbose level a directive without a target enables (the
+    // default level); EnvFilter's default without one is ERROR.
+    let default = directives
+        .iter()
+        .filter(|d| target_of(d).is_none())
+        .filter_map(|d| d.rsplit('=').next()?.trim().parse::<LevelFilter>().ok())
+        .max()
+        .unwrap_or(LevelFilter::ERROR);
+    let mut out = directives.join(",");
+    for (krate, cap) in QUIET_CRATES {
+        let named = directives
+            .iter()
+            .filter_map(|d| target_of(d))
+            .any(|target| target == *krate || target.starts_with(&format!("{krate}::")));
+        if named || default <= *cap {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push(',');
+        }
+        out.push_str(&format!("{krate}={}", cap.to_string().to_lowercase()));
     }
+    out
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -207,4 +261,49 @@ pub enum TelemetryError {
     Install(String),
     #[error("cannot export spans: {0}")]
     Flush(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credential_logging_crates_are_capped_unless_named() {
+        let debug = with_quiet_crates("debug");
+        for cap in [
+            "rmcp=off",
+            "async_nats=info",
+            "sqlx=info",
+            "hyper=info",
+            "reqwest=info",
+            "h2=info",
+            "rustls=info",
+        ] {
+            assert!(
+                debug.split(',').any(|d| d == cap),
+                "{cap} missing in {debug}"
+            );
+        }
+        assert!(debug.starts_with("debug,"), "{debug}");
+
+        // Named by the operator: the operator's choice stands.
+        let named = with_quiet_crates("debug,async_nats=debug,rmcp::transport=trace");
+        assert!(!named.contains("async_nats=info"), "{named}");
+        assert!(!named.contains("rmcp=off"), "{named}");
+        assert!(named.contains("sqlx=info"), "{named}");
+
+        // Quieter than a cap: nothing is raised.
+        assert_eq!(with_quiet_crates("warn"), "warn,rmcp=off");
+        assert_eq!(with_quiet_crates("info"), "info,rmcp=off");
+        assert_eq!(with_quiet_crates(""), "rmcp=off");
+        assert_eq!(
+            with_quiet_crates("ctxsync_runtime=debug"),
+            "ctxsync_runtime=debug,rmcp=off"
+        );
+        let trace = with_quiet_crates("info,catalog=trace,trace");
+        assert!(trace.contains("async_nats=info"), "{trace}");
+        for filter in [debug, named, trace] {
+            EnvFilter::try_new(&filter).unwrap_or_else(|e| panic!("{filter}: {e}"));
+        }
+    }
 }

@@ -44,7 +44,8 @@ pub enum StoreError {
         workspace: String,
         name: String,
     },
-    #[error("database error: {0}")]
+    /// Shown as SQLSTATE and message only ([`ctxsync_runtime::db::describe`]).
+    #[error("database error: {}", ctxsync_runtime::db::describe(.0))]
     Database(sqlx::Error),
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),

@@ -10,7 +10,7 @@ struct Cli {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let cli = ctxsync_runtime::args::parse::<Cli>();
     let _telemetry =
         ctxsync_runtime::telemetry::init_service("snapshot-store", &cli.config.common)?;
     let shutdown = ctxsync_runtime::shutdown::on_signals();

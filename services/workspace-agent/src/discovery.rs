@@ -255,7 +255,7 @@ impl Actor {
             .env
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
-            .chain(std::env::vars())
+            .chain(ctxsync_mcp::process_env())
             .collect();
         Sanitizer::with_inherited_env(&server.spec(), inherited)
     }

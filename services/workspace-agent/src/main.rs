@@ -92,20 +92,14 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let cli = ctxsync_runtime::args::parse::<Cli>();
     let inspect = matches!(cli.command, Some(Command::Inspect { .. }));
     let filter = cli
         .common
         .log_filter
         .clone()
         .unwrap_or_else(|| if inspect { "warn" } else { "info" }.to_owned());
-    // rmcp logs transport failures with the full request URL (credentials,
-    // path, query): silenced unless the operator asks for rmcp explicitly.
-    let filter = if filter.contains("rmcp") {
-        filter
-    } else {
-        format!("{filter},rmcp=off")
-    };
+    // Crates that log credentials (rmcp, async_nats, ...) are capped there.
     ctxsync_runtime::telemetry::init(cli.common.log_format, &filter)?;
     let settings = discovery_settings(&cli.common)?;
 

@@ -2,7 +2,7 @@
 //! reference servers.
 //!
 //! # The fixture binary
-//! `mcp-fixture --mode normal|slow-start|hang|crash|zero-tools|changing-tools|secret-error|crash-nul|nul-tools`
+//! `mcp-fixture --mode normal|slow-start|hang|crash|zero-tools|changing-tools|secret-error|crash-nul|nul-tools|echo-env-crash|secret-list-error`
 //! (every flag also an env var, `MCP_FIXTURE_*`):
 //! * `normal`: tools `echo {text}` and `add {a, b}`; `--page-size N` paginates `tools/list`;
 //! * `slow-start --delay-ms N`: sleeps before reading stdin;
@@ -17,6 +17,11 @@
 //!   to stderr, exits with status 3;
 //! * `nul-tools`: tools `echo` and `add` (as `normal`) whose descriptions hold NUL, other
 //!   control characters and terminal colours (and `echo`'s schema a NUL);
+//! * `echo-env-crash [--edge-var NAME]`: writes its whole environment (`NAME=value` lines)
+//!   and its args to stderr, then the value of `NAME` followed by filler so that the last
+//!   4 KiB of stderr start in its middle, and exits with status 3;
+//! * `secret-list-error`: completes the handshake, then rejects `tools/list` with what
+//!   `secret-error` echoes;
 //! * `--record-dir D`: see [`read_starts`] and [`live_pids`];
 //! * `--http 127.0.0.1:PORT`: streamable HTTP at `/mcp`; prints `http://ADDR/mcp` on stdout.
 //!

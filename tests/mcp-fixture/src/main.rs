@@ -42,6 +42,14 @@ enum Mode {
     /// Tools `echo` and `add` whose descriptions (and schema) hold NUL and
     /// other control characters.
     NulTools,
+    /// Writes its whole environment and its args to stderr, then (with
+    /// `--edge-var NAME`) the value of NAME followed by filler so that the
+    /// last 4 KiB of stderr start in the middle of it, and exits with status 3
+    /// before the handshake.
+    EchoEnvCrash,
+    /// Completes the handshake, then rejects `tools/list` with an error
+    /// echoing what `secret-error` echoes.
+    SecretListError,
 }
 
 #[derive(Debug, Parser)]
@@ -70,6 +78,9 @@ struct Args {
     /// A URL (with credentials) the secret-error mode pretends it called.
     #[arg(long, env = "MCP_FIXTURE_URL")]
     url: Option<String>,
+    /// echo-env-crash: the env var whose value ends up cut by a 4 KiB tail.
+    #[arg(long, env = "MCP_FIXTURE_EDGE_VAR")]
+    edge_var: Option<String>,
     /// Ignored positional arguments (echoed by secret-error).
     #[arg(trailing_var_arg = true)]
     rest: Vec<String>,
@@ -218,6 +229,11 @@ impl ServerHandler for Fixture {
         request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
+        if self.args.mode == Mode::SecretListError {
+            let message = self.secret_message();
+            eprintln!("mcp-fixture: {message}");
+            return Err(ErrorData::internal_error(message, None));
+        }
         let tools = self.tools()?;
         let page_size = self.args.page_size;
         if page_size == 0 {
@@ -341,6 +357,34 @@ async fn main() -> anyhow::Result<()> {
             let mut stderr = std::io::stderr();
             stderr
                 .write_all(b"mcp-fixture: \0\0bad \x1b[31mbytes\x1b[0m\x01 before failing\0\r\n")?;
+            stderr.flush()?;
+            drop(_recording);
+            std::process::exit(3);
+        }
+        Mode::EchoEnvCrash => {
+            use std::io::Write as _;
+            let mut stderr = std::io::stderr();
+            for (name, value) in std::env::vars_os() {
+                writeln!(
+                    stderr,
+                    "{}={}",
+                    name.to_string_lossy(),
+                    value.to_string_lossy()
+                )?;
+            }
+            writeln!(
+                stderr,
+                "args: {}",
+                std::env::args().collect::<Vec<_>>().join(" ")
+            )?;
+            if let Some(name) = &args.edge_var {
+                let value = std::env::var(name).unwrap_or_default();
+                // What follows the value is 4096 bytes less half of it: a
+                // 4 KiB tail starts in its middle.
+                let filler = 4096usize.saturating_sub(value.len().div_ceil(2) + 1);
+                writeln!(stderr, "{value}")?;
+                stderr.write_all(&b"x".repeat(filler))?;
+            }
             stderr.flush()?;
             drop(_recording);
             std::process::exit(3);
