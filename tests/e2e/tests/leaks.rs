@@ -345,9 +345,6 @@ async fn scenario(format: &str) {
         { "id": "fine", "transport": { "stdio": {
             "command": fixture_bin, "args": ["--mode", "normal"] } } },
     ]}]});
-    // [TENANT KEY] the lead adds the tenant key marker here: plant it with
-    // `markers.plant("tenant key")` (or `markers.found` for a generated key),
-    // and send the gate requests below with it.
 
     let workdir = tempfile::tempdir().unwrap();
     std::fs::write(
@@ -425,6 +422,20 @@ async fn scenario(format: &str) {
     let agent_id = registered["agent_id"].as_str().unwrap().to_owned();
     let token = registered["token"].as_str().unwrap().to_owned();
     markers.found("agent token", token.clone());
+    // The chat backend's tenant key, shown once, here (not searched); it
+    // then travels in every gate request's Authorization header.
+    let created = run(
+        ctxsync(&["tenant", "key", "create", "--tenant", "acme", "--json"]),
+        "ctxsync tenant key create",
+    );
+    assert!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    let created: Value = serde_json::from_slice(&created.stdout).unwrap();
+    let tenant_key = created["key"].as_str().unwrap().to_owned();
+    markers.found("tenant key", tenant_key.clone());
     let home = tempfile::tempdir().unwrap();
     let token_file = home.path().join("token");
     std::fs::write(&token_file, &token).unwrap();
@@ -470,7 +481,8 @@ async fn scenario(format: &str) {
     let http = reqwest::Client::new();
     let turn = http
         .post(format!("http://{gate_addr}/api/v1/gate"))
-        .json(&json!({ "chat_id": "chat-1", "agent_id": agent_id, "first_turn": true, "tenant": "acme" }))
+        .bearer_auth(&tenant_key)
+        .json(&json!({ "chat_id": "chat-1", "agent_id": agent_id, "first_turn": true }))
         .timeout(DEADLINE)
         .send()
         .await
@@ -491,6 +503,7 @@ async fn scenario(format: &str) {
         .get(format!(
             "http://{gate_addr}/api/v1/agents/{agent_id}/context"
         ))
+        .bearer_auth(&tenant_key)
         .send()
         .await
         .unwrap()
