@@ -137,7 +137,10 @@ fn containers(workload: &Value) -> Vec<&Value> {
 fn workloads(objects: &[Value]) -> Vec<&Value> {
     objects
         .iter()
-        .filter(|o| ["Deployment", "StatefulSet", "Job", "CronJob", "DaemonSet"].contains(&o["kind"].as_str().unwrap()))
+        .filter(|o| {
+            ["Deployment", "StatefulSet", "Job", "CronJob", "DaemonSet"]
+                .contains(&o["kind"].as_str().unwrap())
+        })
         .collect()
 }
 
@@ -179,7 +182,10 @@ fn validate(rendered: &str, expected_objects: usize) {
         .lines()
         .filter(|l| l.contains(" passed for resource "))
         .count();
-    assert_eq!(passed, expected_objects, "every object validated:\n{output}");
+    assert_eq!(
+        passed, expected_objects,
+        "every object validated:\n{output}"
+    );
 }
 
 #[test]
@@ -229,7 +235,10 @@ fn the_base_does_not_render_without_its_secrets() {
     }
     let docker_ignored =
         std::fs::read_to_string(deploy_checks::repo_root().join(".dockerignore")).unwrap();
-    assert!(docker_ignored.contains("deploy/k8s/*.env"), "and out of images");
+    assert!(
+        docker_ignored.contains("deploy/k8s/*.env"),
+        "and out of images"
+    );
 }
 
 fn collect(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -485,7 +494,14 @@ fn every_container_has_resources_and_runs_non_root_on_a_read_only_root() {
 #[test]
 fn schema_owners_migrate_themselves_and_no_pod_holds_an_api_token() {
     let objects = objects();
-    for kind in ["Job", "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"] {
+    for kind in [
+        "Job",
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "ClusterRole",
+        "ClusterRoleBinding",
+    ] {
         assert!(
             !objects.iter().any(|o| o["kind"] == kind),
             "the base needs no {kind}: the services migrate their own schemas"
@@ -499,7 +515,10 @@ fn schema_owners_migrate_themselves_and_no_pod_holds_an_api_token() {
             Some(false),
             "{name}: no Kubernetes API token in the pod"
         );
-        assert!(spec["serviceAccountName"].is_null(), "{name}: default account");
+        assert!(
+            spec["serviceAccountName"].is_null(),
+            "{name}: default account"
+        );
         for container in containers(workload) {
             let image = container["image"].as_str().unwrap();
             assert!(!image.contains("kubectl"), "{name}: runs {image}");
@@ -519,7 +538,10 @@ fn schema_owners_migrate_themselves_and_no_pod_holds_an_api_token() {
     }
     // The services do migrate at start (under sqlx's advisory lock).
     for (file, call) in [
-        ("services/snapshot-store/src/lib.rs", "Store::migrate(&pool)"),
+        (
+            "services/snapshot-store/src/lib.rs",
+            "Store::migrate(&pool)",
+        ),
         ("services/catalog/src/service.rs", "store::migrate(&pool)"),
     ] {
         let text = std::fs::read_to_string(deploy_checks::repo_root().join(file)).unwrap();
@@ -532,7 +554,11 @@ fn stateful_sets_have_headless_services() {
     let objects = objects();
     for set in objects.iter().filter(|o| o["kind"] == "StatefulSet") {
         let name = set["metadata"]["name"].as_str().unwrap();
-        let service = find(&objects, "Service", set["spec"]["serviceName"].as_str().unwrap());
+        let service = find(
+            &objects,
+            "Service",
+            set["spec"]["serviceName"].as_str().unwrap(),
+        );
         assert_eq!(
             service["spec"]["clusterIP"].as_str(),
             Some("None"),
@@ -584,12 +610,21 @@ fn nats_is_a_three_node_cluster_on_the_shared_config_with_lame_duck_shutdown() {
         .unwrap();
     assert_eq!(
         strings(&container["args"]),
-        ["-c", &format!("{}/cluster.conf", mount["mountPath"].as_str().unwrap())]
+        [
+            "-c",
+            &format!("{}/cluster.conf", mount["mountPath"].as_str().unwrap())
+        ]
     );
 
     let shared = deploy_checks::nats_conf::parse(&nats_conf_on_disk("nats.conf")).unwrap();
-    assert!(shared["jetstream"].is_null(), "JetStream is off: nothing uses it");
-    assert!(shared["cluster"].is_null(), "compose's single server has no cluster");
+    assert!(
+        shared["jetstream"].is_null(),
+        "JetStream is off: nothing uses it"
+    );
+    assert!(
+        shared["cluster"].is_null(),
+        "compose's single server has no cluster"
+    );
     assert!(
         nats_conf_on_disk("cluster.conf")
             .lines()
@@ -606,7 +641,11 @@ fn nats_is_a_three_node_cluster_on_the_shared_config_with_lame_duck_shutdown() {
     let replicas = nats["spec"]["replicas"].as_u64().unwrap();
     assert_eq!(replicas, 3);
     let headless = nats["spec"]["serviceName"].as_str().unwrap();
-    let cluster_port = cluster["cluster"]["port"].as_u64().unwrap();
+    // The reader keeps bare values as strings.
+    let cluster_port: u64 = cluster["cluster"]["port"]
+        .as_str()
+        .and_then(|p| p.parse().ok())
+        .expect("cluster.port");
     let routes: Vec<&str> = cluster["cluster"]["routes"]
         .as_array()
         .unwrap()
@@ -752,7 +791,8 @@ fn nats_gets_every_users_password_and_each_service_its_own_user() {
 
     for name in SERVICES {
         let container = &pod_spec(find(&objects, "Deployment", name))["containers"][0];
-        let value = |key: &str| env_value(container, key).unwrap_or_else(|| panic!("{name}: {key}"));
+        let value =
+            |key: &str| env_value(container, key).unwrap_or_else(|| panic!("{name}: {key}"));
         assert_eq!(
             value("NATS_URL")["value"].as_str(),
             Some(format!("nats://{name}:$(NATS_PASSWORD)@nats:4222").as_str())
@@ -786,7 +826,11 @@ fn policies_for<'a>(objects: &'a [Value], app: &str) -> Vec<Rule<'a>> {
         if !selects {
             continue;
         }
-        for rule in policy["spec"]["ingress"].as_sequence().into_iter().flatten() {
+        for rule in policy["spec"]["ingress"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+        {
             rules.push(Rule {
                 peers: rule["from"].as_sequence().unwrap().iter().collect(),
                 ports: rule["ports"]
@@ -863,9 +907,15 @@ fn set(pairs: &[(&str, &str)]) -> BTreeSet<(String, String)> {
 fn network_policies_admit_only_who_must_connect() {
     let objects = objects();
     let deny = find(&objects, "NetworkPolicy", "default-deny");
-    assert_eq!(deny["spec"]["podSelector"], serde_yaml::from_str::<Value>("{}").unwrap());
+    assert_eq!(
+        deny["spec"]["podSelector"],
+        serde_yaml::from_str::<Value>("{}").unwrap()
+    );
     assert_eq!(strings(&deny["spec"]["policyTypes"]), ["Ingress"]);
-    assert!(deny["spec"]["ingress"].is_null(), "default-deny admits nothing");
+    assert!(
+        deny["spec"]["ingress"].is_null(),
+        "default-deny admits nothing"
+    );
 
     const MONITORING: &str = "ns[kubernetes.io/metadata.name=monitoring]";
     const SERVICES_IN: &str =
@@ -887,7 +937,11 @@ fn network_policies_admit_only_who_must_connect() {
         ])
     );
     for name in ["snapshot-store", "catalog"] {
-        assert_eq!(admitted(&objects, name), set(&[(MONITORING, "http")]), "{name}");
+        assert_eq!(
+            admitted(&objects, name),
+            set(&[(MONITORING, "http")]),
+            "{name}"
+        );
     }
     assert_eq!(
         admitted(&objects, "nats"),
@@ -901,7 +955,10 @@ fn network_policies_admit_only_who_must_connect() {
     assert_eq!(
         admitted(&objects, "postgres"),
         set(&[
-            ("pods[app.kubernetes.io/name in snapshot-store|catalog]", "postgres"),
+            (
+                "pods[app.kubernetes.io/name in snapshot-store|catalog]",
+                "postgres"
+            ),
             (OPERATOR, "postgres"),
         ])
     );
@@ -925,7 +982,11 @@ fn network_policies_admit_only_who_must_connect() {
     }
     // The documented labels are the ones the policies use.
     let readme = std::fs::read_to_string(deploy_checks::repo_root().join("README.md")).unwrap();
-    for label in ["ctxsync.io/chat-backend", "ctxsync.io/agent", "ctxsync.io/operator"] {
+    for label in [
+        "ctxsync.io/chat-backend",
+        "ctxsync.io/agent",
+        "ctxsync.io/operator",
+    ] {
         assert!(readme.contains(label), "README documents {label}");
     }
 }
@@ -1038,7 +1099,9 @@ fn label_values_in(expr: &str) -> BTreeSet<String> {
 #[test]
 fn monitoring_names_only_metrics_the_code_exports() {
     let dir = deploy_dir().join("k8s/monitoring");
-    let rendered = yaml_documents(&run(Command::new(tool("kubectl")).arg("kustomize").arg(&dir)));
+    let rendered = yaml_documents(&run(Command::new(tool("kubectl"))
+        .arg("kustomize")
+        .arg(&dir)));
     let metrics = metric_names_in_code();
     let literals = string_literals_in_code();
     let objects = objects();
@@ -1047,11 +1110,17 @@ fn monitoring_names_only_metrics_the_code_exports() {
         .iter()
         .find(|o| o["kind"] == "ServiceMonitor")
         .expect("a ServiceMonitor");
-    assert_eq!(monitor["apiVersion"].as_str(), Some("monitoring.coreos.com/v1"));
+    assert_eq!(
+        monitor["apiVersion"].as_str(),
+        Some("monitoring.coreos.com/v1")
+    );
     let port = monitor["spec"]["endpoints"][0]["port"].as_str().unwrap();
     let scraped: BTreeSet<&str> = objects
         .iter()
-        .filter(|o| o["kind"] == "Service" && labels_match(&monitor["spec"]["selector"], &o["metadata"]["labels"]))
+        .filter(|o| {
+            o["kind"] == "Service"
+                && labels_match(&monitor["spec"]["selector"], &o["metadata"]["labels"])
+        })
         .map(|o| {
             let name = o["metadata"]["name"].as_str().unwrap();
             assert!(
@@ -1065,7 +1134,11 @@ fn monitoring_names_only_metrics_the_code_exports() {
             name
         })
         .collect();
-    assert_eq!(scraped, SERVICES.into_iter().collect(), "every service is scraped");
+    assert_eq!(
+        scraped,
+        SERVICES.into_iter().collect(),
+        "every service is scraped"
+    );
 
     let rule = rendered
         .iter()
@@ -1079,7 +1152,10 @@ fn monitoring_names_only_metrics_the_code_exports() {
             let series = series_in(expr);
             assert!(!series.is_empty(), "{alert}: no ctxsync series");
             for name in &series {
-                assert!(metrics.contains(name), "{alert}: {name} is not a metric of the code");
+                assert!(
+                    metrics.contains(name),
+                    "{alert}: {name} is not a metric of the code"
+                );
                 alerted.insert(name.clone());
             }
             for value in label_values_in(expr) {
@@ -1089,7 +1165,10 @@ fn monitoring_names_only_metrics_the_code_exports() {
                 );
             }
             assert!(!rule["labels"]["severity"].is_null(), "{alert}: severity");
-            assert!(!rule["annotations"]["summary"].is_null(), "{alert}: summary");
+            assert!(
+                !rule["annotations"]["summary"].is_null(),
+                "{alert}: summary"
+            );
         }
     }
     for required in [
@@ -1106,7 +1185,10 @@ fn monitoring_names_only_metrics_the_code_exports() {
         .unwrap();
     assert_eq!(metric, "ctxsync_gate_waiters");
     assert!(metrics.contains(metric));
-    assert_eq!(hpa[0]["spec"]["scaleTargetRef"]["name"].as_str(), Some("chat-gate"));
+    assert_eq!(
+        hpa[0]["spec"]["scaleTargetRef"]["name"].as_str(),
+        Some("chat-gate")
+    );
 }
 
 #[test]
