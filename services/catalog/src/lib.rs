@@ -18,6 +18,7 @@ mod gate_waits;
 pub mod latency;
 mod mcp;
 pub mod memory;
+pub mod metrics;
 mod prepare;
 mod service;
 mod sessions;

@@ -19,6 +19,7 @@ pub mod context_config;
 pub mod discovery;
 pub mod inspect;
 pub mod mcp_config;
+pub mod metrics;
 pub mod publisher;
 pub mod report;
 mod text;

@@ -183,7 +183,8 @@ pub fn metric_names_in_code() -> BTreeSet<String> {
         .filter(|l| {
             l.starts_with("ctxsync_")
                 && l.len() > "ctxsync_".len()
-                && l.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+                && l.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
         })
         .collect()
 }
@@ -191,7 +192,10 @@ pub fn metric_names_in_code() -> BTreeSet<String> {
 /// Copies a directory tree (files and directories only).
 pub fn copy_tree(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).expect("create directory");
-    for entry in std::fs::read_dir(from).expect("readable directory").flatten() {
+    for entry in std::fs::read_dir(from)
+        .expect("readable directory")
+        .flatten()
+    {
         let target = to.join(entry.file_name());
         let kind = entry.file_type().expect("file type");
         if kind.is_dir() {
