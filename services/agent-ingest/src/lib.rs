@@ -7,7 +7,7 @@
 
 mod auth;
 mod error;
-pub mod metrics;
+pub mod series;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -115,7 +115,7 @@ impl RunningIngest {
 
 pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningIngest, StartError> {
     // Before anything records: every series described and present from the start.
-    ctxsync_runtime::metrics::init("agent-ingest", env!("CARGO_PKG_VERSION"), metrics::SERIES);
+    ctxsync_runtime::metrics::init("agent-ingest", env!("CARGO_PKG_VERSION"), series::SERIES);
     let subjects = config.common.subjects()?;
     let http_limits = config.common.http.limits()?;
     let nats = ctxsync_runtime::nats::connect(&config.common.nats_url, "agent-ingest").await?;

@@ -93,7 +93,7 @@ pub async fn start(
     ctxsync_runtime::metrics::init(
         "workspace-agent",
         env!("CARGO_PKG_VERSION"),
-        crate::metrics::SERIES,
+        crate::series::SERIES,
     );
     let run_id = uuid::Uuid::new_v4().to_string();
     let publisher = Publisher::new(&config.publisher, run_id.clone())?;

@@ -19,9 +19,9 @@ pub mod context_config;
 pub mod discovery;
 pub mod inspect;
 pub mod mcp_config;
-pub mod metrics;
 pub mod publisher;
 pub mod report;
+pub mod series;
 mod text;
 pub mod watch;
 
