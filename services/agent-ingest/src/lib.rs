@@ -7,6 +7,7 @@
 
 mod auth;
 mod error;
+pub mod series;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -48,6 +49,11 @@ pub struct Config {
     /// How long a verified token is trusted without asking the store again.
     #[arg(long, env = "CTXSYNC_AUTH_CACHE_TTL", default_value = "30s", value_parser = humantime::parse_duration)]
     pub auth_cache_ttl: Duration,
+
+    /// Serve `/metrics` on this address, and no longer on the agents' API
+    /// listener (CTXSYNC_HTTP_ADDR), which is often public. Unset: on the API listener.
+    #[arg(long, env = "CTXSYNC_METRICS_ADDR")]
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 impl Config {
@@ -56,6 +62,7 @@ impl Config {
             common,
             store_timeout: Duration::from_secs(5),
             auth_cache_ttl: Duration::from_secs(30),
+            metrics_addr: None,
         }
     }
 }
@@ -80,6 +87,7 @@ struct AppState {
 /// A running agent-ingest.
 pub struct RunningIngest {
     http: HttpServer,
+    metrics: Option<HttpServer>,
     nats: NatsConnection,
     grace: Duration,
 }
@@ -89,15 +97,25 @@ impl RunningIngest {
         self.http.local_addr()
     }
 
+    /// The metrics listener's address, when `metrics_addr` was set.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(HttpServer::local_addr)
+    }
+
     /// Waits for shutdown, lets in-flight requests finish, drains NATS.
     pub async fn join(self) {
         self.http.join().await;
+        if let Some(metrics) = self.metrics {
+            metrics.join().await;
+        }
         ctxsync_runtime::nats::drain(&self.nats, self.grace).await;
         tracing::info!("agent-ingest stopped");
     }
 }
 
 pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningIngest, StartError> {
+    // Before anything records: every series described and present from the start.
+    ctxsync_runtime::metrics::init("agent-ingest", env!("CARGO_PKG_VERSION"), series::SERIES);
     let subjects = config.common.subjects()?;
     let http_limits = config.common.http.limits()?;
     let nats = ctxsync_runtime::nats::connect(&config.common.nats_url, "agent-ingest").await?;
@@ -123,17 +141,36 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningIngest, 
     }
     let routes = router(state);
     let readiness = Readiness::new().with_nats(&nats);
-    let http = HttpServer::start(
-        config.common.http_addr,
-        http_limits,
-        routes,
-        readiness,
-        shutdown,
-    )
-    .await?;
+    let (http, metrics) = match config.metrics_addr {
+        Some(metrics_addr) => {
+            let metrics =
+                HttpServer::start_metrics(metrics_addr, http_limits, shutdown.clone()).await?;
+            let http = HttpServer::start_without_metrics(
+                config.common.http_addr,
+                http_limits,
+                routes,
+                readiness,
+                shutdown,
+            )
+            .await?;
+            (http, Some(metrics))
+        }
+        None => {
+            let http = HttpServer::start(
+                config.common.http_addr,
+                http_limits,
+                routes,
+                readiness,
+                shutdown,
+            )
+            .await?;
+            (http, None)
+        }
+    };
     tracing::info!(addr = %http.local_addr(), "agent-ingest ready");
     Ok(RunningIngest {
         http,
+        metrics,
         nats,
         grace: config.common.shutdown_grace,
     })

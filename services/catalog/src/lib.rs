@@ -21,6 +21,7 @@ pub mod latency;
 mod mcp;
 pub mod memory;
 mod prepare;
+pub mod series;
 mod service;
 mod sessions;
 pub mod store;

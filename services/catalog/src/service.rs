@@ -179,6 +179,8 @@ impl Running {
 }
 
 pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error> {
+    // Before anything records: every series described and present from the start.
+    ctxsync_runtime::metrics::init("catalog", env!("CARGO_PKG_VERSION"), crate::series::SERIES);
     let subjects = config.common.subjects()?;
     let http_limits = config.common.http.limits()?;
     let pool = db::connect(&config.database).await?;

@@ -18,6 +18,7 @@ pub mod catalog;
 pub mod gate;
 pub mod http;
 pub mod projection;
+pub mod series;
 pub mod store;
 pub mod watch;
 
@@ -368,6 +369,8 @@ fn malformed(message: String) -> TurnReply {
 
 /// Connects, subscribes to the events, then starts serving turns.
 pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, StartError> {
+    // Before anything records: every series described and present from the start.
+    ctxsync_runtime::metrics::init("chat-gate", env!("CARGO_PKG_VERSION"), series::SERIES);
     let subjects: Subjects = config.common.subjects()?;
     let http_limits = config.common.http.limits()?;
     let settings = config.settings()?;

@@ -132,17 +132,23 @@ async fn metrics_text() -> impl IntoResponse {
 
 /// The operator routes, to merge with a service's own.
 pub fn operator_routes(readiness: Readiness) -> Router {
+    health_routes(readiness).route("/metrics", get(metrics_text))
+}
+
+/// `/healthz` and `/readyz` without `/metrics` (served on a listener of its own).
+fn health_routes(readiness: Readiness) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .with_state(readiness)
-        .route("/metrics", get(metrics_text))
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("cannot listen on {addr} (CTXSYNC_HTTP_ADDR): {source}")]
+#[error("cannot listen on {addr} ({setting}): {source}")]
 pub struct BindError {
     pub addr: SocketAddr,
+    /// The env var that set the address.
+    pub setting: &'static str,
     #[source]
     pub source: std::io::Error,
 }
@@ -163,15 +169,50 @@ impl HttpServer {
         readiness: Readiness,
         shutdown: Shutdown,
     ) -> Result<Self, BindError> {
+        let app = routes.merge(operator_routes(readiness));
+        Self::serve(addr, "CTXSYNC_HTTP_ADDR", limits, app, shutdown).await
+    }
+
+    /// Like [`HttpServer::start`] without `/metrics` (404 here): for a
+    /// service whose metrics have their own listener ([`HttpServer::start_metrics`]).
+    pub async fn start_without_metrics(
+        addr: SocketAddr,
+        limits: HttpLimits,
+        routes: Router,
+        readiness: Readiness,
+        shutdown: Shutdown,
+    ) -> Result<Self, BindError> {
+        let app = routes.merge(health_routes(readiness));
+        Self::serve(addr, "CTXSYNC_HTTP_ADDR", limits, app, shutdown).await
+    }
+
+    /// A listener serving only `/metrics` (`CTXSYNC_METRICS_ADDR`), so that
+    /// scrapes need not reach a public API port.
+    pub async fn start_metrics(
+        addr: SocketAddr,
+        limits: HttpLimits,
+        shutdown: Shutdown,
+    ) -> Result<Self, BindError> {
+        let app = Router::new().route("/metrics", get(metrics_text));
+        Self::serve(addr, "CTXSYNC_METRICS_ADDR", limits, app, shutdown).await
+    }
+
+    async fn serve(
+        addr: SocketAddr,
+        setting: &'static str,
+        limits: HttpLimits,
+        app: Router,
+        shutdown: Shutdown,
+    ) -> Result<Self, BindError> {
         let _ = crate::metrics::handle();
         serve::raise_open_files_limit();
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|source| BindError { addr, source })?;
-        let local_addr = listener
-            .local_addr()
-            .map_err(|source| BindError { addr, source })?;
-        let app = routes.merge(operator_routes(readiness));
+        let error = |source| BindError {
+            addr,
+            setting,
+            source,
+        };
+        let listener = TcpListener::bind(addr).await.map_err(error)?;
+        let local_addr = listener.local_addr().map_err(error)?;
         let task = tokio::spawn(serve::serve(listener, app, limits, shutdown));
         tracing::info!(
             addr = %local_addr,

@@ -263,6 +263,8 @@ pub struct NatsConnectError {
 /// Connects once (no retry: a bad NATS_URL is a startup error), then
 /// reconnects forever with a short backoff.
 pub async fn connect(url: &str, client_name: &str) -> Result<NatsConnection, NatsConnectError> {
+    // The recorder first: a series recorded before it is installed is lost.
+    let _ = crate::metrics::handle();
     // Present from the start, so `increase()` alerts see the first reconnect.
     metrics::counter!("ctxsync_nats_reconnects_total", "client" => client_name.to_owned())
         .increment(0);
@@ -271,7 +273,11 @@ pub async fn connect(url: &str, client_name: &str) -> Result<NatsConnection, Nat
     let (closed_tx, closed) = watch::channel(false);
     let seen_connect = Arc::new(AtomicBool::new(false));
     let name = client_name.to_owned();
-    metrics::counter!("ctxsync_nats_permission_violations_total", "client" => client_name.to_owned(), "operation" => Operation::Publish.as_str())
+    for operation in [Operation::Publish, Operation::Subscribe] {
+        metrics::counter!("ctxsync_nats_permission_violations_total", "client" => client_name.to_owned(), "operation" => operation.as_str())
+            .increment(0);
+    }
+    metrics::counter!("ctxsync_nats_slow_consumer_total", "client" => client_name.to_owned())
         .increment(0);
     let permissions = Arc::new(Permissions {
         client: client_name.to_owned(),

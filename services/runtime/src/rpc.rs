@@ -244,6 +244,7 @@ where
     // Only once the server has the subscription may the service call itself ready.
     let mut subscriber =
         crate::nats::subscribe(connection, subject.clone(), Some(queue_group)).await?;
+    metrics::counter!("ctxsync_rpc_expired_total", "subject" => subject.clone()).increment(0);
     let client = connection.client.clone();
     let handler = Arc::new(handler);
     let permits = Arc::new(Semaphore::new(max_in_flight));

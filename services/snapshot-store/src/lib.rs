@@ -7,6 +7,7 @@
 //! state after the commit, unless it is over the event size limit.
 
 pub mod db;
+pub mod series;
 pub mod tenant_keys;
 
 use std::net::SocketAddr;
@@ -218,6 +219,8 @@ pub(crate) async fn publish(
 
 /// Connects, migrates, subscribes and starts serving.
 pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningStore, StartError> {
+    // Before anything records: every series described and present from the start.
+    ctxsync_runtime::metrics::init("snapshot-store", env!("CARGO_PKG_VERSION"), series::SERIES);
     let subjects = config.common.subjects()?;
     let http_limits = config.common.http.limits()?;
     let pool = ctxsync_runtime::db::connect(&config.database).await?;

@@ -89,6 +89,12 @@ pub async fn start(
     config: AgentConfig,
     shutdown: CancellationToken,
 ) -> Result<Running, AgentError> {
+    // Before anything records: every series described and present from the start.
+    ctxsync_runtime::metrics::init(
+        "workspace-agent",
+        env!("CARGO_PKG_VERSION"),
+        crate::series::SERIES,
+    );
     let run_id = uuid::Uuid::new_v4().to_string();
     let publisher = Publisher::new(&config.publisher, run_id.clone())?;
     let (status_tx, status_rx) = watch::channel(PublishStatus::default());

@@ -21,6 +21,7 @@ pub mod inspect;
 pub mod mcp_config;
 pub mod publisher;
 pub mod report;
+pub mod series;
 mod text;
 pub mod watch;
 

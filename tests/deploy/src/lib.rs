@@ -143,6 +143,69 @@ pub fn env_names_in_code() -> BTreeSet<String> {
     names
 }
 
+/// Every string literal in `services/*/src` (escapes left as written).
+pub fn string_literals_in_code() -> BTreeSet<String> {
+    let mut literals = BTreeSet::new();
+    let mut files = Vec::new();
+    collect_rust_files(&repo_root().join("services"), &mut files);
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("readable source");
+        // A quote as a char literal would turn the scan inside out.
+        let text = text.replace("'\"'", "").replace("'\\\"'", "");
+        let mut rest = text.as_str();
+        while let Some(start) = rest.find('"') {
+            let after = &rest[start + 1..];
+            let mut end = None;
+            let mut escaped = false;
+            for (i, c) in after.char_indices() {
+                match c {
+                    '\\' if !escaped => escaped = true,
+                    '"' if !escaped => {
+                        end = Some(i);
+                        break;
+                    }
+                    _ => escaped = false,
+                }
+            }
+            let Some(end) = end else { break };
+            literals.insert(after[..end].to_owned());
+            rest = &after[end + 1..];
+        }
+    }
+    literals
+}
+
+/// The metric names the services record or describe: `ctxsync_*` string
+/// literals in `services/*/src`.
+pub fn metric_names_in_code() -> BTreeSet<String> {
+    string_literals_in_code()
+        .into_iter()
+        .filter(|l| {
+            l.starts_with("ctxsync_")
+                && l.len() > "ctxsync_".len()
+                && l.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        })
+        .collect()
+}
+
+/// Copies a directory tree (files and directories only).
+pub fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("create directory");
+    for entry in std::fs::read_dir(from)
+        .expect("readable directory")
+        .flatten()
+    {
+        let target = to.join(entry.file_name());
+        let kind = entry.file_type().expect("file type");
+        if kind.is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else if kind.is_file() {
+            std::fs::copy(entry.path(), &target).expect("copy file");
+        }
+    }
+}
+
 fn collect_rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;

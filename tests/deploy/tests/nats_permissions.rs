@@ -339,21 +339,8 @@ impl Drop for Server {
 impl Server {
     async fn start() -> Server {
         let store = tempfile::tempdir().unwrap();
-        // The deployment's config with only the JetStream directory moved
-        // (the server refuses `-sd` next to a configured store_dir).
-        let text = std::fs::read_to_string(config_path()).unwrap();
-        let line = "store_dir: \"/data/jetstream\"";
-        assert_eq!(text.matches(line).count(), 1, "nats.conf sets {line} once");
-        let jetstream_dir = store.path().join("jetstream");
-        let config = store.path().join("nats.conf");
-        std::fs::write(
-            &config,
-            text.replace(
-                line,
-                &format!("store_dir: {:?}", jetstream_dir.display().to_string()),
-            ),
-        )
-        .unwrap();
+        // The deployment's config as it is (it keeps no JetStream store).
+        let config = config_path();
         let port = testkit::free_port();
         let monitor = testkit::free_port();
         let mut command = Command::new(tool("nats-server"));

@@ -60,6 +60,10 @@ pub(super) async fn serve(
     // Present from the start, so `increase()` alerts see the first one.
     metrics::counter!("ctxsync_http_connection_limit_waits_total", "listener" => label.to_string())
         .increment(0);
+    metrics::counter!("ctxsync_http_accept_errors_total", "listener" => label.to_string())
+        .increment(0);
+    metrics::gauge!("ctxsync_http_connections_open", "listener" => label.to_string())
+        .increment(0.0);
     for timeout in Timeout::ALL {
         metrics::counter!(
             "ctxsync_http_timeouts_total",

@@ -1,0 +1,87 @@
+//! The series the catalog exports (besides the common ones).
+
+use ctxsync_runtime::metrics::Series;
+
+/// Every transport × cause of a handshake.
+const HANDSHAKES: &[&[(&str, &str)]] = &[
+    &[("transport", "stdio"), ("cause", "preparation")],
+    &[("transport", "stdio"), ("cause", "call")],
+    &[("transport", "stdio"), ("cause", "warmup")],
+    &[("transport", "streamable_http"), ("cause", "preparation")],
+    &[("transport", "streamable_http"), ("cause", "call")],
+    &[("transport", "streamable_http"), ("cause", "warmup")],
+];
+
+pub const SERIES: &[Series] = &[
+    Series::counter(
+        "ctxsync_catalog_pins_total",
+        "Servers pinned by preparations, by source (pinned from memory, connected live, failed).",
+    )
+    .zeroed(&[
+        &[("source", "pinned")],
+        &[("source", "connected")],
+        &[("source", "failed")],
+    ]),
+    Series::histogram(
+        "ctxsync_catalog_handshake_seconds",
+        "MCP handshakes with operator servers, in seconds, by transport and cause.",
+    )
+    .zeroed(HANDSHAKES),
+    Series::counter(
+        "ctxsync_catalog_handshake_failures_total",
+        "MCP handshakes with operator servers that failed, by transport and cause.",
+    )
+    .zeroed(HANDSHAKES),
+    Series::counter(
+        "ctxsync_catalog_preparations_total",
+        "Catalog preparations, by outcome (first, follow_up, error).",
+    )
+    .zeroed(&[
+        &[("outcome", "first")],
+        &[("outcome", "follow_up")],
+        &[("outcome", "error")],
+    ]),
+    Series::histogram(
+        "ctxsync_catalog_preparation_seconds",
+        "Time of a catalog preparation, in seconds, by outcome.",
+    )
+    .zeroed(&[
+        &[("outcome", "first")],
+        &[("outcome", "follow_up")],
+        &[("outcome", "error")],
+    ]),
+    Series::counter(
+        "ctxsync_catalog_warmup_rounds_total",
+        "Warm-up rounds over servers never discovered.",
+    ),
+    Series::counter(
+        "ctxsync_catalog_warmup_servers_total",
+        "Servers tried by the warm-up, by outcome (discovered, failed, abandoned).",
+    )
+    .zeroed(&[
+        &[("outcome", "discovered")],
+        &[("outcome", "failed")],
+        &[("outcome", "abandoned")],
+    ]),
+    Series::counter(
+        "ctxsync_catalog_calls_total",
+        "Tool calls through the catalog, by outcome (ok or the error code).",
+    )
+    .zeroed(&[&[("outcome", "ok")]]),
+    Series::histogram(
+        "ctxsync_catalog_call_seconds",
+        "Time of a tool call through the catalog, in seconds.",
+    ),
+    Series::gauge(
+        "ctxsync_catalog_open_transports",
+        "Connections to MCP servers open now.",
+    ),
+    Series::gauge(
+        "ctxsync_catalog_memory_entries",
+        "Server configurations whose last discovery is remembered.",
+    ),
+    Series::counter(
+        "ctxsync_catalog_replies_too_large_total",
+        "Answers over the NATS server's max_payload, replaced by an error.",
+    ),
+];
