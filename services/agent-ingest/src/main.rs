@@ -9,10 +9,23 @@ struct Cli {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
     let cli = ctxsync_runtime::args::parse::<Cli>();
-    let _telemetry = ctxsync_runtime::telemetry::init_service("agent-ingest", &cli.config.common)?;
+    let format = cli.config.common.log_format;
+    let telemetry =
+        match ctxsync_runtime::telemetry::init_service("agent-ingest", &cli.config.common) {
+            Ok(telemetry) => telemetry,
+            Err(error) => {
+                return ctxsync_runtime::telemetry::exit_on_error(
+                    format,
+                    "agent-ingest",
+                    Err(error),
+                );
+            }
+        };
     let shutdown = ctxsync_runtime::shutdown::on_signals();
-    agent_ingest::run(cli.config, shutdown).await?;
-    Ok(())
+    let result = agent_ingest::run(cli.config, shutdown).await;
+    let code = ctxsync_runtime::telemetry::exit_on_error(format, "agent-ingest", result);
+    drop(telemetry);
+    code
 }

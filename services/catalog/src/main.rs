@@ -19,15 +19,26 @@ struct Args {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
     let args = ctxsync_runtime::args::parse::<Args>();
-    let args_config_path = args.catalog.config.clone();
-    let _telemetry = ctxsync_runtime::telemetry::init_service("catalog", &args.common)?;
+    let format = args.common.log_format;
+    let telemetry = match ctxsync_runtime::telemetry::init_service("catalog", &args.common) {
+        Ok(telemetry) => telemetry,
+        Err(error) => {
+            return ctxsync_runtime::telemetry::exit_on_error(format, "catalog", Err(error));
+        }
+    };
+    let code = ctxsync_runtime::telemetry::exit_on_error(format, "catalog", serve(args).await);
+    drop(telemetry);
+    code
+}
+
+async fn serve(args: Args) -> anyhow::Result<()> {
+    let config_path = args.catalog.config.clone();
     let config = args
         .catalog
         .into_config(args.common, args.database)
         .context("invalid configuration")?;
-    let config_path = args_config_path.clone();
     let shutdown = ctxsync_runtime::shutdown::on_signals();
     let running = catalog::start(config, shutdown).await?;
     tokio::spawn(reload_on_sighup(config_path, running.reloader()));

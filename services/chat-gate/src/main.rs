@@ -10,10 +10,19 @@ struct Cli {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
     let cli = ctxsync_runtime::args::parse::<Cli>();
-    let _telemetry = ctxsync_runtime::telemetry::init_service("chat-gate", &cli.config.common)?;
+    let format = cli.config.common.log_format;
+    let telemetry = match ctxsync_runtime::telemetry::init_service("chat-gate", &cli.config.common)
+    {
+        Ok(telemetry) => telemetry,
+        Err(error) => {
+            return ctxsync_runtime::telemetry::exit_on_error(format, "chat-gate", Err(error));
+        }
+    };
     let shutdown = ctxsync_runtime::shutdown::on_signals();
-    chat_gate::run(cli.config, shutdown).await?;
-    Ok(())
+    let result = chat_gate::run(cli.config, shutdown).await;
+    let code = ctxsync_runtime::telemetry::exit_on_error(format, "chat-gate", result);
+    drop(telemetry);
+    code
 }

@@ -25,10 +25,133 @@ use crate::{CommonArgs, LogFormat};
 /// sent by then is dropped (and the drop logged).
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Installs the global subscriber (logs only). Returns an error naming the bad filter.
+/// Installs the global subscriber (logs only), for a tool whose JSON lines
+/// carry its executable's name as `service`. Returns an error naming the bad
+/// filter.
 pub fn init(format: LogFormat, filter: &str) -> Result<(), TelemetryError> {
+    let service = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.file_name()?.to_str().map(str::to_owned))
+        .unwrap_or_else(|| "ctxsync".to_owned());
     // Without an exporter the guard holds nothing to flush.
-    init_with(format, filter, None).map(drop)
+    init_with(format, filter, &service, None).map(drop)
+}
+
+/// How a process that could not start (or stopped on an error) says so:
+/// as a log line in the chosen format, `service` included, then exit 1.
+/// Before the subscriber exists (a bad log filter), the line is written here.
+pub fn exit_on_error<E: std::fmt::Display>(
+    format: LogFormat,
+    service: &str,
+    result: Result<(), E>,
+) -> std::process::ExitCode {
+    let Err(error) = result else {
+        return std::process::ExitCode::SUCCESS;
+    };
+    let message = format!("{error:#}");
+    if tracing::dispatcher::has_been_set() {
+        tracing::error!(error = %message, "{service} stopped");
+    } else {
+        match format {
+            LogFormat::Json => eprintln!(
+                "{}",
+                serde_json::json!({
+                    "timestamp": chrono_like_now(),
+                    "level": "ERROR",
+                    "service": service,
+                    "error": message,
+                    "message": format!("{service} stopped"),
+                })
+            ),
+            LogFormat::Text => eprintln!("ERROR {service} stopped: {message}"),
+        }
+    }
+    std::process::ExitCode::FAILURE
+}
+
+/// RFC 3339 UTC, as the subscriber writes it, without a time crate here.
+fn chrono_like_now() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = now.as_secs();
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:06}Z",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60,
+        now.subsec_micros()
+    )
+}
+
+/// Writes each JSON log line with `"service":<name>` first, so collectors
+/// can tell the processes apart; text lines pass unchanged. The fmt layer
+/// asks for one writer per event and writes the whole line at once.
+#[derive(Clone, Copy)]
+struct ServiceTagged {
+    /// `"service":"<name>",` as JSON.
+    prefix: &'static str,
+}
+
+impl ServiceTagged {
+    fn new(service: &str) -> Self {
+        let prefix = format!("{{\"service\":{},", serde_json::Value::from(service));
+        Self {
+            prefix: Box::leak(prefix.into_boxed_str()),
+        }
+    }
+}
+
+struct ServiceTaggedWriter {
+    prefix: &'static str,
+    first: bool,
+}
+
+impl std::io::Write for ServiceTaggedWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut stderr = std::io::stderr().lock();
+        if std::mem::take(&mut self.first) && buf.first() == Some(&b'{') {
+            let mut line = Vec::with_capacity(self.prefix.len() + buf.len());
+            line.extend_from_slice(self.prefix.as_bytes());
+            line.extend_from_slice(&buf[1..]);
+            stderr.write_all(&line)?;
+            return Ok(buf.len());
+        }
+        stderr.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for ServiceTagged {
+    type Writer = ServiceTaggedWriter;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        ServiceTaggedWriter {
+            prefix: self.prefix,
+            first: true,
+        }
+    }
+}
+
+/// Colour only for a person at a terminal: never into files or pipes, and
+/// never with `NO_COLOR` set.
+fn use_colour() -> bool {
+    use std::io::IsTerminal as _;
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 /// A service's telemetry: its logs, and its spans when `--otlp-endpoint` is
@@ -38,7 +161,7 @@ pub fn init_service(service_name: &str, common: &CommonArgs) -> Result<Telemetry
         traces_url,
         service_name: service_name.to_owned(),
     });
-    init_with(common.log_format, &common.log_filter, otlp)
+    init_with(common.log_format, &common.log_filter, service_name, otlp)
 }
 
 /// Where and as whom spans are exported.
@@ -54,6 +177,7 @@ pub struct Otlp {
 pub fn init_with(
     format: LogFormat,
     filter: &str,
+    service: &str,
     otlp: Option<Otlp>,
 ) -> Result<Telemetry, TelemetryError> {
     let env_filter =
@@ -61,7 +185,9 @@ pub fn init_with(
             value: filter.to_owned(),
             reason: e.to_string(),
         })?;
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(ServiceTagged::new(service))
+        .with_ansi(use_colour());
     let fmt: Box<dyn Layer<Registry> + Send + Sync> = match format {
         LogFormat::Text => fmt.with_filter(env_filter).boxed(),
         LogFormat::Json => fmt
@@ -189,13 +315,17 @@ pub fn continue_trace<'a>(
 /// * `rmcp` logs transport failures with the full server URL (credentials,
 ///   path and query included) at every level: off;
 /// * `async_nats` logs the server address, password included, on every
-///   connect attempt at debug;
+///   connect attempt at debug, and each connection event at info, which
+///   `nats::connect` logs already (once);
+/// * `sqlx::postgres::notice` relays the server's notices ("already exists,
+///   skipping" on every start's migrations) at info;
 /// * `sqlx`, `hyper`, `hyper_util`, `reqwest`, `h2`, `rustls` and `tower_http`
 ///   log connection details, statements and headers at debug and below.
 pub const QUIET_CRATES: &[(&str, LevelFilter)] = &[
     ("rmcp", LevelFilter::OFF),
-    ("async_nats", LevelFilter::INFO),
+    ("async_nats", LevelFilter::WARN),
     ("sqlx", LevelFilter::INFO),
+    ("sqlx::postgres::notice", LevelFilter::WARN),
     ("hyper", LevelFilter::INFO),
     ("hyper_util", LevelFilter::INFO),
     ("reqwest", LevelFilter::INFO),

@@ -9,11 +9,23 @@ struct Cli {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
     let cli = ctxsync_runtime::args::parse::<Cli>();
-    let _telemetry =
-        ctxsync_runtime::telemetry::init_service("snapshot-store", &cli.config.common)?;
+    let format = cli.config.common.log_format;
+    let telemetry =
+        match ctxsync_runtime::telemetry::init_service("snapshot-store", &cli.config.common) {
+            Ok(telemetry) => telemetry,
+            Err(error) => {
+                return ctxsync_runtime::telemetry::exit_on_error(
+                    format,
+                    "snapshot-store",
+                    Err(error),
+                );
+            }
+        };
     let shutdown = ctxsync_runtime::shutdown::on_signals();
-    snapshot_store::run(cli.config, shutdown).await?;
-    Ok(())
+    let result = snapshot_store::run(cli.config, shutdown).await;
+    let code = ctxsync_runtime::telemetry::exit_on_error(format, "snapshot-store", result);
+    drop(telemetry);
+    code
 }

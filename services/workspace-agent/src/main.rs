@@ -75,7 +75,12 @@ struct Common {
     log_format: LogFormat,
 
     /// Log filter (tracing EnvFilter syntax); `inspect` defaults to warnings only.
-    #[arg(long = "log", env = "CTXSYNC_LOG", global = true)]
+    #[arg(
+        long = "log-filter",
+        visible_alias = "log",
+        env = "CTXSYNC_LOG",
+        global = true
+    )]
     log_filter: Option<String>,
 }
 
@@ -91,8 +96,9 @@ enum Command {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
     let cli = ctxsync_runtime::args::parse::<Cli>();
+    let format = cli.common.log_format;
     let inspect = matches!(cli.command, Some(Command::Inspect { .. }));
     let filter = cli
         .common
@@ -100,7 +106,13 @@ async fn main() -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| if inspect { "warn" } else { "info" }.to_owned());
     // Crates that log credentials (rmcp, async_nats, ...) are capped there.
-    ctxsync_runtime::telemetry::init(cli.common.log_format, &filter)?;
+    if let Err(error) = ctxsync_runtime::telemetry::init(format, &filter) {
+        return ctxsync_runtime::telemetry::exit_on_error(format, "workspace-agent", Err(error));
+    }
+    ctxsync_runtime::telemetry::exit_on_error(format, "workspace-agent", run(cli).await)
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
     let settings = discovery_settings(&cli.common)?;
 
     match cli.command {
