@@ -14,7 +14,7 @@ struct Cli {
 enum Command {
     /// Run agent-ingest, snapshot-store, chat-gate and catalog in one process (`--demo`: and show a first turn).
     Up(ctxsync_cli::up::UpArgs),
-    /// Measure wake, gate, push and catalog latency against raw NATS and Postgres (DESIGN §7).
+    /// Measure wake, gate, push and catalog latency against raw NATS and Postgres (targets: README, Benchmark).
     Bench(ctxsync_cli::bench::BenchArgs),
     /// Apply every service's database migrations and exit (run once before the services start).
     Migrate {

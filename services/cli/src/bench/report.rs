@@ -405,7 +405,7 @@ impl Report {
             m.rss_delta_bytes as f64 / (1024.0 * 1024.0)
         );
 
-        let _ = writeln!(out, "\ntargets (DESIGN §7)");
+        let _ = writeln!(out, "\ntargets (README, Benchmark)");
         for t in &self.targets {
             // Two decimals near the targets' small limits (0.49 must not print as 0.5).
             let shown = if t.ratio < 10.0 {
