@@ -6,6 +6,10 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# --demo-only: what `ctxsync up --demo` needs, without the test suite's
+# deployment validators and Docker images.
+demo_only=false
+[[ "${1:-}" == "--demo-only" ]] && demo_only=true
 pg_url="${CTXSYNC_TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
 
 apt_install() {
@@ -41,6 +45,8 @@ if ! psql "$pg_url" -qtAc 'select 1' >/dev/null 2>&1; then
 fi
 
 bash "$here/mcp-servers/install.sh"
-bash "$here/deploy/install-tools.sh"
-bash "$here/docker/setup.sh"
+if ! $demo_only; then
+    bash "$here/deploy/install-tools.sh"
+    bash "$here/docker/setup.sh"
+fi
 echo "test prerequisites ready" >&2
