@@ -74,7 +74,38 @@ pub struct UpArgs {
 }
 
 /// Runs agent-ingest, snapshot-store, chat-gate and catalog until `shutdown`.
+/// Validate, then act: a busy port or a missing demo workspace is refused
+/// naming `up`'s own setting, before a dependency starts or an agent is
+/// registered.
+fn check_before_starting(args: &UpArgs) -> anyhow::Result<()> {
+    let listeners = [
+        ("--ingest-addr", "CTXSYNC_INGEST_ADDR", args.ingest_addr),
+        ("--store-addr", "CTXSYNC_STORE_ADDR", args.store_addr),
+        ("--gate-addr", "CTXSYNC_GATE_ADDR", args.gate_addr),
+        ("--catalog-addr", "CTXSYNC_CATALOG_ADDR", args.catalog_addr),
+    ];
+    for (flag, env, addr) in listeners {
+        if addr.port() == 0 {
+            continue;
+        }
+        std::net::TcpListener::bind(addr).map_err(|error| {
+            anyhow::anyhow!(
+                "cannot listen on {addr} ({flag} / {env}): {error}; choose another port with {flag}"
+            )
+        })?;
+    }
+    if args.demo && !args.demo_workspace.is_dir() {
+        anyhow::bail!(
+            "the demo workspace {} (--demo-workspace / CTXSYNC_DEMO_WORKSPACE) is not a directory: \
+             run from the repository root or point it at deploy/demo/workspace",
+            args.demo_workspace.display()
+        );
+    }
+    Ok(())
+}
+
 pub async fn run(args: UpArgs, shutdown: Shutdown) -> anyhow::Result<()> {
+    check_before_starting(&args)?;
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("cannot create CTXSYNC_DATA_DIR {}", args.data_dir.display()))?;
     let data_dir = args

@@ -265,3 +265,46 @@ async fn bad_names_and_a_missing_store_get_messages_that_say_what_to_do() {
         "{stderr}"
     );
 }
+
+/// `ctxsync up` refuses a busy port naming its own flag, and a demo
+/// workspace that is not there, before it starts or registers anything.
+#[test]
+fn up_checks_its_ports_and_the_demo_workspace_before_starting() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = busy.local_addr().unwrap().port();
+    let out = Command::new(env!("CARGO_BIN_EXE_ctxsync"))
+        .args(["up", "--gate-addr", &format!("127.0.0.1:{port}")])
+        .env("NATS_URL", "nats://127.0.0.1:1")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "cannot listen on 127.0.0.1:{port} (--gate-addr / CTXSYNC_GATE_ADDR)"
+        )),
+        "{stderr}"
+    );
+
+    let elsewhere = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ctxsync"))
+        .args([
+            "up",
+            "--demo",
+            "--ingest-addr=127.0.0.1:0",
+            "--store-addr=127.0.0.1:0",
+        ])
+        .args(["--gate-addr=127.0.0.1:0", "--catalog-addr=127.0.0.1:0"])
+        .current_dir(elsewhere.path())
+        .env("NATS_URL", "nats://127.0.0.1:1")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("the demo workspace deploy/demo/workspace (--demo-workspace / CTXSYNC_DEMO_WORKSPACE) is not a directory"),
+        "{stderr}"
+    );
+    // Nothing was started or written there.
+    assert_eq!(std::fs::read_dir(elsewhere.path()).unwrap().count(), 0);
+}
