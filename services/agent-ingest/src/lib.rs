@@ -100,7 +100,7 @@ impl RunningIngest {
 pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningIngest, StartError> {
     let subjects = config.common.subjects()?;
     let http_limits = config.common.http.limits()?;
-    let nats = ctxsync_runtime::nats::connect(&config.common.nats_url, "agent-ingest").await?;
+    let nats = ctxsync_runtime::nats::connect(&config.common, "agent-ingest").await?;
     let state = Arc::new(AppState {
         auth: auth::Authenticator::new(
             nats.client.clone(),

@@ -164,6 +164,7 @@ impl HttpServer {
         shutdown: Shutdown,
     ) -> Result<Self, BindError> {
         let _ = crate::metrics::handle();
+        ctxsync_tls::install_default_provider();
         serve::raise_open_files_limit();
         let listener = TcpListener::bind(addr)
             .await
@@ -172,9 +173,11 @@ impl HttpServer {
             .local_addr()
             .map_err(|source| BindError { addr, source })?;
         let app = routes.merge(operator_routes(readiness));
-        let task = tokio::spawn(serve::serve(listener, app, limits, shutdown));
+        let tls = limits.tls().is_some();
+        let task = tokio::spawn(serve::serve(listener, app, limits.clone(), shutdown));
         tracing::info!(
             addr = %local_addr,
+            tls,
             header_timeout = %humantime::format_duration(limits.header_timeout()),
             body_timeout = %humantime::format_duration(limits.body_timeout()),
             idle_timeout = %humantime::format_duration(limits.idle_timeout()),

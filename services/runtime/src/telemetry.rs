@@ -55,6 +55,9 @@ pub fn init_with(
     filter: &str,
     otlp: Option<Otlp>,
 ) -> Result<Telemetry, TelemetryError> {
+    // Before any client is built: reqwest's (the OTLP exporter's included)
+    // take rustls' process default, and ring is the one this build has.
+    ctxsync_tls::install_default_provider();
     let env_filter =
         EnvFilter::try_new(with_quiet_rmcp(filter)).map_err(|e| TelemetryError::Filter {
             value: filter.to_owned(),
