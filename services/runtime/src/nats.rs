@@ -386,8 +386,9 @@ pub async fn connect(
         .split(',')
         .any(|one| one.trim().get(..6).is_some_and(|s| s.eq_ignore_ascii_case("tls://")));
     if tls_url || target.tls.is_set() {
+        // Our config rather than async-nats' own: ring, explicitly.
         let config = match target.tls.client_config() {
-            Ok(Some(config)) => config,
+            Ok(Some(config)) => Ok(config),
             Ok(None) => ctxsync_tls::client_config(None, None),
             Err(error) => Err(error),
         }

@@ -7,7 +7,7 @@
 //! libraries (reqwest's, opentelemetry's) take rustls' process default, and
 //! this build ships no other provider.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use rustls::crypto::CryptoProvider;
@@ -196,13 +196,10 @@ pub fn client_config(
     }
 }
 
-/// The path of an optional file option, for messages and configs.
-pub fn path_of(file: Option<&PemFile>) -> Option<&Path> {
-    file.map(|f| f.path.as_path())
-}
-
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
 
     fn write(dir: &Path, name: &str, text: &str) -> PathBuf {

@@ -89,10 +89,7 @@ impl TestCa {
         let mut params = CertificateParams::new(sans).expect("valid names");
         params.distinguished_name.push(DnType::CommonName, name);
         params.use_authority_key_identifier_extension = true;
-        params.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![usage];
         let key = KeyPair::generate().expect("leaf key");
         let cert = params.signed_by(&key, &self.issuer).expect("leaf certificate");
