@@ -29,11 +29,10 @@ pub(crate) fn http_client() -> Result<reqwest::Client, McpError> {
         Some(config) => config.clone(),
         None => {
             // No extra CA: the system's roots (cannot fail without a file).
-            let config = ctxsync_tls::client_config(None, None).map_err(|e| {
-                McpError::Transport {
+            let config =
+                ctxsync_tls::client_config(None, None).map_err(|e| McpError::Transport {
                     message: e.to_string(),
-                }
-            })?;
+                })?;
             TRUST.get_or_init(|| Arc::new(config)).clone()
         }
     };

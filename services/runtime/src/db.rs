@@ -31,8 +31,11 @@ fn tls_options(url: &str, options: PgConnectOptions) -> Result<PgConnectOptions,
     else {
         return Ok(options);
     };
-    ctxsync_tls::load_certs(&ctxsync_tls::PemFile::new("sslrootcert of DATABASE_URL", &root))
-        .map_err(|e| e.to_string())?;
+    ctxsync_tls::load_certs(&ctxsync_tls::PemFile::new(
+        "sslrootcert of DATABASE_URL",
+        &root,
+    ))
+    .map_err(|e| e.to_string())?;
     Ok(match options.get_ssl_mode() {
         PgSslMode::Require => options.ssl_mode(PgSslMode::VerifyCa),
         _ => options,
@@ -62,9 +65,9 @@ pub async fn connect(args: &DatabaseArgs) -> Result<PgPool, DbError> {
         reason,
     })?
     .options([(
-            "idle_in_transaction_session_timeout",
-            IDLE_IN_TRANSACTION_TIMEOUT,
-        )]);
+        "idle_in_transaction_session_timeout",
+        IDLE_IN_TRANSACTION_TIMEOUT,
+    )]);
     // One direct connection first: a pool reports only "timed out", this
     // reports why (refused, unknown database, authentication failed).
     let probe = tokio::time::timeout(Duration::from_secs(5), PgConnection::connect_with(&options))

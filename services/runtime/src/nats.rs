@@ -382,9 +382,11 @@ pub async fn connect(
                 }
             }
         });
-    let tls_url = url
-        .split(',')
-        .any(|one| one.trim().get(..6).is_some_and(|s| s.eq_ignore_ascii_case("tls://")));
+    let tls_url = url.split(',').any(|one| {
+        one.trim()
+            .get(..6)
+            .is_some_and(|s| s.eq_ignore_ascii_case("tls://"))
+    });
     if tls_url || target.tls.is_set() {
         // Our config rather than async-nats' own: ring, explicitly.
         let config = match target.tls.client_config() {

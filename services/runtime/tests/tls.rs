@@ -117,7 +117,10 @@ async fn a_stalled_tls_handshake_is_closed_by_the_header_timeout() {
     // One says nothing; one sends the first bytes of a ClientHello and stops.
     let mut silent = TcpStream::connect(addr).await.unwrap();
     let mut partial = TcpStream::connect(addr).await.unwrap();
-    partial.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00]).await.unwrap();
+    partial
+        .write_all(&[0x16, 0x03, 0x01, 0x02, 0x00])
+        .await
+        .unwrap();
     let started = tokio::time::Instant::now();
     for stream in [&mut silent, &mut partial] {
         let mut buf = [0u8; 64];
@@ -134,7 +137,13 @@ async fn a_stalled_tls_handshake_is_closed_by_the_header_timeout() {
         elapsed >= header_timeout - Duration::from_millis(50),
         "closed after {elapsed:?}, before the header timeout"
     );
-    assert!(metric("ctxsync_http_timeouts_total", addr, Some(("timeout", "header"))) >= 2.0);
+    assert!(
+        metric(
+            "ctxsync_http_timeouts_total",
+            addr,
+            Some(("timeout", "header"))
+        ) >= 2.0
+    );
     // Real clients are still served.
     let answer = ca
         .https_client()
@@ -249,7 +258,8 @@ async fn nats_over_tls_with_a_ca_file() {
         .expect_err("an untrusted server certificate is refused")
         .to_string();
     assert!(
-        error.starts_with("cannot connect to NATS at tls://127.0.0.1:") && error.contains("(NATS_URL)"),
+        error.starts_with("cannot connect to NATS at tls://127.0.0.1:")
+            && error.contains("(NATS_URL)"),
         "{error}"
     );
     // A CA file that does not exist is named, with its option.
@@ -372,7 +382,9 @@ async fn postgres_sslmode_and_sslrootcert_are_honoured() {
     .unwrap_err()
     .to_string();
     assert!(
-        error.contains("invalid sslrootcert of DATABASE_URL \"/nonexistent/ca.pem\": cannot read it"),
+        error.contains(
+            "invalid sslrootcert of DATABASE_URL \"/nonexistent/ca.pem\": cannot read it"
+        ),
         "{error}"
     );
 }
@@ -380,15 +392,14 @@ async fn postgres_sslmode_and_sslrootcert_are_honoured() {
 #[tokio::test]
 async fn sslmode_require_against_a_server_without_tls_fails_clearly() {
     let postgres = PrivatePostgres::start().await;
-    let error = ctxsync_runtime::db::connect(&database(format!(
-        "{}?sslmode=require",
-        postgres.url()
-    )))
-    .await
-    .expect_err("require against a server without TLS")
-    .to_string();
+    let error =
+        ctxsync_runtime::db::connect(&database(format!("{}?sslmode=require", postgres.url())))
+            .await
+            .expect_err("require against a server without TLS")
+            .to_string();
     assert!(
-        error.starts_with("cannot connect to Postgres at postgres://") && error.contains("(DATABASE_URL)"),
+        error.starts_with("cannot connect to Postgres at postgres://")
+            && error.contains("(DATABASE_URL)"),
         "{error}"
     );
     assert!(error.contains("server does not support TLS"), "{error}");

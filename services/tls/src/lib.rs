@@ -260,7 +260,8 @@ mod tests {
         let other = PemFile::new("CTXSYNC_TLS_KEY", write(dir.path(), "o.pem", &other_key));
         let mismatch = server_config(&cert, &other).unwrap_err().to_string();
         assert!(
-            mismatch.starts_with("invalid CTXSYNC_TLS_CERT") && mismatch.contains("CTXSYNC_TLS_KEY"),
+            mismatch.starts_with("invalid CTXSYNC_TLS_CERT")
+                && mismatch.contains("CTXSYNC_TLS_KEY"),
             "{mismatch}"
         );
         // A key's content never appears in a message.

@@ -92,7 +92,9 @@ impl TestCa {
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![usage];
         let key = KeyPair::generate().expect("leaf key");
-        let cert = params.signed_by(&key, &self.issuer).expect("leaf certificate");
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .expect("leaf certificate");
         let files = CertFiles {
             cert: self.dir.path().join(format!("{name}.pem")),
             key: self.dir.path().join(format!("{name}.key")),

@@ -227,13 +227,7 @@ async fn serve_http<S>(
         hyper::service::service_fn(move |request| {
             // Called as soon as the head is parsed: from here the request is in flight.
             let in_flight = activity.request_started();
-            handle(
-                app.clone(),
-                request,
-                body_timeout,
-                in_flight,
-                label.clone(),
-            )
+            handle(app.clone(), request, body_timeout, in_flight, label.clone())
         })
     };
     let connection = hyper::server::conn::http1::Builder::new()
