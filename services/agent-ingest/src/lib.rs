@@ -118,7 +118,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningIngest, 
     ctxsync_runtime::metrics::init("agent-ingest", env!("CARGO_PKG_VERSION"), series::SERIES);
     let subjects = config.common.subjects()?;
     let http_limits = config.common.http.limits()?;
-    let nats = ctxsync_runtime::nats::connect(&config.common.nats_url, "agent-ingest").await?;
+    let nats = ctxsync_runtime::nats::connect(&config.common, "agent-ingest").await?;
     let state = Arc::new(AppState {
         auth: auth::Authenticator::new(
             nats.client.clone(),
@@ -143,8 +143,14 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningIngest, 
     let readiness = Readiness::new().with_nats(&nats);
     let (http, metrics) = match config.metrics_addr {
         Some(metrics_addr) => {
-            let metrics =
-                HttpServer::start_metrics(metrics_addr, http_limits, shutdown.clone()).await?;
+            // The metrics listener is internal (scrapers in the cluster):
+            // plain HTTP, with the API listener's other limits.
+            let metrics = HttpServer::start_metrics(
+                metrics_addr,
+                http_limits.clone().with_tls(None),
+                shutdown.clone(),
+            )
+            .await?;
             let http = HttpServer::start_without_metrics(
                 config.common.http_addr,
                 http_limits,

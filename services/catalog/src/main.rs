@@ -16,6 +16,9 @@ struct Args {
     database: ctxsync_runtime::DatabaseArgs,
     #[command(flatten)]
     catalog: catalog::CatalogArgs,
+    /// PEM CA certificate(s) to trust for https:// MCP servers, besides the system's roots.
+    #[arg(long, env = "CTXSYNC_MCP_CA_FILE")]
+    mcp_ca_file: Option<std::path::PathBuf>,
 }
 
 #[tokio::main]
@@ -35,6 +38,11 @@ async fn main() -> std::process::ExitCode {
 
 async fn serve(args: Args) -> anyhow::Result<()> {
     let config_path = args.catalog.config.clone();
+    let mcp_ca = args
+        .mcp_ca_file
+        .as_ref()
+        .map(|path| ctxsync_tls::PemFile::new("CTXSYNC_MCP_CA_FILE (--mcp-ca-file)", path));
+    ctxsync_mcp::https::trust_extra_ca(mcp_ca.as_ref())?;
     let config = args
         .catalog
         .into_config(args.common, args.database)

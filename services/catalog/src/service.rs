@@ -185,7 +185,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
     let http_limits = config.common.http.limits()?;
     let pool = db::connect(&config.database).await?;
     store::migrate(&pool).await?;
-    let connection = nats::connect(&config.common.nats_url, "catalog").await?;
+    let connection = nats::connect(&config.common, "catalog").await?;
     let grace = config.common.shutdown_grace;
     let core = Arc::new(Core {
         servers: std::sync::RwLock::new(Arc::new(config.servers)),

@@ -374,7 +374,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, St
     let subjects: Subjects = config.common.subjects()?;
     let http_limits = config.common.http.limits()?;
     let settings = config.settings()?;
-    let nats = ctxsync_runtime::nats::connect(&config.common.nats_url, "chat-gate").await?;
+    let nats = ctxsync_runtime::nats::connect(&config.common, "chat-gate").await?;
     let store = store::StoreReader::new(nats.client.clone(), &subjects, settings.store_timeout);
     let catalog =
         catalog::CatalogClient::new(nats.client.clone(), &subjects, config.catalog_timeout);

@@ -16,6 +16,9 @@ pub struct Connection {
     #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
     pub nats_url: String,
 
+    #[command(flatten)]
+    pub nats_tls: ctxsync_runtime::NatsTlsArgs,
+
     /// Prefix of every NATS subject.
     #[arg(long, env = "CTXSYNC_SUBJECT_PREFIX", default_value = ctxsync_proto::subjects::DEFAULT_PREFIX)]
     pub subject_prefix: String,

@@ -182,7 +182,10 @@ impl Connection {
                         })?;
                     custom_headers.insert(header_name, header_value);
                 }
-                let transport = StreamableHttpClientTransport::from_config(
+                // Our client, not rmcp's default: rustls on ring with the
+                // operator's extra CA (see `crate::https`).
+                let transport = StreamableHttpClientTransport::with_client(
+                    crate::https::http_client()?,
                     StreamableHttpClientTransportConfig::with_uri(url.as_str())
                         .custom_headers(custom_headers),
                 );

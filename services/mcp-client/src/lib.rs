@@ -14,6 +14,7 @@
 
 mod connection;
 mod error;
+pub mod https;
 mod sanitize;
 mod spec;
 mod text;

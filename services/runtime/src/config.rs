@@ -2,7 +2,11 @@
 //! meaning; flags win over env, env wins over the default.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
+
+use ctxsync_tls::{PemFile, TlsError};
 
 use ctxsync_proto::subjects::{SubjectError, Subjects};
 
@@ -21,6 +25,9 @@ pub struct CommonArgs {
     /// NATS server URL.
     #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
     pub nats_url: String,
+
+    #[command(flatten)]
+    pub nats_tls: NatsTlsArgs,
 
     /// Prefix of every NATS subject, so environments can share one NATS server.
     #[arg(long, env = "CTXSYNC_SUBJECT_PREFIX", default_value = ctxsync_proto::subjects::DEFAULT_PREFIX)]
@@ -56,6 +63,7 @@ impl CommonArgs {
     pub fn for_nats(nats_url: impl Into<String>, subject_prefix: impl Into<String>) -> Self {
         Self {
             nats_url: nats_url.into(),
+            nats_tls: NatsTlsArgs::default(),
             subject_prefix: subject_prefix.into(),
             http_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             log_format: LogFormat::Text,
@@ -79,6 +87,59 @@ impl CommonArgs {
             None | Some("") => Ok(None),
             Some(value) => otlp_traces_url(value).map(Some),
         }
+    }
+}
+
+/// TLS towards NATS beyond a `tls://` URL: a CA to trust and a client
+/// certificate for servers that verify clients.
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+pub struct NatsTlsArgs {
+    /// PEM CA certificate(s) to trust for NATS, besides the system's roots;
+    /// set, the connection must use TLS (even with a `nats://` URL).
+    #[arg(long, env = "CTXSYNC_NATS_CA_FILE")]
+    pub nats_ca_file: Option<PathBuf>,
+
+    /// PEM client certificate to present to NATS (mutual TLS); needs --nats-client-key.
+    #[arg(long, env = "CTXSYNC_NATS_CLIENT_CERT")]
+    pub nats_client_cert: Option<PathBuf>,
+
+    /// PEM private key of --nats-client-cert.
+    #[arg(long, env = "CTXSYNC_NATS_CLIENT_KEY")]
+    pub nats_client_key: Option<PathBuf>,
+}
+
+const NATS_CA_OPTION: &str = "CTXSYNC_NATS_CA_FILE (--nats-ca-file)";
+const NATS_CLIENT_CERT_OPTION: &str = "CTXSYNC_NATS_CLIENT_CERT (--nats-client-cert)";
+const NATS_CLIENT_KEY_OPTION: &str = "CTXSYNC_NATS_CLIENT_KEY (--nats-client-key)";
+
+impl NatsTlsArgs {
+    /// Whether any option asks for TLS.
+    pub fn is_set(&self) -> bool {
+        self.nats_ca_file.is_some()
+            || self.nats_client_cert.is_some()
+            || self.nats_client_key.is_some()
+    }
+
+    /// The client config these options describe (`None` when none is set).
+    pub fn client_config(&self) -> Result<Option<ctxsync_tls::rustls::ClientConfig>, TlsError> {
+        if !self.is_set() {
+            return Ok(None);
+        }
+        let ca = self
+            .nats_ca_file
+            .clone()
+            .map(|path| PemFile::new(NATS_CA_OPTION, path));
+        let client = ctxsync_tls::pair(
+            self.nats_client_cert
+                .clone()
+                .map(|path| PemFile::new(NATS_CLIENT_CERT_OPTION, path)),
+            self.nats_client_key
+                .clone()
+                .map(|path| PemFile::new(NATS_CLIENT_KEY_OPTION, path)),
+            NATS_CLIENT_CERT_OPTION,
+            NATS_CLIENT_KEY_OPTION,
+        )?;
+        ctxsync_tls::client_config(ca.as_ref(), client.as_ref().map(|(c, k)| (c, k))).map(Some)
     }
 }
 
@@ -142,12 +203,26 @@ pub struct HttpArgs {
     /// Connections served at once; past it the listener stops accepting until one closes.
     #[arg(long, env = MAX_CONNECTIONS_ENV, default_value_t = HttpLimits::DEFAULT.max_connections, value_parser = count_parser(MAX_CONNECTIONS_ENV))]
     pub http_max_connections: usize,
+
+    /// PEM certificate chain (leaf first) to serve HTTPS with; needs --tls-key.
+    /// Unset: plain HTTP.
+    #[arg(long, env = TLS_CERT_ENV)]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = TLS_KEY_ENV)]
+    pub tls_key: Option<PathBuf>,
 }
 
 const HEADER_TIMEOUT_ENV: &str = "CTXSYNC_HTTP_HEADER_TIMEOUT";
 const BODY_TIMEOUT_ENV: &str = "CTXSYNC_HTTP_BODY_TIMEOUT";
 const IDLE_TIMEOUT_ENV: &str = "CTXSYNC_HTTP_IDLE_TIMEOUT";
 const MAX_CONNECTIONS_ENV: &str = "CTXSYNC_HTTP_MAX_CONNECTIONS";
+const TLS_CERT_ENV: &str = "CTXSYNC_TLS_CERT";
+const TLS_KEY_ENV: &str = "CTXSYNC_TLS_KEY";
+/// How the TLS options are named in messages.
+const TLS_CERT_OPTION: &str = "CTXSYNC_TLS_CERT (--tls-cert)";
+const TLS_KEY_OPTION: &str = "CTXSYNC_TLS_KEY (--tls-key)";
 
 impl Default for HttpArgs {
     fn default() -> Self {
@@ -157,30 +232,82 @@ impl Default for HttpArgs {
             http_body_timeout: limits.body_timeout,
             http_idle_timeout: limits.idle_timeout,
             http_max_connections: limits.max_connections,
+            tls_cert: None,
+            tls_key: None,
         }
     }
 }
 
 impl HttpArgs {
-    /// The limits, checked again: the fields can be set without the parser.
+    /// The limits, checked again (the fields can be set without the parser),
+    /// with the TLS certificate and key loaded when given.
     pub fn limits(&self) -> Result<HttpLimits, ConfigError> {
-        HttpLimits::new(
+        let limits = HttpLimits::new(
             self.http_header_timeout,
             self.http_body_timeout,
             self.http_idle_timeout,
             self.http_max_connections,
-        )
+        )?;
+        Ok(limits.with_tls(self.tls()?))
+    }
+
+    /// The server TLS config of `--tls-cert` and `--tls-key`: both or neither.
+    pub fn tls(&self) -> Result<Option<ServerTls>, ConfigError> {
+        let pair = ctxsync_tls::pair(
+            self.tls_cert
+                .clone()
+                .map(|path| PemFile::new(TLS_CERT_OPTION, path)),
+            self.tls_key
+                .clone()
+                .map(|path| PemFile::new(TLS_KEY_OPTION, path)),
+            TLS_CERT_OPTION,
+            TLS_KEY_OPTION,
+        )?;
+        let Some((cert, key)) = pair else {
+            return Ok(None);
+        };
+        Ok(Some(ServerTls(ctxsync_tls::server_config(&cert, &key)?)))
     }
 }
 
+/// A listener's TLS: its certificate and key, loaded.
+#[derive(Clone)]
+pub struct ServerTls(Arc<ctxsync_tls::rustls::ServerConfig>);
+
+impl ServerTls {
+    pub fn new(config: Arc<ctxsync_tls::rustls::ServerConfig>) -> Self {
+        Self(config)
+    }
+
+    pub fn config(&self) -> Arc<ctxsync_tls::rustls::ServerConfig> {
+        self.0.clone()
+    }
+}
+
+impl std::fmt::Debug for ServerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ServerTls")
+    }
+}
+
+/// The same loaded config (there is no other way to compare two).
+impl PartialEq for ServerTls {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for ServerTls {}
+
 /// Checked [`HttpArgs`]: every timeout above zero and at most a day, at least
-/// one connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// one connection; and the listener's TLS, when it serves HTTPS.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpLimits {
     header_timeout: Duration,
     body_timeout: Duration,
     idle_timeout: Duration,
     max_connections: usize,
+    tls: Option<ServerTls>,
 }
 
 /// Longer timeouts are mistakes (and would overflow deadlines).
@@ -200,6 +327,7 @@ impl HttpLimits {
         body_timeout: Duration::from_secs(30),
         idle_timeout: Duration::from_secs(60),
         max_connections: 1024,
+        tls: None,
     };
 
     pub fn new(
@@ -229,7 +357,18 @@ impl HttpLimits {
             body_timeout,
             idle_timeout,
             max_connections,
+            tls: None,
         })
+    }
+
+    /// Serve HTTPS with `tls` (plain HTTP with `None`).
+    pub fn with_tls(mut self, tls: Option<ServerTls>) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    pub fn tls(&self) -> Option<&ServerTls> {
+        self.tls.as_ref()
     }
 
     pub fn header_timeout(&self) -> Duration {
@@ -338,6 +477,8 @@ pub enum ConfigError {
         value: String,
         reason: String,
     },
+    #[error(transparent)]
+    Tls(#[from] TlsError),
 }
 
 #[cfg(test)]

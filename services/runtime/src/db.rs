@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
 use sqlx::{Connection, PgConnection, PgPool};
 
 use crate::DatabaseArgs;
@@ -72,6 +72,33 @@ pub fn check_url(url: &str) -> Result<(), DbError> {
     }
 }
 
+/// TLS as libpq reads the URL: `sslmode` (disable, prefer (the default),
+/// require, verify-ca, verify-full) and `sslrootcert` are applied by sqlx
+/// (rustls on ring); as in libpq, `require` with an `sslrootcert` verifies
+/// the server's certificate against it (verify-ca). The root certificate
+/// file is read here first, so that a bad path is a clear startup error.
+fn tls_options(url: &str, options: PgConnectOptions) -> Result<PgConnectOptions, String> {
+    let Ok(parsed) = url::Url::parse(url) else {
+        return Ok(options);
+    };
+    let Some(root) = parsed
+        .query_pairs()
+        .find(|(key, _)| key == "sslrootcert")
+        .map(|(_, value)| value.into_owned())
+    else {
+        return Ok(options);
+    };
+    ctxsync_tls::load_certs(&ctxsync_tls::PemFile::new(
+        "sslrootcert of DATABASE_URL",
+        &root,
+    ))
+    .map_err(|e| e.to_string())?;
+    Ok(match options.get_ssl_mode() {
+        PgSslMode::Require => options.ssl_mode(PgSslMode::VerifyCa),
+        _ => options,
+    })
+}
+
 /// A transaction left open this long is ended by Postgres: a replica that
 /// stalls (SIGSTOP, a paused VM) inside a transaction holds its row locks
 /// only this long, not until it resumes. Every transaction of ours is
@@ -79,19 +106,26 @@ pub fn check_url(url: &str) -> Result<(), DbError> {
 pub const IDLE_IN_TRANSACTION_TIMEOUT: &str = "15s";
 
 pub async fn connect(args: &DatabaseArgs) -> Result<PgPool, DbError> {
+    ctxsync_tls::install_default_provider();
     check_url(&args.database_url)?;
     let connect_error = |e: sqlx::Error| DbError::Connect {
         url: redact_url(&args.database_url),
         reason: describe(&e),
     };
-    let options = args
-        .database_url
-        .parse::<PgConnectOptions>()
-        .map_err(connect_error)?
-        .options([(
-            "idle_in_transaction_session_timeout",
-            IDLE_IN_TRANSACTION_TIMEOUT,
-        )]);
+    let options = tls_options(
+        &args.database_url,
+        args.database_url
+            .parse::<PgConnectOptions>()
+            .map_err(connect_error)?,
+    )
+    .map_err(|reason| DbError::Connect {
+        url: crate::nats::redact_url(&args.database_url),
+        reason,
+    })?
+    .options([(
+        "idle_in_transaction_session_timeout",
+        IDLE_IN_TRANSACTION_TIMEOUT,
+    )]);
     // One direct connection first: a pool reports only "timed out", this
     // reports why (refused, unknown database, authentication failed).
     let probe = tokio::time::timeout(Duration::from_secs(5), PgConnection::connect_with(&options))

@@ -205,6 +205,7 @@ impl HttpServer {
         shutdown: Shutdown,
     ) -> Result<Self, BindError> {
         let _ = crate::metrics::handle();
+        ctxsync_tls::install_default_provider();
         serve::raise_open_files_limit();
         let error = |source| BindError {
             addr,
@@ -213,9 +214,11 @@ impl HttpServer {
         };
         let listener = TcpListener::bind(addr).await.map_err(error)?;
         let local_addr = listener.local_addr().map_err(error)?;
-        let task = tokio::spawn(serve::serve(listener, app, limits, shutdown));
+        let tls = limits.tls().is_some();
+        let task = tokio::spawn(serve::serve(listener, app, limits.clone(), shutdown));
         tracing::info!(
             addr = %local_addr,
+            tls,
             header_timeout = %humantime::format_duration(limits.header_timeout()),
             body_timeout = %humantime::format_duration(limits.body_timeout()),
             idle_timeout = %humantime::format_duration(limits.idle_timeout()),

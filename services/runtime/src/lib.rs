@@ -13,6 +13,6 @@ pub mod shutdown;
 pub mod telemetry;
 pub mod trace;
 
-pub use config::{CommonArgs, DatabaseArgs, LogFormat};
+pub use config::{CommonArgs, DatabaseArgs, LogFormat, NatsTlsArgs};
 pub use http::{HttpServer, Readiness};
 pub use shutdown::Shutdown;

@@ -10,6 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::{Client, ConnectOptions, Event};
+
+use crate::config::{CommonArgs, NatsTlsArgs};
 use tokio::sync::watch;
 
 /// The reconnect backoff never grows past this: a waiting chat must not sit
@@ -260,9 +262,48 @@ pub struct NatsConnectError {
     pub reason: String,
 }
 
+/// Where NATS is and how to reach it: the URL (`nats://` or `tls://`, with
+/// `user:password@` when the server wants them) and the TLS options.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NatsTarget {
+    pub url: String,
+    pub tls: NatsTlsArgs,
+}
+
+impl From<&str> for NatsTarget {
+    fn from(url: &str) -> Self {
+        Self {
+            url: url.to_owned(),
+            tls: NatsTlsArgs::default(),
+        }
+    }
+}
+
+impl From<&String> for NatsTarget {
+    fn from(url: &String) -> Self {
+        Self::from(url.as_str())
+    }
+}
+
+impl From<&CommonArgs> for NatsTarget {
+    fn from(common: &CommonArgs) -> Self {
+        Self {
+            url: common.nats_url.clone(),
+            tls: common.nats_tls.clone(),
+        }
+    }
+}
+
 /// Connects once (no retry: a bad NATS_URL is a startup error), then
-/// reconnects forever with a short backoff.
-pub async fn connect(url: &str, client_name: &str) -> Result<NatsConnection, NatsConnectError> {
+/// reconnects forever with a short backoff. TLS is used for `tls://` URLs
+/// and whenever a TLS option is set, always with rustls on ring.
+pub async fn connect(
+    target: impl Into<NatsTarget>,
+    client_name: &str,
+) -> Result<NatsConnection, NatsConnectError> {
+    ctxsync_tls::install_default_provider();
+    let target = target.into();
+    let url = target.url.as_str();
     // The recorder first: a series recorded before it is installed is lost.
     let _ = crate::metrics::handle();
     // Present from the start, so `increase()` alerts see the first reconnect.
@@ -347,6 +388,24 @@ pub async fn connect(url: &str, client_name: &str) -> Result<NatsConnection, Nat
                 }
             }
         });
+    let tls_url = url.split(',').any(|one| {
+        one.trim()
+            .get(..6)
+            .is_some_and(|s| s.eq_ignore_ascii_case("tls://"))
+    });
+    if tls_url || target.tls.is_set() {
+        // Our config rather than async-nats' own: ring, explicitly.
+        let config = match target.tls.client_config() {
+            Ok(Some(config)) => Ok(config),
+            Ok(None) => ctxsync_tls::client_config(None, None),
+            Err(error) => Err(error),
+        }
+        .map_err(|error| NatsConnectError {
+            url: redact_url(url),
+            reason: error.to_string(),
+        })?;
+        options = options.tls_client_config(config).require_tls(true);
+    }
     // async-nats ignores user:password in the URL: pass them explicitly.
     if let Ok(addr) = url.parse::<async_nats::ServerAddr>()
         && let (Some(user), Some(password)) = (addr.username(), addr.password())

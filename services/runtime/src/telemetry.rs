@@ -180,6 +180,9 @@ pub fn init_with(
     service: &str,
     otlp: Option<Otlp>,
 ) -> Result<Telemetry, TelemetryError> {
+    // Before any client is built: reqwest's (the OTLP exporter's included)
+    // take rustls' process default, and ring is the one this build has.
+    ctxsync_tls::install_default_provider();
     let env_filter =
         EnvFilter::try_new(with_quiet_crates(filter)).map_err(|e| TelemetryError::Filter {
             value: filter.to_owned(),

@@ -227,7 +227,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningStore, S
     Store::migrate(&pool)
         .await
         .map_err(ctxsync_runtime::db::DbError::Migrate)?;
-    let nats = ctxsync_runtime::nats::connect(&config.common.nats_url, "snapshot-store").await?;
+    let nats = ctxsync_runtime::nats::connect(&config.common, "snapshot-store").await?;
     let store = Store::new(pool.clone());
     let grace = config.common.shutdown_grace;
     let limit = StateLimit {

@@ -115,7 +115,7 @@ pub async fn start(
             Some(
                 HttpServer::start(
                     addr,
-                    config.http_limits,
+                    config.http_limits.clone(),
                     axum::Router::new(),
                     readiness,
                     shutdown.clone(),

@@ -18,9 +18,13 @@ struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
 
-    /// agent-ingest's base URL.
+    /// agent-ingest's base URL (`https://` or `http://`).
     #[arg(long, env = "CTXSYNC_INGEST_URL")]
     ingest_url: Option<String>,
+
+    /// PEM CA certificate(s) to trust for an https:// ingest URL, besides the system's roots.
+    #[arg(long, env = "CTXSYNC_INGEST_CA_FILE")]
+    ingest_ca_file: Option<PathBuf>,
 
     /// File holding this agent's token.
     #[arg(long, env = "CTXSYNC_AGENT_TOKEN_FILE")]
@@ -51,6 +55,8 @@ struct Cli {
     reannounce_interval: Duration,
 }
 
+const MCP_CA_OPTION: &str = "CTXSYNC_MCP_CA_FILE (--mcp-ca-file)";
+
 #[derive(Debug, clap::Args)]
 struct Common {
     /// The workspace's working directory (relative paths resolve against it).
@@ -60,6 +66,10 @@ struct Common {
     /// Per-server bound on the MCP handshake (and on listing tools).
     #[arg(long, env = "CTXSYNC_MCP_HANDSHAKE_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration, global = true)]
     handshake_timeout: Duration,
+
+    /// PEM CA certificate(s) to trust for https:// MCP servers, besides the system's roots.
+    #[arg(long, env = "CTXSYNC_MCP_CA_FILE", global = true)]
+    mcp_ca_file: Option<PathBuf>,
 
     /// MCP servers connecting at the same time, at most.
     #[arg(
@@ -113,6 +123,12 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
+    let mcp_ca = cli
+        .common
+        .mcp_ca_file
+        .as_ref()
+        .map(|path| ctxsync_tls::PemFile::new(MCP_CA_OPTION, path));
+    ctxsync_mcp::https::trust_extra_ca(mcp_ca.as_ref())?;
     let settings = discovery_settings(&cli.common)?;
 
     match cli.command {
@@ -135,6 +151,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .context("--token-file (CTXSYNC_AGENT_TOKEN_FILE) is required")?;
             let token = AgentToken::from_file(&token_file)?;
             let mut publisher = PublisherConfig::new(ingest_url, token);
+            publisher.ingest_ca_file = cli.ingest_ca_file;
             publisher.reannounce_interval = cli.reannounce_interval;
             let config = AgentConfig {
                 discovery: settings,

@@ -16,6 +16,7 @@
 //! `reannounce_interval`, so a takeover is noticed even when nothing changes.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use ctxsync_proto::v1::{
@@ -108,8 +109,10 @@ impl Backoff {
 
 #[derive(Debug, Clone)]
 pub struct PublisherConfig {
-    /// agent-ingest's base URL, e.g. `http://127.0.0.1:8081`.
+    /// agent-ingest's base URL, e.g. `https://ingest.example:8443` or `http://127.0.0.1:8081`.
     pub ingest_url: String,
+    /// A PEM CA to trust for an `https://` ingest URL, besides the system's roots.
+    pub ingest_ca_file: Option<PathBuf>,
     pub token: AgentToken,
     pub agent_version: String,
     pub request_timeout: Duration,
@@ -126,6 +129,7 @@ impl PublisherConfig {
     pub fn new(ingest_url: impl Into<String>, token: AgentToken) -> Self {
         Self {
             ingest_url: ingest_url.into(),
+            ingest_ca_file: None,
             token,
             agent_version: crate::AGENT_VERSION.to_owned(),
             request_timeout: Duration::from_secs(10),
@@ -152,6 +156,8 @@ pub enum PublishError {
     Decode(String),
     #[error("invalid CTXSYNC_INGEST_URL {value:?}: {reason}")]
     Url { value: String, reason: String },
+    #[error(transparent)]
+    Tls(#[from] ctxsync_tls::TlsError),
 }
 
 impl PublishError {
@@ -162,7 +168,7 @@ impl PublishError {
             | PublishError::Network(_)
             | PublishError::Unauthorized { .. } => true,
             PublishError::Rejected { status, .. } => *status >= 500,
-            PublishError::Decode(_) | PublishError::Url { .. } => false,
+            PublishError::Decode(_) | PublishError::Url { .. } | PublishError::Tls(_) => false,
         }
     }
 
@@ -173,6 +179,9 @@ impl PublishError {
         }
     }
 }
+
+/// How `ingest_ca_file` is named in messages.
+pub const INGEST_CA_OPTION: &str = "CTXSYNC_INGEST_CA_FILE (--ingest-ca-file)";
 
 /// One agent process's client of agent-ingest.
 #[derive(Clone)]
@@ -198,15 +207,22 @@ impl fmt::Debug for Publisher {
 impl Publisher {
     pub fn new(config: &PublisherConfig, run_id: impl Into<String>) -> Result<Self, PublishError> {
         let base = config.ingest_url.trim().trim_end_matches('/').to_owned();
-        if !base.starts_with("http://") {
+        if !(base.starts_with("http://") || base.starts_with("https://")) {
             return Err(PublishError::Url {
                 value: config.ingest_url.clone(),
-                reason: "expected an http:// URL (this build has no TLS; put a TLS-terminating proxy in front)"
-                    .to_owned(),
+                reason: "expected an https:// or http:// URL".to_owned(),
             });
         }
+        // rustls on ring, the system's roots plus the operator's CA (the
+        // token travels in every request: https outside a trusted network).
+        let ca = config
+            .ingest_ca_file
+            .as_ref()
+            .map(|path| ctxsync_tls::PemFile::new(INGEST_CA_OPTION, path));
+        let tls = ctxsync_tls::client_config(ca.as_ref(), None)?;
         let http = reqwest::Client::builder()
             .timeout(config.request_timeout)
+            .tls_backend_preconfigured(tls)
             .build()
             .map_err(|e| PublishError::Network(e.to_string()))?;
         Ok(Self {
@@ -647,9 +663,27 @@ mod tests {
     }
 
     #[test]
-    fn only_http_urls_are_accepted() {
-        let config = PublisherConfig::new("https://ingest", AgentToken::new("t"));
+    fn only_http_and_https_urls_are_accepted() {
+        ctxsync_tls::install_default_provider();
+        for url in ["https://ingest", "http://ingest:8081/"] {
+            let config = PublisherConfig::new(url, AgentToken::new("t"));
+            Publisher::new(&config, "r").unwrap();
+        }
+        let config = PublisherConfig::new("ftp://ingest", AgentToken::new("t"));
         let error = Publisher::new(&config, "r").unwrap_err().to_string();
         assert!(error.contains("CTXSYNC_INGEST_URL"), "{error}");
+    }
+
+    #[test]
+    fn a_missing_ingest_ca_file_names_the_option_and_the_path() {
+        let mut config = PublisherConfig::new("https://ingest", AgentToken::new("t"));
+        config.ingest_ca_file = Some("/nonexistent/ca.pem".into());
+        let error = Publisher::new(&config, "r").unwrap_err().to_string();
+        assert!(
+            error.starts_with(
+                "invalid CTXSYNC_INGEST_CA_FILE (--ingest-ca-file) \"/nonexistent/ca.pem\": cannot read it"
+            ),
+            "{error}"
+        );
     }
 }

@@ -218,6 +218,15 @@ pub struct HttpFixture {
 }
 
 impl HttpFixture {
+    /// [`Self::start`] serving HTTPS with the PEM `cert` chain and `key`.
+    pub async fn start_tls(cert: &Path, key: &Path, args: &[&str]) -> HttpFixture {
+        let cert = cert.to_str().expect("a UTF-8 path");
+        let key = key.to_str().expect("a UTF-8 path");
+        let mut all = vec!["--tls-cert", cert, "--tls-key", key];
+        all.extend_from_slice(args);
+        Self::start(&all).await
+    }
+
     /// Starts `mcp-fixture --http 127.0.0.1:0 <args>` and waits for its URL.
     pub async fn start(args: &[&str]) -> HttpFixture {
         let mut child = tokio::process::Command::new(fixture_binary())
@@ -238,11 +247,14 @@ impl HttpFixture {
         .expect("mcp-fixture --http printed no address within 10s")
         .expect("reading mcp-fixture stdout");
         let url = line.trim().to_string();
-        assert!(url.starts_with("http://"), "unexpected first line {url:?}");
+        assert!(
+            url.starts_with("http://") || url.starts_with("https://"),
+            "unexpected first line {url:?}"
+        );
         HttpFixture { child, url }
     }
 
-    /// `http://127.0.0.1:PORT/mcp`.
+    /// `http://127.0.0.1:PORT/mcp` (`https://` with TLS).
     pub fn url(&self) -> &str {
         &self.url
     }

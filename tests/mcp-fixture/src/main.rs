@@ -75,6 +75,12 @@ struct Args {
     /// Serve streamable HTTP on this address (path `/mcp`) instead of stdio.
     #[arg(long, env = "MCP_FIXTURE_HTTP")]
     http: Option<String>,
+    /// With --http: serve HTTPS with this PEM certificate chain (needs --tls-key).
+    #[arg(long, env = "MCP_FIXTURE_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert.
+    #[arg(long, env = "MCP_FIXTURE_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
     /// A URL (with credentials) the secret-error mode pretends it called.
     #[arg(long, env = "MCP_FIXTURE_URL")]
     url: Option<String>,
@@ -339,6 +345,37 @@ impl Drop for Recording {
     }
 }
 
+/// A TCP listener whose connections are TLS sessions (a failed handshake is
+/// dropped and the next connection accepted).
+struct TlsListener {
+    inner: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let Ok((stream, peer)) = self.inner.accept().await else {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            };
+            let handshake = self.acceptor.accept(stream);
+            match tokio::time::timeout(Duration::from_secs(5), handshake).await {
+                Ok(Ok(stream)) => return (stream, peer),
+                Ok(Err(error)) => eprintln!("mcp-fixture: tls handshake failed: {error}"),
+                Err(_) => eprintln!("mcp-fixture: tls handshake timed out"),
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.inner.local_addr()
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Arc::new(Args::parse());
@@ -424,14 +461,35 @@ async fn main() -> anyhow::Result<()> {
             let listener = tokio::net::TcpListener::bind(address)
                 .await
                 .with_context(|| format!("binding {address}"))?;
-            println!("http://{}/mcp", listener.local_addr()?);
-            let server = axum::serve(listener, router).with_graceful_shutdown({
+            let stopped = {
                 let cancel = cancel.clone();
                 async move { cancel.cancelled_owned().await }
-            });
-            tokio::select! {
-                result = server => result?,
-                _ = terminate.recv() => cancel.cancel(),
+            };
+            match (&args.tls_cert, &args.tls_key) {
+                (Some(cert), Some(key)) => {
+                    let config = ctxsync_tls::server_config(
+                        &ctxsync_tls::PemFile::new("--tls-cert", cert),
+                        &ctxsync_tls::PemFile::new("--tls-key", key),
+                    )?;
+                    println!("https://{}/mcp", listener.local_addr()?);
+                    let listener = TlsListener {
+                        inner: listener,
+                        acceptor: tokio_rustls::TlsAcceptor::from(config),
+                    };
+                    let server = axum::serve(listener, router).with_graceful_shutdown(stopped);
+                    tokio::select! {
+                        result = server => result?,
+                        _ = terminate.recv() => cancel.cancel(),
+                    }
+                }
+                _ => {
+                    println!("http://{}/mcp", listener.local_addr()?);
+                    let server = axum::serve(listener, router).with_graceful_shutdown(stopped);
+                    tokio::select! {
+                        result = server => result?,
+                        _ = terminate.recv() => cancel.cancel(),
+                    }
+                }
             }
         }
         None => {

@@ -101,6 +101,7 @@ impl FakeAgent {
 
     /// A client of an agent registered elsewhere (e.g. a second process of it).
     pub fn with_token(ingest_url: &str, agent_id: &str, token: &str) -> Self {
+        ctxsync_tls::install_default_provider();
         Self {
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(30))

@@ -26,6 +26,7 @@ mod private_postgres;
 mod process;
 pub mod report;
 pub mod store;
+pub mod tls;
 
 pub use binary::workspace_binary;
 pub use nats::NatsServer;
@@ -40,6 +41,7 @@ pub fn unique_prefix() -> String {
 
 /// Routes `tracing` output through the test harness (shown for failing tests).
 pub fn init_logs() {
+    ctxsync_tls::install_default_provider();
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("CTXSYNC_TEST_LOG")

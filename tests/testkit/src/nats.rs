@@ -27,6 +27,8 @@ impl NatsServer {
     /// [`Self::start`] with `extra_config` added to the server's config file
     /// (e.g. an `authorization` block of users with permissions).
     pub fn start_with_config(extra_config: &str) -> Self {
+        // Tests build reqwest clients, which need rustls' process default.
+        ctxsync_tls::install_default_provider();
         let mut store_dir = tempfile::tempdir().expect("cannot create a temp dir for nats-server");
         let mut last_error = String::new();
         // A reserved port can be taken by another test between reservation and bind: retry.

@@ -34,6 +34,7 @@ fn with_database(base: &str, name: &str) -> String {
 impl TestDatabase {
     /// Creates an empty database (migrations are the service's to apply).
     pub async fn create() -> Self {
+        ctxsync_tls::install_default_provider();
         let admin_url = admin_url();
         let mut admin = PgConnection::connect(&admin_url)
             .await

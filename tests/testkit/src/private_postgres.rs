@@ -28,6 +28,8 @@ pub struct PrivatePostgres {
     run_as: Option<(u32, u32)>,
     child: Option<Child>,
     starts: u32,
+    /// `ssl=on` with this certificate and key (copies the server may read).
+    tls: Option<crate::tls::CertFiles>,
 }
 
 fn has_server_binaries(dir: &Path) -> bool {
@@ -94,6 +96,17 @@ fn run_as() -> Option<(u32, u32)> {
 impl PrivatePostgres {
     /// `initdb` and start; returns once it answers queries.
     pub async fn start() -> Self {
+        Self::start_inner(None).await
+    }
+
+    /// [`Self::start`] with `ssl=on`, serving `cert` (clients may still
+    /// connect without TLS unless they ask for it with `sslmode`).
+    pub async fn start_with_tls(cert: &crate::tls::CertFiles) -> Self {
+        Self::start_inner(Some(cert)).await
+    }
+
+    async fn start_inner(tls: Option<&crate::tls::CertFiles>) -> Self {
+        ctxsync_tls::install_default_provider();
         let bin_dir = find_bin_dir();
         let run_as = run_as();
         let dir = tempfile::Builder::new()
@@ -112,8 +125,12 @@ impl PrivatePostgres {
             run_as,
             child: None,
             starts: 0,
+            tls: None,
         };
         server.initdb();
+        if let Some(files) = tls {
+            server.tls = Some(server.install_tls(files));
+        }
         let mut last_error = String::new();
         // A reserved port can be taken before postgres binds it: retry on another.
         for _ in 0..5 {
@@ -171,6 +188,26 @@ impl PrivatePostgres {
         );
     }
 
+    /// Copies of `files` the server accepts: owned by its user, the key 0600.
+    fn install_tls(&self, files: &crate::tls::CertFiles) -> crate::tls::CertFiles {
+        use std::os::unix::fs::PermissionsExt as _;
+        let copy = crate::tls::CertFiles {
+            cert: self.dir.path().join("server.pem"),
+            key: self.dir.path().join("server.key"),
+        };
+        std::fs::copy(&files.cert, &copy.cert).expect("copy the server certificate");
+        std::fs::copy(&files.key, &copy.key).expect("copy the server key");
+        std::fs::set_permissions(&copy.key, std::fs::Permissions::from_mode(0o600))
+            .expect("chmod the server key");
+        if let Some((uid, gid)) = self.run_as {
+            for path in [&copy.cert, &copy.key] {
+                std::os::unix::fs::chown(path, Some(uid), Some(gid))
+                    .unwrap_or_else(|e| panic!("cannot give {} to postgres: {e}", path.display()));
+            }
+        }
+        copy
+    }
+
     fn spawn(&mut self) {
         use std::os::unix::process::CommandExt as _;
         let log = File::options()
@@ -188,6 +225,16 @@ impl PrivatePostgres {
             .args(["-c", "listen_addresses=127.0.0.1"])
             .arg("-k")
             .arg(self.dir.path())
+            .args(self.tls.iter().flat_map(|tls| {
+                [
+                    "-c".to_owned(),
+                    "ssl=on".to_owned(),
+                    "-c".to_owned(),
+                    format!("ssl_cert_file={}", tls.cert.display()),
+                    "-c".to_owned(),
+                    format!("ssl_key_file={}", tls.key.display()),
+                ]
+            }))
             // Its own process group: a hard kill takes every backend with the postmaster.
             .process_group(0)
             .stdout(log)

@@ -69,6 +69,14 @@ impl ProcessBuilder {
         self
     }
 
+    /// The certificate chain it serves HTTPS with: `CTXSYNC_TLS_CERT`, when set.
+    fn tls_cert(&self) -> Option<PathBuf> {
+        self.env
+            .iter()
+            .find(|(k, _)| k == "CTXSYNC_TLS_CERT")
+            .map(|(_, v)| PathBuf::from(v))
+    }
+
     /// The address `/readyz` is asked on: `CTXSYNC_HTTP_ADDR`, when set.
     fn http_addr(&self) -> Option<SocketAddr> {
         self.env
@@ -202,10 +210,22 @@ impl Process {
         let addr = self
             .http_addr()
             .unwrap_or_else(|| panic!("{} has no CTXSYNC_HTTP_ADDR to ask", self.name()));
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(2))
-            .build()
-            .expect("http client");
+        ctxsync_tls::install_default_provider();
+        let mut http = reqwest::Client::builder().timeout(Duration::from_secs(2));
+        // Serving HTTPS: asked over https, trusting the certificates of its own
+        // chain (a [`crate::tls::TestCa`] chain ends with the CA).
+        let scheme = match self.builder.tls_cert() {
+            Some(chain) => {
+                let pem = std::fs::read(&chain)
+                    .unwrap_or_else(|e| panic!("cannot read {}: {e}", chain.display()));
+                for cert in reqwest::Certificate::from_pem_bundle(&pem).expect("a PEM chain") {
+                    http = http.add_root_certificate(cert);
+                }
+                "https"
+            }
+            None => "http",
+        };
+        let http = http.build().expect("http client");
         let started = Instant::now();
         loop {
             if let Some(status) = self.try_exit() {
@@ -214,7 +234,7 @@ impl Process {
                     self.failure(&format!("exited with {status} before it was ready"))
                 );
             }
-            let last = match http.get(format!("http://{addr}/readyz")).send().await {
+            let last = match http.get(format!("{scheme}://{addr}/readyz")).send().await {
                 Ok(response) if response.status().is_success() => return started.elapsed(),
                 Ok(response) => format!(
                     "{}: {}",

@@ -11,7 +11,9 @@
 //! * body timeout: a body not read to its end within it of the head is
 //!   answered 408 and the connection closed;
 //! * at most `max_connections` are served at once; past it the listener stops
-//!   accepting (the kernel's backlog holds the rest) until one closes.
+//!   accepting (the kernel's backlog holds the rest) until one closes;
+//! * with TLS, the handshake counts against the header timeout of the first
+//!   request: a client that stalls the handshake is closed just the same.
 
 use std::convert::Infallible;
 use std::io;
@@ -31,6 +33,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt as _;
 
@@ -72,6 +75,9 @@ pub(super) async fn serve(
         )
         .increment(0);
     }
+    metrics::counter!("ctxsync_http_tls_handshake_failures_total", "listener" => label.to_string())
+        .increment(0);
+    let tls = limits.tls().map(|tls| TlsAcceptor::from(tls.config()));
     let slots = Arc::new(Semaphore::new(limits.max_connections()));
     let connections = TaskTracker::new();
     let mut last_limit_warning: Option<Instant> = None;
@@ -120,8 +126,9 @@ pub(super) async fn serve(
         let _ = stream.set_nodelay(true);
         connections.spawn(serve_connection(
             stream,
+            tls.clone(),
             app.clone(),
-            limits,
+            limits.clone(),
             shutdown.clone(),
             slot,
             label.clone(),
@@ -163,6 +170,7 @@ impl Timeout {
 
 async fn serve_connection(
     stream: TcpStream,
+    tls: Option<TlsAcceptor>,
     app: Router,
     limits: HttpLimits,
     shutdown: Shutdown,
@@ -170,7 +178,49 @@ async fn serve_connection(
     label: Arc<str>,
 ) {
     let _open = OpenConnection::new(&label);
+    // From the accept: a TLS handshake spends the first head's header timeout.
     let activity = Arc::new(Activity::new());
+    let Some(acceptor) = tls else {
+        return serve_http(stream, activity, app, &limits, shutdown, label).await;
+    };
+    let deadline = activity
+        .deadline(&limits)
+        .map_or_else(Instant::now, |(at, _)| at);
+    let handshake = tokio::select! {
+        _ = shutdown.cancelled() => return,
+        handshake = tokio::time::timeout_at(deadline, acceptor.accept(stream)) => handshake,
+    };
+    match handshake {
+        Ok(Ok(stream)) => serve_http(stream, activity, app, &limits, shutdown, label).await,
+        Ok(Err(error)) => {
+            metrics::counter!("ctxsync_http_tls_handshake_failures_total", "listener" => label.to_string())
+                .increment(1);
+            tracing::debug!(listener = %label, %error, "tls handshake failed");
+        }
+        Err(_) => {
+            metrics::counter!(
+                "ctxsync_http_timeouts_total",
+                "listener" => label.to_string(),
+                "timeout" => Timeout::Header.as_str()
+            )
+            .increment(1);
+            tracing::debug!(listener = %label, "tls handshake did not finish within the header timeout");
+        }
+    }
+}
+
+/// Serves HTTP/1.1 on `stream` (the socket, or the TLS session over it).
+async fn serve_http<S>(
+    stream: S,
+    activity: Arc<Activity>,
+    app: Router,
+    limits: &HttpLimits,
+    shutdown: Shutdown,
+    label: Arc<str>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let body_timeout = limits.body_timeout();
     let io = TokioIo::new(WatchedStream {
         stream,
         activity: activity.clone(),
@@ -181,13 +231,7 @@ async fn serve_connection(
         hyper::service::service_fn(move |request| {
             // Called as soon as the head is parsed: from here the request is in flight.
             let in_flight = activity.request_started();
-            handle(
-                app.clone(),
-                request,
-                limits.body_timeout(),
-                in_flight,
-                label.clone(),
-            )
+            handle(app.clone(), request, body_timeout, in_flight, label.clone())
         })
     };
     let connection = hyper::server::conn::http1::Builder::new()
@@ -198,7 +242,7 @@ async fn serve_connection(
     let mut draining = false;
     loop {
         let changed = activity.changed.notified();
-        let deadline = activity.deadline(&limits);
+        let deadline = activity.deadline(limits);
         if draining && deadline.is_some() {
             // Shutting down and no request in flight: nothing to finish.
             break;
@@ -212,7 +256,7 @@ async fn serve_connection(
             }
             () = changed => {}
             () = sleep_until(deadline.map(|(at, _)| at)) => {
-                if let Some((at, timeout)) = activity.deadline(&limits)
+                if let Some((at, timeout)) = activity.deadline(limits)
                     && at <= Instant::now()
                 {
                     metrics::counter!(
@@ -468,13 +512,14 @@ impl HttpBody for ArrivalBody {
     }
 }
 
-/// The socket, reporting arriving bytes to the connection's [`Activity`].
-struct WatchedStream {
-    stream: TcpStream,
+/// The socket (or TLS session), reporting arriving bytes to the connection's
+/// [`Activity`].
+struct WatchedStream<S> {
+    stream: S,
     activity: Arc<Activity>,
 }
 
-impl AsyncRead for WatchedStream {
+impl<S: AsyncRead + Unpin> AsyncRead for WatchedStream<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -489,7 +534,7 @@ impl AsyncRead for WatchedStream {
     }
 }
 
-impl AsyncWrite for WatchedStream {
+impl<S: AsyncWrite + Unpin> AsyncWrite for WatchedStream<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
