@@ -286,7 +286,11 @@ async fn agent(connection: Connection, command: AgentCommand) -> anyhow::Result<
 async fn tenant_key(connection: Connection, command: KeyCommand) -> anyhow::Result<()> {
     let subjects = ctxsync_proto::subjects::Subjects::new(&connection.subject_prefix)
         .context("invalid CTXSYNC_SUBJECT_PREFIX")?;
-    let nats = ctxsync_runtime::nats::connect(&connection.nats_url, "ctxsync-cli").await?;
+    let target = ctxsync_runtime::nats::NatsTarget {
+        url: connection.nats_url.clone(),
+        tls: connection.nats_tls.clone(),
+    };
+    let nats = ctxsync_runtime::nats::connect(target, "ctxsync-cli").await?;
     let timeout = connection.timeout;
     match command {
         KeyCommand::Create {

@@ -144,6 +144,11 @@ pub const COMMON: &[Series] = &[
         "Errors accepting HTTP connections (e.g. out of file descriptors), by listener address.",
     )
     .dynamic(),
+    Series::counter(
+        "ctxsync_http_tls_handshake_failures_total",
+        "TLS handshakes that failed or timed out on an HTTPS listener, by listener address.",
+    )
+    .dynamic(),
 ];
 
 /// Installs the recorder, describes `series` and records their zero values.

@@ -101,6 +101,20 @@ async fn agent_to_ingest_chat_to_gate_services_to_nats_and_agent_to_mcp_over_tls
     );
     let registered: Value = serde_json::from_slice(&registered.stdout).unwrap();
     let agent_id = registered["agent_id"].as_str().unwrap().to_owned();
+    let created = Command::new(workspace_binary("ctxsync-cli", "ctxsync"))
+        .args(["tenant", "key", "create", "--tenant", "acme", "--json"])
+        .env("NATS_URL", &nats_url)
+        .env("CTXSYNC_NATS_CA_FILE", &ca_file)
+        .env("CTXSYNC_SUBJECT_PREFIX", &prefix)
+        .output()
+        .unwrap();
+    assert!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    let created: Value = serde_json::from_slice(&created.stdout).unwrap();
+    let tenant_key = created["key"].as_str().unwrap().to_owned();
 
     // An MCP server that speaks streamable HTTP over TLS only.
     let mcp_cert = ca.issue_server("mcp");
@@ -139,6 +153,7 @@ async fn agent_to_ingest_chat_to_gate_services_to_nats_and_agent_to_mcp_over_tls
             .get(format!(
                 "https://{gate_addr}/api/v1/agents/{agent_id}/context"
             ))
+            .bearer_auth(&tenant_key)
             .timeout(DEADLINE)
             .send()
             .await
@@ -158,6 +173,7 @@ async fn agent_to_ingest_chat_to_gate_services_to_nats_and_agent_to_mcp_over_tls
     }
     let answer: Value = http
         .post(format!("https://{gate_addr}/api/v1/gate"))
+        .bearer_auth(&tenant_key)
         .json(&json!({ "chat_id": "chat-tls", "agent_id": agent_id, "first_turn": true }))
         .timeout(DEADLINE)
         .send()
