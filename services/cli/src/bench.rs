@@ -157,7 +157,7 @@ impl Progress {
 pub async fn run(args: &BenchArgs, progress: &Progress) -> Result<Report, BenchError> {
     let sizes = Sizes::new(args.quick);
     progress.step("starting nats, postgres and the services");
-    let env = env::Env::start(args).await?;
+    let env = Box::pin(env::Env::start(args)).await?;
     let result = sections(&env, &sizes, args.quick, progress).await;
     progress.step("stopping the services and dropping the bench database");
     env.stop().await;

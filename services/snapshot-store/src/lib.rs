@@ -219,6 +219,12 @@ pub(crate) async fn publish(
 
 /// Connects, migrates, subscribes and starts serving.
 pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningStore, StartError> {
+    // Boxed: the startup's state (TLS and pool settings included) is too
+    // large to carry inline in every caller's future.
+    Box::pin(start_unboxed(config, shutdown)).await
+}
+
+async fn start_unboxed(config: Config, shutdown: Shutdown) -> Result<RunningStore, StartError> {
     // Before anything records: every series described and present from the start.
     ctxsync_runtime::metrics::init("snapshot-store", env!("CARGO_PKG_VERSION"), series::SERIES);
     let subjects = config.common.subjects()?;

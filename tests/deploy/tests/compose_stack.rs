@@ -148,14 +148,13 @@ impl Stack {
 
 impl Drop for Stack {
     fn drop(&mut self) {
-        if std::thread::panicking() {
-            if let Ok(out) = self
+        if std::thread::panicking()
+            && let Ok(out) = self
                 .compose()
                 .args(["logs", "--no-color", "--tail", "40"])
                 .output()
-            {
-                eprintln!("{}", String::from_utf8_lossy(&out.stdout));
-            }
+        {
+            eprintln!("{}", String::from_utf8_lossy(&out.stdout));
         }
         let _ = self
             .compose()

@@ -8,18 +8,26 @@ use std::time::Duration;
 
 use testkit::{NatsServer, workspace_binary};
 
+/// A binary (package, name), the settings that stop it at start, and what
+/// its error must name.
+struct FailingStart {
+    package: &'static str,
+    bin: &'static str,
+    env: Vec<(&'static str, String)>,
+    named: &'static str,
+}
+
 /// The binaries, each with a setting that stops it at start and the message
 /// that must name it.
-fn failing_starts(
-    nats_url: &str,
-) -> Vec<(
-    &'static str,
-    &'static str,
-    Vec<(&'static str, String)>,
-    &'static str,
-)> {
+fn failing_starts(nats_url: &str) -> Vec<FailingStart> {
+    let start = |package, bin, env, named| FailingStart {
+        package,
+        bin,
+        env,
+        named,
+    };
     vec![
-        (
+        start(
             "snapshot-store",
             "snapshot-store",
             vec![
@@ -28,7 +36,7 @@ fn failing_starts(
             ],
             "DATABASE_URL",
         ),
-        (
+        start(
             "agent-ingest",
             "agent-ingest",
             vec![
@@ -37,7 +45,7 @@ fn failing_starts(
             ],
             "a..b",
         ),
-        (
+        start(
             "chat-gate",
             "chat-gate",
             vec![
@@ -46,7 +54,7 @@ fn failing_starts(
             ],
             "CTXSYNC_GATE_MAX_VIEWS",
         ),
-        (
+        start(
             "catalog",
             "catalog",
             vec![
@@ -56,7 +64,7 @@ fn failing_starts(
             ],
             "/no/such/catalog.yaml",
         ),
-        (
+        start(
             "workspace-agent",
             "workspace-agent",
             vec![("CTXSYNC_WORKDIR", "/no/such/workspace".to_owned())],
@@ -75,14 +83,19 @@ fn run(package: &str, bin: &str, env: &[(&str, String)], format: &str) -> Output
         .env("CTXSYNC_HTTP_ADDR", "127.0.0.1:0")
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null());
-    let child = command.output().expect("the binary runs");
-    child
+    command.output().expect("the binary runs")
 }
 
 #[test]
 fn every_line_of_a_failed_start_is_json_with_the_service() {
     let nats = NatsServer::start();
-    for (package, bin, env, named) in failing_starts(&nats.url()) {
+    for FailingStart {
+        package,
+        bin,
+        env,
+        named,
+    } in failing_starts(&nats.url())
+    {
         let output = run(package, bin, &env, "json");
         assert_eq!(output.status.code(), Some(1), "{bin}: {output:?}");
         let stderr = String::from_utf8_lossy(&output.stderr);
@@ -109,7 +122,13 @@ fn every_line_of_a_failed_start_is_json_with_the_service() {
 #[test]
 fn text_logs_in_a_file_have_no_escape_codes_and_a_failed_start_says_so_in_text() {
     let nats = NatsServer::start();
-    for (package, bin, env, named) in failing_starts(&nats.url()) {
+    for FailingStart {
+        package,
+        bin,
+        env,
+        named,
+    } in failing_starts(&nats.url())
+    {
         let output = run(package, bin, &env, "text");
         assert_eq!(output.status.code(), Some(1), "{bin}: {output:?}");
         let stderr = String::from_utf8_lossy(&output.stderr);

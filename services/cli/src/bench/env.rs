@@ -115,7 +115,13 @@ impl Env {
         let database_url = crate::deps::with_database(&admin_url, &database);
         let prefix = format!("bench{suffix}");
         let shutdown = Shutdown::new();
-        let started = Self::start_services(&nats_dep.url, &prefix, &database_url, &shutdown).await;
+        let started = Box::pin(Self::start_services(
+            &nats_dep.url,
+            &prefix,
+            &database_url,
+            &shutdown,
+        ))
+        .await;
         let Services {
             subjects,
             store,
