@@ -405,8 +405,9 @@ mod tests {
         let debug = with_quiet_crates("debug");
         for cap in [
             "rmcp=off",
-            "async_nats=info",
+            "async_nats=warn",
             "sqlx=info",
+            "sqlx::postgres::notice=warn",
             "hyper=info",
             "reqwest=info",
             "h2=info",
@@ -421,20 +422,23 @@ mod tests {
 
         // Named by the operator: the operator's choice stands.
         let named = with_quiet_crates("debug,async_nats=debug,rmcp::transport=trace");
-        assert!(!named.contains("async_nats=info"), "{named}");
+        assert!(!named.contains("async_nats=warn"), "{named}");
         assert!(!named.contains("rmcp=off"), "{named}");
         assert!(named.contains("sqlx=info"), "{named}");
 
         // Quieter than a cap: nothing is raised.
         assert_eq!(with_quiet_crates("warn"), "warn,rmcp=off");
-        assert_eq!(with_quiet_crates("info"), "info,rmcp=off");
+        assert_eq!(
+            with_quiet_crates("info"),
+            "info,rmcp=off,async_nats=warn,sqlx::postgres::notice=warn"
+        );
         assert_eq!(with_quiet_crates(""), "rmcp=off");
         assert_eq!(
             with_quiet_crates("ctxsync_runtime=debug"),
             "ctxsync_runtime=debug,rmcp=off"
         );
         let trace = with_quiet_crates("info,catalog=trace,trace");
-        assert!(trace.contains("async_nats=info"), "{trace}");
+        assert!(trace.contains("async_nats=warn"), "{trace}");
         for filter in [debug, named, trace] {
             EnvFilter::try_new(&filter).unwrap_or_else(|e| panic!("{filter}: {e}"));
         }

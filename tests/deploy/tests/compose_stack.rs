@@ -242,6 +242,7 @@ async fn gauge(http: &reqwest::Client, port: u16, name: &str) -> Option<f64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_compose_stack_answers_a_first_turn_and_survives_a_nats_restart() {
+    testkit::init_logs();
     let started = Instant::now();
     require_engine_and_images();
     let context = tempfile::tempdir().unwrap();
