@@ -209,13 +209,7 @@ async fn agent(connection: Connection, command: AgentCommand) -> anyhow::Result<
         ctxsync_proto::ids::name("workspace", workspace).context("invalid --workspace")?;
         ctxsync_proto::ids::name("agent name", name).context("invalid --name")?;
     }
-    let subjects = ctxsync_proto::subjects::Subjects::new(&connection.subject_prefix)
-        .context("invalid CTXSYNC_SUBJECT_PREFIX")?;
-    let target = ctxsync_runtime::nats::NatsTarget {
-        url: connection.nats_url.clone(),
-        tls: connection.nats_tls.clone(),
-    };
-    let nats = ctxsync_runtime::nats::connect(target, "ctxsync-cli").await?;
+    let (subjects, nats) = connect(&connection).await?;
     let timeout = connection.timeout;
     match command {
         AgentCommand::Register {
@@ -283,7 +277,13 @@ async fn agent(connection: Connection, command: AgentCommand) -> anyhow::Result<
     Ok(())
 }
 
-async fn tenant_key(connection: Connection, command: KeyCommand) -> anyhow::Result<()> {
+/// The operator's NATS connection (TLS options included) and subjects.
+async fn connect(
+    connection: &Connection,
+) -> anyhow::Result<(
+    ctxsync_proto::subjects::Subjects,
+    ctxsync_runtime::nats::NatsConnection,
+)> {
     let subjects = ctxsync_proto::subjects::Subjects::new(&connection.subject_prefix)
         .context("invalid CTXSYNC_SUBJECT_PREFIX")?;
     let target = ctxsync_runtime::nats::NatsTarget {
@@ -291,6 +291,11 @@ async fn tenant_key(connection: Connection, command: KeyCommand) -> anyhow::Resu
         tls: connection.nats_tls.clone(),
     };
     let nats = ctxsync_runtime::nats::connect(target, "ctxsync-cli").await?;
+    Ok((subjects, nats))
+}
+
+async fn tenant_key(connection: Connection, command: KeyCommand) -> anyhow::Result<()> {
+    let (subjects, nats) = connect(&connection).await?;
     let timeout = connection.timeout;
     match command {
         KeyCommand::Create {
