@@ -173,6 +173,20 @@ pub fn not_found_message(agent_id: &str) -> String {
     }
 }
 
+/// Another tenant's agent is answered exactly like an unknown one (and counted).
+fn owned_by(view: &View, tenant: &str, agent_id: &str) -> Result<(), ReadError> {
+    if view.tenant() == tenant {
+        return Ok(());
+    }
+    metrics::counter!("ctxsync_gate_refused_total", "reason" => "wrong_tenant").increment(1);
+    tracing::info!(
+        agent_id,
+        tenant,
+        "request for another tenant's agent refused"
+    );
+    Err(ReadError::NotFound(not_found_message(agent_id)))
+}
+
 /// Where a turn's catalog preparation ended.
 enum CatalogOutcome {
     Section(ctxsync_proto::v1::CatalogSection),
@@ -354,11 +368,7 @@ impl Gate {
             .await?
             .fresh_view(Trust::ReadFirst, timeout)
             .await?;
-        if view.tenant() != tenant {
-            metrics::counter!("ctxsync_gate_refused_total", "reason" => "wrong_tenant")
-                .increment(1);
-            return Err(ReadError::NotFound(not_found_message(agent_id)));
-        }
+        owned_by(&view, tenant, agent_id)?;
         let mut projection = view.projection.clone();
         let decision = match view.readiness {
             Readiness::Legacy => GateDecision::Legacy,
@@ -545,12 +555,8 @@ impl Gate {
                 return shutting_down_reply(agent_id, started.elapsed());
             }
         };
-        if view.tenant() != request.tenant {
-            // Another tenant's agent is answered exactly like an unknown one.
-            metrics::counter!("ctxsync_gate_refused_total", "reason" => "wrong_tenant")
-                .increment(1);
-            tracing::info!(agent_id, tenant = %request.tenant, "turn for another tenant's agent refused");
-            return error_reply(Code::NotFound, not_found_message(agent_id));
+        if let Err(not_found) = owned_by(&view, &request.tenant, agent_id) {
+            return read_error_reply(agent_id, not_found);
         }
         entitled.map(|tx| tx.send(()));
         if !request.first_turn {
