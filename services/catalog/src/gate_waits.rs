@@ -20,26 +20,38 @@ pub fn spawn(
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         while let Some(message) = ctxsync_runtime::nats::next_until(&mut events, &shutdown).await {
-            let Ok(wait) = GateTurnWaited::decode(message.payload) else {
-                tracing::debug!("malformed gate wait event ignored");
-                continue;
-            };
-            let event = NewEvent {
-                kind: GATE_WAIT_KIND,
-                tenant: wait.tenant,
-                session_id: None,
-                server_id: None,
-                payload: json!({ "outcome": wait.outcome, "wait_ms": wait.wait_ms }),
-            };
-            let stored = async {
-                let mut conn = pool.acquire().await?;
-                store::insert_events(&mut conn, vec![event]).await
-            }
-            .await;
-            if let Err(error) = stored {
-                tracing::warn!(%error, "cannot record a gate wait");
+            record(&pool, &message.payload).await;
+        }
+        // A wait announced just before shutdown is already on its way to this
+        // connection: draining takes what the server sent before the
+        // unsubscribe, so a stop right after a turn still counts it.
+        if events.drain().await.is_ok() {
+            use futures::StreamExt as _;
+            while let Some(message) = events.next().await {
+                record(&pool, &message.payload).await;
             }
         }
-        let _ = events.unsubscribe().await;
     })
+}
+
+async fn record(pool: &PgPool, payload: &[u8]) {
+    let Ok(wait) = GateTurnWaited::decode(payload) else {
+        tracing::debug!("malformed gate wait event ignored");
+        return;
+    };
+    let event = NewEvent {
+        kind: GATE_WAIT_KIND,
+        tenant: wait.tenant,
+        session_id: None,
+        server_id: None,
+        payload: json!({ "outcome": wait.outcome, "wait_ms": wait.wait_ms }),
+    };
+    let stored = async {
+        let mut conn = pool.acquire().await?;
+        store::insert_events(&mut conn, vec![event]).await
+    }
+    .await;
+    if let Err(error) = stored {
+        tracing::warn!(%error, "cannot record a gate wait");
+    }
 }

@@ -2,8 +2,9 @@
 //! and serving, discover every enabled server in the background, one at a
 //! time, with its own handshake timeout; retry the failures every
 //! `retry_interval` for at most `attempts` rounds; log what is still failing as
-//! abandoned. No session state, no events: it only fills the memory, and
-//! nothing waits on it.
+//! abandoned. No session state: it fills the memory, records each handshake
+//! it made (`mcp.server.connected`, cause `warmup`, for `ctxsync latency`),
+//! and nothing waits on it.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -86,6 +87,7 @@ async fn warm(core: &Core, status: &watch::Sender<WarmupStatus>, ready_at: Insta
                         tools = live.catalog.tools.len(), duration_ms = live.duration.as_millis() as u64,
                         "mcp_discovery_warmup_discovered"
                     );
+                    record_handshake(core, &server, live.duration).await;
                     status.send_modify(|s| s.discovered.push(label(&server)));
                 }
                 Err(failure) => {
@@ -111,4 +113,27 @@ async fn warm(core: &Core, status: &watch::Sender<WarmupStatus>, ready_at: Insta
         );
     }
     status.send_modify(|s| s.abandoned = pending.iter().map(label).collect());
+}
+
+/// The handshake's duration and transport, nothing the server said.
+async fn record_handshake(core: &Core, server: &ConfiguredServer, duration: std::time::Duration) {
+    let event = crate::store::NewEvent {
+        kind: crate::store::kinds::SERVER_CONNECTED,
+        tenant: server.tenant.clone(),
+        session_id: None,
+        server_id: Some(server.id().to_owned()),
+        payload: serde_json::json!({
+            "transport": server.transport_kind().as_str(),
+            "duration_ms": duration.as_millis() as u64,
+            "cause": Cause::Warmup.as_str(),
+        }),
+    };
+    let written = async {
+        let mut conn = core.pool.acquire().await?;
+        crate::store::insert_events(&mut conn, vec![event]).await
+    }
+    .await;
+    if let Err(error) = written {
+        tracing::warn!(error = %ctxsync_runtime::db::describe(&error), server = server.id(), "cannot record a warm-up handshake");
+    }
 }

@@ -33,7 +33,7 @@ fn ready_unix_ms(harness: &Harness) -> u128 {
 }
 
 #[tokio::test]
-async fn warmup_starts_after_ready_one_server_at_a_time_and_records_nothing() {
+async fn warmup_starts_after_ready_one_server_at_a_time_and_records_only_its_handshakes() {
     let record = tempfile::tempdir().unwrap();
     let slow = ["--mode", "slow-start", "--delay-ms", "300"];
     let harness = Harness::start(
@@ -66,7 +66,7 @@ async fn warmup_starts_after_ready_one_server_at_a_time_and_records_nothing() {
         starts.iter().all(|s| s.unix_ms >= ready),
         "every warm-up start came after ready ({ready}): {starts:?}"
     );
-    for table in ["sessions", "pins", "generations", "events"] {
+    for table in ["sessions", "pins", "generations"] {
         let count: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "SELECT count(*) FROM catalog.{table}"
         )))
@@ -75,6 +75,26 @@ async fn warmup_starts_after_ready_one_server_at_a_time_and_records_nothing() {
         .unwrap();
         assert_eq!(count, 0, "the warm-up wrote nothing to catalog.{table}");
     }
+    // Its handshakes are recorded for `ctxsync latency`, one per server.
+    let report = catalog::latency::report(&harness.pool, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let mut warmed: Vec<(String, String, u64)> = report
+        .handshakes
+        .iter()
+        .filter(|h| h.cause == "warmup")
+        .map(|h| (h.tenant.clone(), h.server_id.clone(), h.duration.count))
+        .collect();
+    warmed.sort();
+    assert_eq!(
+        warmed,
+        [
+            ("acme".to_owned(), "a".to_owned(), 1),
+            ("acme".to_owned(), "b".to_owned(), 1),
+            ("other".to_owned(), "c".to_owned(), 1)
+        ]
+    );
+    assert!(report.pins.is_empty(), "a warm-up handshake is no pin: {report:?}");
 
     // The first chat after the warm-up starts no server.
     let reply = harness.prepare("acme", "s1").await;

@@ -195,6 +195,10 @@ pub async fn run(setup: &DemoSetup<'_>, shutdown: Shutdown) -> anyhow::Result<()
     let mut events = client
         .subscribe(setup.subjects.discovery_changed(&agent_id))
         .await?;
+    // The gate announces each first-turn wait; the catalog records it for
+    // `ctxsync latency`. Seeing the announcement before returning means a
+    // `--exit-after-demo` stop cannot outrun it.
+    let mut waits = client.subscribe(setup.subjects.gate_turn_waited()).await?;
     ctxsync_runtime::nats::sync_with_server(client).await?;
 
     let agent_binary = sibling_binary("workspace-agent")
@@ -265,6 +269,9 @@ pub async fn run(setup: &DemoSetup<'_>, shutdown: Shutdown) -> anyhow::Result<()
         ),
     );
     print_projection(&answer);
+    if !wait_announced(&mut waits).await {
+        println!("  note: the gate's wait announcement did not arrive within 5 s; `ctxsync latency` may miss it");
+    }
 
     if shutdown.is_cancelled() {
         let _ = agent.start_kill();
@@ -282,6 +289,22 @@ pub async fn run(setup: &DemoSetup<'_>, shutdown: Shutdown) -> anyhow::Result<()
         });
     }
     Ok(())
+}
+
+/// Whether the gate announced the demo tenant's wait before the deadline.
+async fn wait_announced(waits: &mut async_nats::Subscriber) -> bool {
+    let announced = async {
+        while let Some(message) = waits.next().await {
+            let wait = ctxsync_proto::v1::GateTurnWaited::decode(message.payload);
+            if wait.is_ok_and(|wait| wait.tenant == "demo") {
+                return true;
+            }
+        }
+        false
+    };
+    tokio::time::timeout(Duration::from_secs(5), announced)
+        .await
+        .unwrap_or(false)
 }
 
 fn print_projection(reply: &TurnReply) {

@@ -68,4 +68,20 @@ async fn up_demo_holds_the_first_turn_until_discovery_completes_and_stops_cleanl
     assert!(
         !stdout.contains("demo-secret-never-shown") && !stderr.contains("demo-secret-never-shown")
     );
+
+    // `ctxsync latency` right after the demo counts what it did: the held
+    // first turn is a recorded gate wait, as long as the demo printed.
+    let latency = Command::new(env!("CARGO_BIN_EXE_ctxsync"))
+        .args(["latency", "--json", "--database-url", db.url()])
+        .output()
+        .expect("ctxsync latency runs");
+    assert!(latency.status.success(), "{latency:?}");
+    let report: serde_json::Value = serde_json::from_slice(&latency.stdout).unwrap();
+    let waits = report["gate_waits"].as_array().expect("gate_waits");
+    let ready = waits
+        .iter()
+        .find(|w| w["outcome"] == "ready")
+        .unwrap_or_else(|| panic!("no ready wait recorded: {report}"));
+    assert_eq!(ready["wait"]["count"], 1, "{report}");
+    assert!(ready["wait"]["max_ms"].as_f64().unwrap() > 0.0, "{report}");
 }

@@ -129,7 +129,7 @@ pub async fn start(
     tracing::info!(
         agent_run_id = %run_id,
         ingest_url = %config.publisher.ingest_url,
-        working_dir = ?config.discovery.working_dir,
+        working_dir = config.discovery.working_dir.as_deref().map(|dir| tracing::field::display(dir.display())),
         "workspace agent starting"
     );
     let discovery = discovery::start(config.discovery.clone(), shutdown.clone());

@@ -376,7 +376,7 @@ async fn announce(
                 tracing::error!(
                     agent_run_id = %run_id,
                     reclaims = reclaims.len(),
-                    ?delay,
+                    delay_ms = delay.as_millis() as u64,
                     "this agent keeps being taken over by another run: is a second agent process using the same token?"
                 );
                 if sleep_or_shutdown(delay, shutdown).await {
