@@ -183,3 +183,52 @@ fn text_logs_in_a_file_have_no_escape_codes_and_a_failed_start_says_so_in_text()
     // connection events are not repeated next to ours.
     assert!(!text.contains("async_nats"), "{text}");
 }
+
+/// Values print as values: a path is a path, not `Some("…")`, in either format.
+#[test]
+fn a_running_agent_logs_its_workspace_as_a_plain_path() {
+    use std::io::{BufRead as _, BufReader};
+    let workspace = tempfile::tempdir().unwrap();
+    let token = workspace.path().join("token");
+    std::fs::write(&token, "t".repeat(40)).unwrap();
+    let mut child = Command::new(workspace_binary("workspace-agent", "workspace-agent"))
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("CTXSYNC_LOG_FORMAT", "json")
+        .env("CTXSYNC_INGEST_URL", "http://127.0.0.1:9")
+        .env("CTXSYNC_AGENT_TOKEN_FILE", &token)
+        .env("CTXSYNC_WORKDIR", workspace.path())
+        .env("CTXSYNC_HTTP_ADDR", "127.0.0.1:0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (lines_tx, lines) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let starting = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let line = lines
+            .recv_timeout(left)
+            .expect("the agent logs its start within 30 s");
+        let parsed: serde_json::Value = serde_json::from_str(&line).unwrap();
+        if parsed["message"] == "workspace agent starting" {
+            break parsed;
+        }
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(
+        starting["working_dir"],
+        workspace.path().display().to_string(),
+        "{starting}"
+    );
+}
