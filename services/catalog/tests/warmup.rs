@@ -94,7 +94,10 @@ async fn warmup_starts_after_ready_one_server_at_a_time_and_records_only_its_han
             ("other".to_owned(), "c".to_owned(), 1)
         ]
     );
-    assert!(report.pins.is_empty(), "a warm-up handshake is no pin: {report:?}");
+    assert!(
+        report.pins.is_empty(),
+        "a warm-up handshake is no pin: {report:?}"
+    );
 
     // The first chat after the warm-up starts no server.
     let reply = harness.prepare("acme", "s1").await;

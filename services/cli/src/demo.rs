@@ -19,7 +19,6 @@ use prost::Message;
 use serde_json::json;
 
 use crate::deps::Dependency;
-use crate::up::{copy_tree, sibling_binary};
 
 pub struct DemoSetup<'a> {
     pub nats: &'a Dependency,
@@ -270,7 +269,9 @@ pub async fn run(setup: &DemoSetup<'_>, shutdown: Shutdown) -> anyhow::Result<()
     );
     print_projection(&answer);
     if !wait_announced(&mut waits).await {
-        println!("  note: the gate's wait announcement did not arrive within 5 s; `ctxsync latency` may miss it");
+        println!(
+            "  note: the gate's wait announcement did not arrive within 5 s; `ctxsync latency` may miss it"
+        );
     }
 
     if shutdown.is_cancelled() {
@@ -366,4 +367,32 @@ fn print_projection(reply: &TurnReply) {
             );
         }
     }
+}
+
+/// A file next to the running binary, else on PATH.
+pub fn sibling_binary(name: &str) -> Option<PathBuf> {
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join(name)))
+        .filter(|p| p.is_file());
+    beside.or_else(|| {
+        std::env::split_paths(&std::env::var_os("PATH")?)
+            .map(|dir| dir.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+/// Copies a directory tree (small: the demo workspace).
+pub fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_tree(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
 }

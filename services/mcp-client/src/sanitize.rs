@@ -1,4 +1,4 @@
-//! Error sanitizer (DESIGN §3): removes everything a server process could have
+//! Error sanitizer (design note: sanitized errors): removes everything a server process could have
 //! seen of its configuration from an error text before it leaves the process.
 //!
 //! Secrets are found by VALUE, not by name: a server that echoes its whole

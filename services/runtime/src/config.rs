@@ -147,7 +147,7 @@ impl NatsTlsArgs {
 /// is read; a URL that already names `/v1/traces` is kept.
 fn otlp_traces_url(value: &str) -> Result<String, ConfigError> {
     let invalid = |reason: String| ConfigError::OtlpEndpoint {
-        value: crate::nats::redact_url(value),
+        value: redact_url(value),
         reason,
     };
     let mut url = url::Url::parse(value).map_err(|e| invalid(e.to_string()))?;
@@ -479,6 +479,16 @@ pub enum ConfigError {
     },
     #[error(transparent)]
     Tls(#[from] TlsError),
+}
+
+/// Strips user info from a URL (NATS or Postgres) for error messages.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            format!("{}[redacted]@{}", &url[..scheme_end + 3], &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
 }
 
 #[cfg(test)]

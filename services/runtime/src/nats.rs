@@ -443,15 +443,8 @@ pub async fn drain(connection: &NatsConnection, deadline: Duration) {
     }
 }
 
-/// Strips user info from a URL for error messages.
-pub fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme_end), Some(at)) if at > scheme_end => {
-            format!("{}[redacted]@{}", &url[..scheme_end + 3], &url[at + 1..])
-        }
-        _ => url.to_owned(),
-    }
-}
+/// Kept here too: callers know it as the NATS URL redaction.
+pub use crate::config::redact_url;
 
 #[cfg(test)]
 mod tests {
