@@ -1,0 +1,238 @@
+//! The OpenAPI document of ctxsync's HTTP APIs, with its schemas generated
+//! from the protobuf descriptors (the JSON the services answer is those
+//! messages serialised by pbjson: proto field names, every field present,
+//! 64-bit integers as strings, enums by name), and a small validator that
+//! checks a live answer against a schema.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use prost::Message as _;
+use prost_types::field_descriptor_proto::{Label, Type};
+use prost_types::{DescriptorProto, EnumDescriptorProto, FileDescriptorSet};
+use serde_json::{Map, Value, json};
+
+/// Every message and enum of the contract, by full name without the leading dot.
+pub struct Descriptors {
+    messages: BTreeMap<String, DescriptorProto>,
+    enums: BTreeMap<String, EnumDescriptorProto>,
+}
+
+impl Descriptors {
+    pub fn load() -> Self {
+        let set = FileDescriptorSet::decode(ctxsync_proto::FILE_DESCRIPTOR_SET)
+            .expect("the contract's descriptors decode");
+        let mut descriptors = Self {
+            messages: BTreeMap::new(),
+            enums: BTreeMap::new(),
+        };
+        for file in set.file {
+            let package = file.package().to_owned();
+            for message in file.message_type {
+                descriptors.add_message(&package, message);
+            }
+            for enumeration in file.enum_type {
+                descriptors
+                    .enums
+                    .insert(format!("{package}.{}", enumeration.name()), enumeration);
+            }
+        }
+        descriptors
+    }
+
+    fn add_message(&mut self, scope: &str, message: DescriptorProto) {
+        let name = format!("{scope}.{}", message.name());
+        for nested in &message.nested_type {
+            self.add_message(&name, nested.clone());
+        }
+        for enumeration in &message.enum_type {
+            self.enums.insert(
+                format!("{name}.{}", enumeration.name()),
+                enumeration.clone(),
+            );
+        }
+        self.messages.insert(name, message);
+    }
+
+    /// The schemas of `roots` and of every message they reach, keyed by
+    /// full name (`ctxsync.v1.TurnReply`).
+    pub fn schemas(&self, roots: &[&str]) -> BTreeMap<String, Value> {
+        let mut schemas = BTreeMap::new();
+        let mut pending: Vec<String> = roots.iter().map(|r| (*r).to_owned()).collect();
+        while let Some(name) = pending.pop() {
+            if schemas.contains_key(&name) {
+                continue;
+            }
+            let (schema, reached) = self.message_schema(&name);
+            schemas.insert(name, schema);
+            pending.extend(reached);
+        }
+        schemas
+    }
+
+    fn message_schema(&self, name: &str) -> (Value, BTreeSet<String>) {
+        let message = self
+            .messages
+            .get(name)
+            .unwrap_or_else(|| panic!("no message {name} in the contract"));
+        let mut reached = BTreeSet::new();
+        let mut properties = Map::new();
+        let mut required = Vec::new();
+        for field in &message.field {
+            let in_oneof = field.oneof_index.is_some();
+            // A proto3 `optional` is a synthetic oneof too: absent when unset.
+            if !in_oneof {
+                required.push(Value::from(field.name()));
+            }
+            let schema = if let Some(entry) = self.map_entry(field) {
+                let value = entry
+                    .field
+                    .iter()
+                    .find(|f| f.number() == 2)
+                    .expect("a map entry has a value");
+                json!({ "type": "object", "additionalProperties": self.scalar_or_ref(value, &mut reached) })
+            } else if field.label() == Label::Repeated {
+                json!({ "type": "array", "items": self.scalar_or_ref(field, &mut reached) })
+            } else {
+                self.scalar_or_ref(field, &mut reached)
+            };
+            properties.insert(field.name().to_owned(), schema);
+        }
+        let mut schema = json!({
+            "type": "object",
+            "properties": properties,
+            "additionalProperties": false,
+        });
+        if !required.is_empty() {
+            schema["required"] = Value::Array(required);
+        }
+        (schema, reached)
+    }
+
+    fn map_entry(&self, field: &prost_types::FieldDescriptorProto) -> Option<&DescriptorProto> {
+        if field.r#type() != Type::Message {
+            return None;
+        }
+        let message = self
+            .messages
+            .get(field.type_name().trim_start_matches('.'))?;
+        message
+            .options
+            .as_ref()
+            .is_some_and(|o| o.map_entry())
+            .then_some(message)
+    }
+
+    fn scalar_or_ref(
+        &self,
+        field: &prost_types::FieldDescriptorProto,
+        reached: &mut BTreeSet<String>,
+    ) -> Value {
+        match field.r#type() {
+            Type::String => json!({ "type": "string" }),
+            Type::Bytes => json!({ "type": "string", "format": "byte" }),
+            Type::Bool => json!({ "type": "boolean" }),
+            Type::Int32 | Type::Sint32 | Type::Sfixed32 | Type::Uint32 | Type::Fixed32 => {
+                json!({ "type": "integer" })
+            }
+            // proto3 JSON: 64-bit integers travel as decimal strings.
+            Type::Int64 | Type::Sint64 | Type::Sfixed64 | Type::Uint64 | Type::Fixed64 => {
+                json!({ "type": "string", "format": "int64" })
+            }
+            Type::Double | Type::Float => json!({ "type": "number" }),
+            Type::Enum => {
+                let name = field.type_name().trim_start_matches('.');
+                let enumeration = self
+                    .enums
+                    .get(name)
+                    .unwrap_or_else(|| panic!("no enum {name}"));
+                let values: Vec<Value> = enumeration
+                    .value
+                    .iter()
+                    .map(|v| Value::from(v.name()))
+                    .collect();
+                json!({ "type": "string", "enum": values })
+            }
+            Type::Message | Type::Group => match field.type_name().trim_start_matches('.') {
+                "google.protobuf.Timestamp" => json!({ "type": "string", "format": "date-time" }),
+                "google.protobuf.Duration" => json!({ "type": "string" }),
+                "google.protobuf.Struct" => json!({ "type": "object" }),
+                "google.protobuf.Value" => json!({}),
+                "google.protobuf.ListValue" => json!({ "type": "array" }),
+                name => {
+                    reached.insert(name.to_owned());
+                    json!({ "$ref": format!("#/components/schemas/{name}") })
+                }
+            },
+        }
+    }
+}
+
+/// Why `value` does not fit `schema` (empty: it fits). `$ref`s resolve in
+/// `document`'s `components.schemas`.
+pub fn violations(document: &Value, schema: &Value, value: &Value) -> Vec<String> {
+    let mut found = Vec::new();
+    check(document, schema, value, "$", &mut found);
+    found
+}
+
+fn check(document: &Value, schema: &Value, value: &Value, at: &str, found: &mut Vec<String>) {
+    if let Some(reference) = schema["$ref"].as_str() {
+        let name = reference.trim_start_matches("#/components/schemas/");
+        let target = &document["components"]["schemas"][name];
+        if target.is_null() {
+            found.push(format!("{at}: unknown schema {reference}"));
+            return;
+        }
+        return check(document, target, value, at, found);
+    }
+    let fits = match schema["type"].as_str() {
+        None => true,
+        Some("object") => value.is_object(),
+        Some("array") => value.is_array(),
+        Some("string") => value.is_string(),
+        Some("integer") => value.is_i64() || value.is_u64(),
+        Some("number") => value.is_number(),
+        Some("boolean") => value.is_boolean(),
+        Some(other) => {
+            found.push(format!("{at}: schema type {other} not understood"));
+            return;
+        }
+    };
+    if !fits {
+        found.push(format!("{at}: {value} is not {}", schema["type"]));
+        return;
+    }
+    if let Some(allowed) = schema["enum"].as_array()
+        && !allowed.contains(value)
+    {
+        found.push(format!("{at}: {value} is none of {allowed:?}"));
+    }
+    if let Some(items) = schema.get("items") {
+        for (i, item) in value.as_array().into_iter().flatten().enumerate() {
+            check(document, items, item, &format!("{at}[{i}]"), found);
+        }
+    }
+    if let Some(object) = value.as_object() {
+        let properties = schema["properties"].as_object();
+        for name in schema["required"].as_array().into_iter().flatten() {
+            let name = name.as_str().unwrap_or_default();
+            if !object.contains_key(name) {
+                found.push(format!("{at}: {name} missing"));
+            }
+        }
+        for (name, field) in object {
+            let path = format!("{at}.{name}");
+            match (
+                properties.and_then(|p| p.get(name)),
+                &schema["additionalProperties"],
+            ) {
+                (Some(property), _) => check(document, property, field, &path, found),
+                (None, Value::Bool(false)) => found.push(format!("{path}: not in the schema")),
+                (None, additional) if additional.is_object() => {
+                    check(document, additional, field, &path, found)
+                }
+                (None, _) => {}
+            }
+        }
+    }
+}
