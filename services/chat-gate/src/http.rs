@@ -18,14 +18,14 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use ctxsync_proto::v1::{
-    CatalogPin, ChatProjection, GateDecision, McpTransport, ResourceStatus, TurnReply, TurnRequest,
-    catalog_pin, catalog_section, gate_error::Code, mcp_discovery::Phase,
+    CatalogPin, ChatProjection, McpTransport, ResourceStatus, TurnReply, TurnRequest, catalog_pin,
+    catalog_section, gate_error::Code, mcp_discovery::Phase,
 };
 use serde_json::{Value, json};
 
 use crate::auth::{AuthError, Caller, TenantKeys};
-use crate::gate::Gate;
-use crate::store::ReadError;
+use crate::core::gate::Gate;
+use crate::core::source::ReadError;
 
 /// Largest accepted request body, in bytes.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -194,20 +194,6 @@ async fn context(
     }
 }
 
-pub fn decision_name(decision: GateDecision) -> &'static str {
-    match decision {
-        GateDecision::Unspecified => "unspecified",
-        GateDecision::Ready => "ready",
-        GateDecision::Legacy => "legacy",
-        GateDecision::NotFirstTurn => "not_first_turn",
-        GateDecision::TimedOutPending => "timed_out_pending",
-        GateDecision::TimedOutNoSnapshot => "timed_out_no_snapshot",
-        GateDecision::TimedOutStale => "timed_out_stale",
-        GateDecision::StoreUnavailable => "store_unavailable",
-        GateDecision::ShuttingDown => "shutting_down",
-    }
-}
-
 fn phase_name(phase: i32) -> &'static str {
     match Phase::try_from(phase) {
         Ok(Phase::Pending) => "pending",
@@ -237,7 +223,7 @@ fn transport_name(transport: i32) -> &'static str {
 
 pub fn reply_json(reply: &TurnReply) -> Value {
     json!({
-        "decision": decision_name(reply.decision()),
+        "decision": reply.decision().label(),
         "waited_ms": reply.waited_ms,
         "attempt_reused": reply.attempt_reused,
         "joined_attempt": reply.joined_attempt,
