@@ -83,7 +83,10 @@ impl Waiting {
                 Answered {
                     agent,
                     via: "http",
-                    decision: body["decision"].as_str().unwrap().to_owned(),
+                    decision: GateDecision::from_str_name(body["decision"].as_str().unwrap())
+                        .expect("a decision")
+                        .label()
+                        .to_owned(),
                     tools,
                     summary: body["projection"]["summary"].as_str().unwrap().to_owned(),
                     at,

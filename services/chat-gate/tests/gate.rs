@@ -381,7 +381,7 @@ fn json_tools(context: &serde_json::Value) -> Vec<String> {
 }
 
 #[tokio::test]
-async fn http_answers_carry_the_projection_as_json_with_schemas_as_objects() {
+async fn http_answers_are_the_proto_messages_in_json() {
     let h = Harness::spawn().await;
     let agent = h
         .agent_reporting(complete(
@@ -395,8 +395,8 @@ async fn http_answers_carry_the_projection_as_json_with_schemas_as_objects() {
         .await;
     let c = context(&h, &agent).await;
     assert_eq!(c["stale"], false);
-    assert_eq!(c["phase"], "complete");
-    assert_eq!(c["snapshot_phase"], "complete");
+    assert_eq!(c["phase"], "PHASE_COMPLETE");
+    assert_eq!(c["snapshot_phase"], "PHASE_COMPLETE");
     assert_eq!(json_tools(&c), ["github__search"]);
     assert_eq!(c["counts"]["tools_withheld"], 0);
 
@@ -409,12 +409,22 @@ async fn http_answers_carry_the_projection_as_json_with_schemas_as_objects() {
         .unwrap();
     assert_eq!(response.status(), 200);
     let body: serde_json::Value = response.json().await.unwrap();
-    assert_eq!(body["decision"], "ready");
+    assert_eq!(body["decision"], "GATE_DECISION_READY");
     assert_eq!(body["projection"]["counts"]["servers_failed"], 1);
-    let schema = &body["projection"]["servers"][0]["tools"][0]["input_schema"];
+    // Every field is present, defaults included.
+    assert_eq!(body["attempt_reused"], false);
+    assert_eq!(body["projection"]["wait_timed_out"], false);
+    assert_eq!(body["projection"]["counts"]["tools_withheld"], 0);
+    let schema = body["projection"]["servers"][0]["tools"][0]["input_schema_json"]
+        .as_str()
+        .expect("the schema's JSON text");
+    let schema: serde_json::Value = serde_json::from_str(schema).unwrap();
     assert_eq!(schema["type"], "object");
     assert_eq!(schema["properties"]["q"]["type"], "string");
-    assert_eq!(body["projection"]["catalog"]["status"], "not_requested");
+    assert_eq!(
+        body["projection"]["catalog"]["status"],
+        "STATUS_NOT_REQUESTED"
+    );
 }
 
 // ---- the API ----------------------------------------------------------------
@@ -634,7 +644,7 @@ async fn nats_server_restarted_while_chats_wait_every_waiter_answers() {
             .await
             .expect("every waiter answers")
             .unwrap();
-        assert_eq!(body["decision"], "ready", "{body}");
+        assert_eq!(body["decision"], "GATE_DECISION_READY", "{body}");
         let expected_run = if i % 2 == 0 { RUN_A } else { RUN_B };
         assert_eq!(body["projection"]["agent_run_id"], expected_run);
         assert_eq!(body["projection"]["servers"][0]["tools"][0]["name"], "s__t");
