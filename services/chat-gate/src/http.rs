@@ -10,7 +10,8 @@
 //! one JSON convention: pbjson with the proto's field names and every field
 //! present; enums by their proto names (`GATE_DECISION_READY`), tool input
 //! schemas as the JSON text the server gave (`input_schema_json`). Errors are
-//! `{"error": {"code", "message"}}` with 400, 401, 404, 413, 415 or 503.
+//! an `HttpErrorReply`, `{"error": {"code", "message", "limit"}}`, with 400,
+//! 401, 404, 413, 415 or 503.
 
 use axum::Router;
 use axum::body::Bytes;
@@ -19,8 +20,7 @@ use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use ctxsync_proto::v1::{TurnRequest, gate_error::Code};
-use serde_json::json;
+use ctxsync_proto::v1::{HttpError, HttpErrorReply, TurnRequest, gate_error::Code};
 
 use crate::auth::{AuthError, Caller, TenantKeys};
 use crate::core::gate::Gate;
@@ -77,11 +77,14 @@ async fn caller(keys: &TenantKeys, headers: &HeaderMap) -> Result<Caller, Respon
 }
 
 fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
-    let mut response = (
-        status,
-        axum::Json(json!({ "error": { "code": code, "message": message.into() } })),
-    )
-        .into_response();
+    let error = HttpErrorReply {
+        error: Some(HttpError {
+            code: code.to_owned(),
+            message: message.into(),
+            limit: String::new(),
+        }),
+    };
+    let mut response = (status, axum::Json(error)).into_response();
     if status == StatusCode::SERVICE_UNAVAILABLE {
         response
             .headers_mut()
