@@ -493,8 +493,10 @@ async fn store_unavailable_fails_open_and_says_why() {
 async fn only_first_turns_wait() {
     let core = Core::new();
     let agent = core.agent_reporting(pending(RUN_A, 1, vec![server("s", &["t"])]));
+    let started = Instant::now();
     let reply = core.turn("chat-1", &agent, false).await;
     assert_eq!(decision(&reply), GateDecision::NotFirstTurn);
+    assert_eq!(started.elapsed(), Duration::ZERO, "no wait at all");
     assert_eq!(reply.waited_ms, 0);
     assert_eq!(tool_names(&reply), ["s__t"]);
     assert_eq!(core.gate.attempts_started(), 0);
