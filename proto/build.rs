@@ -37,8 +37,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .extern_path(".google.protobuf", "::pbjson_types")
         .compile_fds(descriptors)?;
 
+    // One JSON convention for every HTTP answer and `--json` output: the
+    // proto's own field names (snake_case) and every field present, defaults
+    // included. Parsing accepts both these names and the camelCase JSON names.
     pbjson_build::Builder::new()
         .register_descriptors(&descriptor_bytes)?
+        .preserve_proto_field_names()
+        .emit_fields()
         .build(&[".ctxsync"])?;
     Ok(())
 }

@@ -4,6 +4,7 @@
 //! Messages are generated at build time from `ctxsync/v1/*.proto` with protox
 //! and prost, so building needs no `protoc`.
 
+mod decision;
 pub mod ids;
 pub mod subjects;
 pub mod validate;

@@ -83,15 +83,14 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut error = serde_json::json!({ "code": self.code(), "message": self.to_string() });
-        if let Some(limit) = self.limit() {
-            error["limit"] = limit.into();
-        }
-        let mut response = (
-            self.status(),
-            axum::Json(serde_json::json!({ "error": error })),
-        )
-            .into_response();
+        let error = ctxsync_proto::v1::HttpErrorReply {
+            error: Some(ctxsync_proto::v1::HttpError {
+                code: self.code().to_owned(),
+                message: self.to_string(),
+                limit: self.limit().unwrap_or_default().to_owned(),
+            }),
+        };
+        let mut response = (self.status(), axum::Json(error)).into_response();
         if matches!(self, Self::StoreUnavailable(_)) {
             response
                 .headers_mut()

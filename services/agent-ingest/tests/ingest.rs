@@ -194,7 +194,7 @@ async fn json_bodies_use_the_proto3_json_mapping() {
         .await;
     assert_eq!(response.status(), StatusCode::OK);
     let body: serde_json::Value = response.json().await.unwrap();
-    assert_eq!(body["runIdChanged"], true);
+    assert_eq!(body["run_id_changed"], true);
 
     let response = h
         .post_json("/api/v1/agent/context-state", "tok-a", json!({

@@ -6,9 +6,12 @@
 //! decision and the projection, with the catalog's pins and their tools; `GET
 //! /api/v1/agents/{agent_id}/context` answers the current projection without
 //! waiting. An agent of another tenant is 404, like an unknown one. Answers
-//! are plain JSON in snake_case with every field present, enums as lowercase
-//! names and tool input schemas as JSON objects. Errors are `{"error":
-//! {"code", "message"}}` with 400, 401, 404, 413, 415 or 503.
+//! are the proto messages (`TurnReply`, `ChatProjection`) in the workspace's
+//! one JSON convention: pbjson with the proto's field names and every field
+//! present; enums by their proto names (`GATE_DECISION_READY`), tool input
+//! schemas as the JSON text the server gave (`input_schema_json`). Errors are
+//! an `HttpErrorReply`, `{"error": {"code", "message", "limit"}}`, with 400,
+//! 401, 404, 413, 415 or 503.
 
 use axum::Router;
 use axum::body::Bytes;
@@ -17,15 +20,11 @@ use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use ctxsync_proto::v1::{
-    CatalogPin, ChatProjection, GateDecision, McpTransport, ResourceStatus, TurnReply, TurnRequest,
-    catalog_pin, catalog_section, gate_error::Code, mcp_discovery::Phase,
-};
-use serde_json::{Value, json};
+use ctxsync_proto::v1::{HttpError, HttpErrorReply, TurnRequest, gate_error::Code};
 
 use crate::auth::{AuthError, Caller, TenantKeys};
-use crate::gate::Gate;
-use crate::store::ReadError;
+use crate::core::gate::Gate;
+use crate::core::source::ReadError;
 
 /// Largest accepted request body, in bytes.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -78,30 +77,20 @@ async fn caller(keys: &TenantKeys, headers: &HeaderMap) -> Result<Caller, Respon
 }
 
 fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
-    let mut response = (
-        status,
-        axum::Json(json!({ "error": { "code": code, "message": message.into() } })),
-    )
-        .into_response();
+    let error = HttpErrorReply {
+        error: Some(HttpError {
+            code: code.to_owned(),
+            message: message.into(),
+            limit: String::new(),
+        }),
+    };
+    let mut response = (status, axum::Json(error)).into_response();
     if status == StatusCode::SERVICE_UNAVAILABLE {
         response
             .headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     }
     response
-}
-
-/// The request body: exactly these fields; `first_turn` may be omitted, and
-/// `tenant`, if sent, must be the key's.
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TurnBody {
-    chat_id: String,
-    agent_id: String,
-    #[serde(default)]
-    first_turn: bool,
-    #[serde(default)]
-    tenant: String,
 }
 
 async fn turn(
@@ -138,7 +127,9 @@ async fn turn(
             return error(StatusCode::BAD_REQUEST, "malformed", rejection.body_text());
         }
     };
-    let parsed: TurnBody = match serde_json::from_slice(&body) {
+    // A `TurnRequest` (field names in snake_case or camelCase, unknown ones
+    // refused); `first_turn` may be omitted, and `tenant`, if sent, must be the key's.
+    let parsed: TurnRequest = match serde_json::from_slice(&body) {
         Ok(parsed) => parsed,
         Err(e) => {
             return error(
@@ -172,7 +163,7 @@ async fn turn(
             _ => error(StatusCode::BAD_REQUEST, "invalid", e.message.clone()),
         };
     }
-    axum::Json(reply_json(&reply)).into_response()
+    axum::Json(reply).into_response()
 }
 
 async fn context(
@@ -185,166 +176,11 @@ async fn context(
         Err(refused) => return refused,
     };
     match api.gate.context(&caller.tenant, &agent_id).await {
-        Ok(projection) => axum::Json(projection_json(&projection)).into_response(),
+        Ok(projection) => axum::Json(projection).into_response(),
         Err(ReadError::Invalid(message)) => error(StatusCode::BAD_REQUEST, "invalid", message),
         Err(ReadError::NotFound(message)) => error(StatusCode::NOT_FOUND, "not_found", message),
         Err(ReadError::Unavailable(message)) => {
             error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
         }
     }
-}
-
-pub fn decision_name(decision: GateDecision) -> &'static str {
-    match decision {
-        GateDecision::Unspecified => "unspecified",
-        GateDecision::Ready => "ready",
-        GateDecision::Legacy => "legacy",
-        GateDecision::NotFirstTurn => "not_first_turn",
-        GateDecision::TimedOutPending => "timed_out_pending",
-        GateDecision::TimedOutNoSnapshot => "timed_out_no_snapshot",
-        GateDecision::TimedOutStale => "timed_out_stale",
-        GateDecision::StoreUnavailable => "store_unavailable",
-        GateDecision::ShuttingDown => "shutting_down",
-    }
-}
-
-fn phase_name(phase: i32) -> &'static str {
-    match Phase::try_from(phase) {
-        Ok(Phase::Pending) => "pending",
-        Ok(Phase::Complete) => "complete",
-        _ => "unspecified",
-    }
-}
-
-fn status_name(status: i32) -> &'static str {
-    match ResourceStatus::try_from(status) {
-        Ok(ResourceStatus::Ok) => "ok",
-        Ok(ResourceStatus::Invalid) => "invalid",
-        Ok(ResourceStatus::Unreadable) => "unreadable",
-        Ok(ResourceStatus::Oversize) => "oversize",
-        Ok(ResourceStatus::Excluded) => "excluded",
-        _ => "unspecified",
-    }
-}
-
-fn transport_name(transport: i32) -> &'static str {
-    match McpTransport::try_from(transport) {
-        Ok(McpTransport::Stdio) => "stdio",
-        Ok(McpTransport::StreamableHttp) => "streamable_http",
-        _ => "unspecified",
-    }
-}
-
-pub fn reply_json(reply: &TurnReply) -> Value {
-    json!({
-        "decision": decision_name(reply.decision()),
-        "waited_ms": reply.waited_ms,
-        "attempt_reused": reply.attempt_reused,
-        "joined_attempt": reply.joined_attempt,
-        "projection": reply.projection.as_ref().map(projection_json),
-    })
-}
-
-/// The projection as readable JSON: input schemas become objects.
-pub fn projection_json(p: &ChatProjection) -> Value {
-    let counts = p.counts.unwrap_or_default();
-    let catalog = p.catalog.clone().unwrap_or_default();
-    let catalog_status = match catalog.status() {
-        catalog_section::Status::Ready => "ready",
-        catalog_section::Status::Failed => "failed",
-        _ => "not_requested",
-    };
-    json!({
-        "agent_id": p.agent_id,
-        "agent_run_id": p.agent_run_id,
-        "has_snapshot": p.has_snapshot,
-        "snapshot_agent_run_id": p.snapshot_agent_run_id,
-        "snapshot_version": p.snapshot_version,
-        "snapshot_hash": p.snapshot_hash,
-        "snapshot_phase": phase_name(p.snapshot_phase),
-        "phase": phase_name(p.phase),
-        "stale": p.stale,
-        "wait_timed_out": p.wait_timed_out,
-        "store_error": p.store_error,
-        "counts": {
-            "servers_ok": counts.servers_ok,
-            "servers_zero_tools": counts.servers_zero_tools,
-            "servers_failed": counts.servers_failed,
-            "invalid_config_files": counts.invalid_config_files,
-            "tools": counts.tools,
-            "tools_withheld": counts.tools_withheld,
-            "instruction_files": counts.instruction_files,
-            "skills": counts.skills,
-        },
-        "servers": p.servers.iter().map(|s| json!({
-            "name": s.name,
-            "transport": transport_name(s.transport),
-            "config_path": s.config_path,
-            "tools_withheld": s.tools_withheld,
-            "warning": s.warning,
-            "tools": s.tools.iter().map(|t| json!({
-                "name": t.name,
-                "server": t.server,
-                "tool": t.tool,
-                "description": t.description,
-                "input_schema": schema_json(&t.input_schema_json),
-            })).collect::<Vec<_>>(),
-        })).collect::<Vec<_>>(),
-        "failed_servers": p.failed_servers.iter().map(|s| json!({
-            "name": s.name,
-            "config_path": s.config_path,
-            "status": status_name(s.status),
-            "error": s.error,
-        })).collect::<Vec<_>>(),
-        "invalid_config_files": p.invalid_config_files.iter().map(|f| json!({
-            "path": f.path,
-            "status": status_name(f.status),
-            "error": f.error,
-        })).collect::<Vec<_>>(),
-        "instruction_files": p.instruction_files.iter().map(|f| json!({
-            "path": f.path,
-            "content": f.content,
-            "truncated": f.truncated,
-        })).collect::<Vec<_>>(),
-        "skills": p.skills.iter().map(|s| json!({
-            "name": s.name,
-            "description": s.description,
-            "dir": s.dir,
-        })).collect::<Vec<_>>(),
-        "summary": p.summary,
-        "catalog": {
-            "status": catalog_status,
-            "pins": catalog.pins.iter().map(pin_json).collect::<Vec<_>>(),
-            "error": catalog.error,
-        },
-    })
-}
-
-/// A catalog pin as the NATS reply carries it: the server, where its tools
-/// came from, and the tools under the names a chat calls them by.
-fn pin_json(pin: &CatalogPin) -> Value {
-    let source = match pin.source() {
-        catalog_pin::Source::Pinned => "pinned",
-        catalog_pin::Source::Connected => "connected",
-        catalog_pin::Source::Failed => "failed",
-        catalog_pin::Source::Unspecified => "unspecified",
-    };
-    json!({
-        "server_id": pin.server_id,
-        "transport": transport_name(pin.transport),
-        "source": source,
-        "catalog_hash": pin.catalog_hash,
-        "error": pin.error,
-        "handshake_ms": pin.handshake_ms,
-        "tools": pin.tools.iter().map(|t| json!({
-            "name": t.name,
-            "description": t.description,
-            "input_schema": schema_json(&t.input_schema_json),
-        })).collect::<Vec<_>>(),
-    })
-}
-
-/// A schema that is not JSON is passed on as text rather than dropped.
-fn schema_json(schema: &str) -> Value {
-    serde_json::from_str::<Value>(schema).unwrap_or_else(|_| Value::String(schema.to_owned()))
 }

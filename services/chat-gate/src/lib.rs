@@ -12,33 +12,29 @@
 //! chat backend's user to its tenant's subject), and HTTP (`POST
 //! /api/v1/gate`, `GET /api/v1/agents/{agent_id}/context`) authenticated by
 //! a tenant key. Either way an agent of another tenant is not found.
+//!
+//! The decisions live in [`core`], which touches neither NATS nor HTTP;
+//! [`nats`] and [`http`] (with [`auth`]) are adapters around it, and this
+//! file wires them up.
 
 pub mod auth;
-pub mod catalog;
-pub mod gate;
+pub mod core;
 pub mod http;
-pub mod projection;
+pub mod nats;
 pub mod series;
-pub mod store;
-pub mod watch;
 
 use std::net::SocketAddr;
-use std::time::{Duration, SystemTime};
+use std::sync::Arc;
+use std::time::Duration;
 
-use ctxsync_proto::subjects::{GATE_QUEUE_GROUP, Subjects};
-use ctxsync_proto::v1::{
-    DiscoveryChanged, GateError, SnapshotCommitted, TurnReply, TurnRequest, gate_error::Code,
-};
+use ctxsync_proto::subjects::Subjects;
 use ctxsync_runtime::nats::NatsConnection;
-use ctxsync_runtime::telemetry::continue_trace;
-use ctxsync_runtime::{CommonArgs, HttpServer, Readiness, Shutdown, rpc};
+use ctxsync_runtime::{CommonArgs, HttpServer, Readiness, Shutdown};
 use futures::StreamExt;
-use futures::stream::BoxStream;
-use prost::Message;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-pub use gate::{Gate, GateSettings};
+pub use crate::core::{Gate, GateSettings};
 
 /// chat-gate's configuration.
 #[derive(Debug, Clone, clap::Args)]
@@ -134,11 +130,11 @@ impl Config {
             stale_grace: self.stale_grace,
             store_timeout: self.store_timeout,
             attempt_ttl: self.attempt_ttl,
-            views: watch::ViewLimits {
+            views: crate::core::ViewLimits {
                 max_views: self.max_views,
                 idle_ttl: self.view_ttl,
             },
-            drain: gate::drain_window(self.common.shutdown_grace),
+            drain: crate::core::drain_window(self.common.shutdown_grace),
         })
     }
 }
@@ -165,7 +161,7 @@ pub enum StartError {
 pub struct RunningGate {
     gate: Gate,
     http: HttpServer,
-    server: rpc::Server,
+    server: nats::TurnServer,
     tasks: Vec<JoinHandle<()>>,
     /// Stops `tasks` (they also stop when the drain window closes).
     tasks_stop: CancellationToken,
@@ -188,7 +184,7 @@ impl RunningGate {
     /// or the drain window closes, their answers go out, and NATS is drained.
     pub async fn join(self) {
         // The NATS turns: answered while the turn server applies the events.
-        let events = self.server.join_keeping_before().await;
+        let events = self.server.join().await;
         // HTTP and in-process turns may still wait: keep applying the events
         // until they are answered (at the latest when the drain window closes).
         let gate = self.gate.clone();
@@ -217,154 +213,11 @@ impl RunningGate {
     }
 }
 
-fn timestamp_to_system(ts: Option<&pbjson_types::Timestamp>) -> Option<SystemTime> {
-    let ts = ts?;
-    let seconds = u64::try_from(ts.seconds).ok()?;
-    let nanos = u32::try_from(ts.nanos).ok()?;
-    SystemTime::UNIX_EPOCH.checked_add(Duration::new(seconds, nanos))
-}
-
 async fn subscribe(
     nats: &NatsConnection,
     subject: String,
 ) -> Result<async_nats::Subscriber, StartError> {
     Ok(ctxsync_runtime::nats::subscribe(nats, subject, None).await?)
-}
-
-/// The store's events as one stream, each applied to its agent's view as it
-/// is yielded. The turn server polls it ahead of the turns, so a turn sent
-/// after an event was published is answered with the event applied.
-fn apply_events(
-    gate: Gate,
-    discovery: async_nats::Subscriber,
-    snapshots: async_nats::Subscriber,
-) -> BoxStream<'static, ()> {
-    let on_discovery = gate.clone();
-    let discovery = discovery.map(move |message| {
-        let trace = ctxsync_runtime::trace::TraceContext::from_nats(message.headers.as_ref());
-        let _span = continue_trace(tracing::info_span!("gate.discovery"), trace.as_ref()).entered();
-        match DiscoveryChanged::decode(message.payload) {
-            Ok(event) => {
-                // Every replica sees every event: one line per event and
-                // replica is chatter at INFO (the store logs the commit once).
-                tracing::debug!(
-                    agent_id = %event.agent_id,
-                    trace_id = trace.map(|t| t.trace_id()).unwrap_or_default(),
-                    phase = event.phase().as_str_name(),
-                    revision = event.revision,
-                    watched = on_discovery.watches().is_watched(&event.agent_id),
-                    "discovery event: updating the agent's view"
-                );
-                let committed_at = timestamp_to_system(event.committed_at.as_ref());
-                on_discovery.watches().on_event(
-                    &event.agent_id,
-                    watch::EventUpdate::new(event.revision, event.state, committed_at),
-                );
-            }
-            Err(error) => {
-                tracing::warn!(subject = %message.subject, %error, "malformed discovery event ignored")
-            }
-        }
-    });
-    let snapshots = snapshots.map(move |message| {
-        // Most commits are of agents nobody asks about: skip decoding their
-        // states (the subject ends with the agent id).
-        let agent_id = message.subject.rsplit('.').next().unwrap_or_default();
-        if !gate.watches().is_watched(agent_id) {
-            return;
-        }
-        match SnapshotCommitted::decode(message.payload) {
-            Ok(event) => {
-                let committed_at = timestamp_to_system(event.committed_at.as_ref());
-                gate.watches().on_event(
-                    &event.agent_id,
-                    watch::EventUpdate::new(event.revision, event.state, committed_at),
-                )
-            }
-            Err(error) => {
-                tracing::warn!(subject = %message.subject, %error, "malformed snapshot event ignored")
-            }
-        }
-    });
-    futures::stream::select(discovery, snapshots).boxed()
-}
-
-/// Events published while disconnected (or dropped as a slow consumer) are
-/// lost. Views are distrusted as soon as the gap is counted (they compare
-/// epochs); once connected, every agent someone waits on is read again.
-/// Runs through the drain: waits still going on after shutdown are re-read too.
-/// Also forgets the remembered tenant keys: a revocation may be among the
-/// lost events.
-fn recheck_after_gaps(
-    gate: Gate,
-    keys: auth::TenantKeys,
-    nats: &NatsConnection,
-    stop: CancellationToken,
-) -> JoinHandle<()> {
-    let mut gaps = nats.gaps();
-    let nats = nats.clone();
-    tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                _ = stop.cancelled() => break,
-                changed = gaps.changed() => if changed.is_err() { break },
-            }
-            keys.forget_all();
-            if !nats.is_connected() {
-                // The reconnect is another gap: re-read then, not into the void.
-                continue;
-            }
-            let agents = gate.watches().recheck_all();
-            tracing::info!(
-                agents,
-                "events may have been lost: re-reading every waited-on agent"
-            );
-        }
-    })
-}
-
-/// The slow safety sweep and the expiry of remembered attempts (through the
-/// drain, like the re-reads after a gap).
-fn housekeeping(gate: Gate, sweep: Duration, stop: CancellationToken) -> JoinHandle<()> {
-    let settings = gate.settings();
-    let prune_every = (settings.attempt_ttl.min(settings.views.idle_ttl) / 4)
-        .clamp(Duration::from_millis(50), Duration::from_secs(30));
-    tokio::spawn(async move {
-        let mut prune = tokio::time::interval(prune_every);
-        prune.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut next_sweep = (!sweep.is_zero()).then(|| tokio::time::Instant::now() + sweep);
-        loop {
-            tokio::select! {
-                _ = stop.cancelled() => break,
-                _ = prune.tick() => {
-                    let held = gate.prune();
-                    metrics::gauge!("ctxsync_gate_attempts_held").set(held as f64);
-                }
-                _ = async {
-                    match next_sweep {
-                        Some(at) => tokio::time::sleep_until(at).await,
-                        None => std::future::pending().await,
-                    }
-                } => {
-                    let agents = gate.watches().recheck_all();
-                    if agents > 0 {
-                        tracing::debug!(agents, "safety sweep re-read waited-on agents");
-                    }
-                    next_sweep = Some(tokio::time::Instant::now() + sweep);
-                }
-            }
-        }
-    })
-}
-
-fn malformed(message: String) -> TurnReply {
-    TurnReply {
-        error: Some(GateError {
-            code: Code::InvalidArgument as i32,
-            message,
-        }),
-        ..Default::default()
-    }
 }
 
 /// Connects, subscribes to the events, then starts serving turns.
@@ -375,13 +228,14 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, St
     let http_limits = config.common.http.limits()?;
     let settings = config.settings()?;
     let nats = ctxsync_runtime::nats::connect(&config.common, "chat-gate").await?;
-    let store = store::StoreReader::new(nats.client.clone(), &subjects, settings.store_timeout);
-    let catalog =
-        catalog::CatalogClient::new(nats.client.clone(), &subjects, config.catalog_timeout);
-    let mut gate = Gate::new(settings, store, nats.gaps(), shutdown.clone())
-        .with_wait_events(nats.client.clone(), subjects.gate_turn_waited());
+    let store = nats::StoreReader::new(&nats, &subjects, settings.store_timeout);
+    let mut gate = Gate::new(settings, Arc::new(store), shutdown.clone()).with_announcer(
+        nats::announcer(nats.client.clone(), subjects.gate_turn_waited()),
+    );
     if config.catalog {
-        gate = gate.with_catalog(catalog);
+        let catalog =
+            nats::CatalogClient::new(nats.client.clone(), &subjects, config.catalog_timeout);
+        gate = gate.with_catalog(Arc::new(catalog));
     }
 
     let keys = auth::TenantKeys::new(nats.client.clone(), &subjects, config.store_timeout);
@@ -393,8 +247,8 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, St
     let revocations = subscribe(&nats, subjects.tenant_key_revoked()).await?;
     let tasks_stop = gate.drained().child_token();
     let tasks = vec![
-        recheck_after_gaps(gate.clone(), keys.clone(), &nats, tasks_stop.clone()),
-        housekeeping(gate.clone(), config.sweep_interval, tasks_stop.clone()),
+        nats::events::recheck_after_gaps(gate.clone(), keys.clone(), &nats, tasks_stop.clone()),
+        gate.spawn_housekeeping(config.sweep_interval, tasks_stop.clone()),
         tokio::spawn({
             let (keys, stop) = (keys.clone(), tasks_stop.clone());
             async move {
@@ -406,31 +260,16 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, St
         }),
     ];
 
-    let handler_gate = gate.clone();
-    let server = rpc::serve_after(
+    let server = nats::TurnServer::start(
         &nats,
-        subjects.gate_turn_all(),
-        GATE_QUEUE_GROUP,
-        shutdown.clone(),
-        config.common.shutdown_grace,
-        config.max_turns.max(1),
-        apply_events(gate.clone(), discovery, snapshots),
-        malformed,
-        move |mut request: TurnRequest, incoming: rpc::Incoming| {
-            let gate = handler_gate.clone();
-            // The subject's tenant, which NATS permissions confine: never the body's.
-            let tenant = incoming.last_token();
-            let mismatch = !request.tenant.is_empty() && request.tenant != tenant;
-            tenant.clone_into(&mut request.tenant);
-            async move {
-                if mismatch {
-                    return malformed(
-                        "tenant in the request differs from the subject's tenant: omit it".into(),
-                    );
-                }
-                gate.turn_after_events(request).await
-            }
+        nats::TurnServing {
+            subject: subjects.gate_turn_all(),
+            max_in_flight: config.max_turns,
+            grace: config.common.shutdown_grace,
         },
+        gate.clone(),
+        nats::events::apply_events(gate.clone(), discovery, snapshots),
+        shutdown.clone(),
     )
     .await?;
 

@@ -2,7 +2,7 @@
 
 use ctxsync_runtime::metrics::Series;
 
-/// Every decision a turn or a wait ends with (`http::decision_name`).
+/// Every decision a turn or a wait ends with (`GateDecision::label`).
 const WAIT_OUTCOMES: &[&[(&str, &str)]] = &[
     &[("outcome", "ready")],
     &[("outcome", "timed_out_pending")],

@@ -142,7 +142,7 @@ async fn a_valid_key_is_answered_and_a_revoked_key_is_refused_at_once() {
     let http = reqwest::Client::new();
     let (status, body, _) = post_turn(&http, &h, Some(&bearer(&key)), &agent).await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(body["decision"], "ready");
+    assert_eq!(body["decision"], "GATE_DECISION_READY");
     assert_eq!(body["projection"]["agent_id"], agent.as_str());
     let (status, _) = get_context(&http, &h, Some(&bearer(&key)), &agent).await;
     assert_eq!(status, 200);
@@ -252,12 +252,12 @@ async fn the_http_answer_carries_the_keys_tenant_catalog_pins_with_their_tools()
     let (status, body, _) = post_turn(&h.http, &h, None, &agent).await;
     assert_eq!(status, 200, "{body}");
     let catalog = &body["projection"]["catalog"];
-    assert_eq!(catalog["status"], "ready", "{catalog}");
+    assert_eq!(catalog["status"], "STATUS_READY", "{catalog}");
     let pins = catalog["pins"].as_array().expect("pins with their tools");
     assert_eq!(pins.len(), 1, "{catalog}");
     assert_eq!(pins[0]["server_id"], "notes");
-    assert_eq!(pins[0]["transport"], "stdio");
-    assert_eq!(pins[0]["source"], "connected");
+    assert_eq!(pins[0]["transport"], "MCP_TRANSPORT_STDIO");
+    assert_eq!(pins[0]["source"], "SOURCE_CONNECTED");
     let mut tools: Vec<&str> = pins[0]["tools"]
         .as_array()
         .unwrap()
@@ -266,7 +266,15 @@ async fn the_http_answer_carries_the_keys_tenant_catalog_pins_with_their_tools()
         .collect();
     tools.sort_unstable();
     assert_eq!(tools, ["add", "echo"]);
-    assert!(pins[0]["tools"][0]["input_schema"].is_object(), "{catalog}");
+    let schema = pins[0]["tools"][0]["input_schema_json"]
+        .as_str()
+        .expect("the schema's text");
+    assert!(
+        serde_json::from_str::<serde_json::Value>(schema)
+            .unwrap()
+            .is_object(),
+        "{catalog}"
+    );
     assert!(!body.to_string().contains("secret-notes"), "{body}");
 
     // Prepared on the key's tenant's subject only.

@@ -8,7 +8,7 @@ mod common;
 
 use std::time::{Duration, SystemTime};
 
-use chat_gate::gate::drain_window;
+use chat_gate::core::drain_window;
 use common::*;
 use ctxsync_proto::v1::*;
 use ctxsync_runtime::rpc::{self, RpcError};
@@ -59,7 +59,7 @@ impl Waiting {
             Answered {
                 agent,
                 via,
-                decision: chat_gate::http::decision_name(reply.decision()).to_owned(),
+                decision: reply.decision().label().to_owned(),
                 tools: tool_names(&reply),
                 summary: p.summary,
                 at,
@@ -83,7 +83,10 @@ impl Waiting {
                 Answered {
                     agent,
                     via: "http",
-                    decision: body["decision"].as_str().unwrap().to_owned(),
+                    decision: GateDecision::from_str_name(body["decision"].as_str().unwrap())
+                        .expect("a decision")
+                        .label()
+                        .to_owned(),
                     tools,
                     summary: body["projection"]["summary"].as_str().unwrap().to_owned(),
                     at,

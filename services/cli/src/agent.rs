@@ -46,10 +46,20 @@ impl From<rpc::RpcError> for AgentCommandError {
 }
 
 /// A new agent's id and its token (shown once; the store keeps only its hash).
-#[derive(Debug, serde::Serialize)]
+#[derive(Debug)]
 pub struct Registered {
     pub agent_id: String,
     pub token: String,
+}
+
+impl Registered {
+    /// What `--json` prints.
+    pub fn to_proto(&self) -> ctxsync_proto::v1::AgentRegistered {
+        ctxsync_proto::v1::AgentRegistered {
+            agent_id: self.agent_id.clone(),
+            token: self.token.clone(),
+        }
+    }
 }
 
 /// A fresh agent token: 32 random bytes, URL-safe base64, with a recognizable prefix.
@@ -111,12 +121,30 @@ pub enum IfExists {
 }
 
 /// What `register --token-file` did.
-#[derive(Debug, serde::Serialize)]
+#[derive(Debug)]
 pub struct RegisteredToFile {
     pub agent_id: String,
     pub token_file: String,
     /// `registered`, `kept` (the file's token was valid) or `rotated`.
     pub outcome: &'static str,
+}
+
+impl RegisteredToFile {
+    /// What `--json` prints.
+    pub fn to_proto(&self) -> ctxsync_proto::v1::AgentTokenFileWritten {
+        use ctxsync_proto::v1::agent_token_file_written::Outcome;
+        let outcome = match self.outcome {
+            "registered" => Outcome::Registered,
+            "kept" => Outcome::Kept,
+            "rotated" => Outcome::Rotated,
+            _ => Outcome::Unspecified,
+        };
+        ctxsync_proto::v1::AgentTokenFileWritten {
+            agent_id: self.agent_id.clone(),
+            token_file: self.token_file.clone(),
+            outcome: outcome as i32,
+        }
+    }
 }
 
 fn token_file_error(path: &Path, reason: impl std::fmt::Display) -> AgentCommandError {

@@ -232,7 +232,7 @@ async fn agent(connection: Connection, command: AgentCommand) -> anyhow::Result<
             )
             .await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&registered)?);
+                println!("{}", serde_json::to_string_pretty(&registered.to_proto())?);
             } else {
                 println!("agent_id   {}", registered.agent_id);
                 println!("token_file {}", registered.token_file);
@@ -257,7 +257,7 @@ async fn agent(connection: Connection, command: AgentCommand) -> anyhow::Result<
             )
             .await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&registered)?);
+                println!("{}", serde_json::to_string_pretty(&registered.to_proto())?);
             } else {
                 println!("agent_id {}", registered.agent_id);
                 println!("token    {}", registered.token);
@@ -307,7 +307,7 @@ async fn tenant_key(connection: Connection, command: KeyCommand) -> anyhow::Resu
                 ctxsync_cli::tenant::create(&nats.client, &subjects, timeout, &tenant, &label)
                     .await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&created)?);
+                println!("{}", serde_json::to_string_pretty(&created.to_proto())?);
             } else {
                 println!("key_id {}", created.key_id);
                 println!("tenant {}", created.tenant);
@@ -320,7 +320,7 @@ async fn tenant_key(connection: Connection, command: KeyCommand) -> anyhow::Resu
                 ctxsync_cli::tenant::list(&nats.client, &subjects, timeout, tenant.as_deref(), all)
                     .await?;
             if json {
-                let keys: Vec<_> = keys.iter().map(ctxsync_cli::tenant::key_json).collect();
+                // The store's own messages (no secret: the key itself is never stored).
                 println!("{}", serde_json::to_string_pretty(&keys)?);
             } else {
                 print!("{}", ctxsync_cli::tenant::render(&keys));

@@ -28,11 +28,22 @@ pub fn new_key() -> String {
 }
 
 /// A key just created: its id and the key itself (shown once).
-#[derive(Debug, serde::Serialize)]
+#[derive(Debug)]
 pub struct CreatedKey {
     pub key_id: String,
     pub tenant: String,
     pub key: String,
+}
+
+impl CreatedKey {
+    /// What `--json` prints.
+    pub fn to_proto(&self) -> ctxsync_proto::v1::TenantKeyCreated {
+        ctxsync_proto::v1::TenantKeyCreated {
+            key_id: self.key_id.clone(),
+            tenant: self.tenant.clone(),
+            key: self.key.clone(),
+        }
+    }
 }
 
 /// Checked here too, so a typo never reaches the store.
@@ -148,15 +159,4 @@ pub fn render(keys: &[TenantKey]) -> String {
         );
     }
     out
-}
-
-/// A key as JSON for `list --json` (no secret: the key itself is never stored).
-pub fn key_json(key: &TenantKey) -> serde_json::Value {
-    serde_json::json!({
-        "key_id": key.key_id,
-        "tenant": key.tenant,
-        "label": key.label,
-        "created_at": time(key.created_at.as_ref()),
-        "revoked_at": key.revoked_at.as_ref().map(|t| time(Some(t))),
-    })
 }

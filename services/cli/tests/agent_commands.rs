@@ -91,7 +91,7 @@ async fn register_prints_id_and_token_once_and_show_prints_the_report() {
         String::from_utf8_lossy(&show.stderr)
     );
     let report: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
-    assert_eq!(report["agent"]["agentId"], agent_id);
+    assert_eq!(report["agent"]["agent_id"], agent_id);
     assert_eq!(report["agent"]["name"], "dev");
     assert!(report.get("snapshot").is_none());
 
@@ -157,7 +157,7 @@ async fn register_to_a_token_file_is_idempotent() {
 
     let first = register("keep");
     let first_json = parse(&first);
-    assert_eq!(first_json["outcome"], "registered");
+    assert_eq!(first_json["outcome"], "OUTCOME_REGISTERED");
     let token = std::fs::read_to_string(&file).unwrap();
     assert!(token.starts_with("cxs_"));
     assert!(!String::from_utf8_lossy(&first.stdout).contains(&token));
@@ -166,7 +166,7 @@ async fn register_to_a_token_file_is_idempotent() {
     let agent_id = first_json["agent_id"].as_str().unwrap().to_owned();
 
     let again = parse(&register("keep"));
-    assert_eq!(again["outcome"], "kept");
+    assert_eq!(again["outcome"], "OUTCOME_KEPT");
     assert_eq!(again["agent_id"], agent_id.as_str());
     assert_eq!(std::fs::read_to_string(&file).unwrap(), token);
 
@@ -181,7 +181,7 @@ async fn register_to_a_token_file_is_idempotent() {
 
     std::fs::remove_file(&file).unwrap();
     let rotated = parse(&register("keep"));
-    assert_eq!(rotated["outcome"], "rotated");
+    assert_eq!(rotated["outcome"], "OUTCOME_ROTATED");
     assert_eq!(rotated["agent_id"], agent_id.as_str());
     let new_token = std::fs::read_to_string(&file).unwrap();
     assert_ne!(new_token, token);

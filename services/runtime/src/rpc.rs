@@ -7,8 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_nats::{Client, HeaderMap};
-use futures::stream::BoxStream;
-use futures::{FutureExt, StreamExt};
+use futures::StreamExt;
 use prost::Message;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
@@ -131,20 +130,13 @@ pub const DEFAULT_MAX_IN_FLIGHT: usize = 512;
 
 /// A running request loop.
 pub struct Server {
-    task: JoinHandle<BoxStream<'static, ()>>,
+    task: JoinHandle<()>,
 }
 
 impl Server {
     /// Waits for the loop to stop (after shutdown) and its in-flight requests to finish.
     pub async fn join(self) {
         let _ = self.task.await;
-    }
-
-    /// [`Server::join`], handing back the `before` stream of [`serve_after`]
-    /// (still subscribed) for a service whose other callers still need its
-    /// items after the requests are done.
-    pub async fn join_keeping_before(self) -> Option<BoxStream<'static, ()>> {
-        self.task.await.ok()
     }
 }
 
@@ -183,7 +175,7 @@ where
 }
 
 /// [`serve`] with its own bound on requests in flight (a service whose
-/// requests wait, like a held first turn, needs a larger one).
+/// requests wait needs a larger one).
 #[allow(clippy::too_many_arguments)]
 pub async fn serve_with_limit<Req, Resp, F, Fut>(
     connection: &NatsConnection,
@@ -192,46 +184,6 @@ pub async fn serve_with_limit<Req, Resp, F, Fut>(
     shutdown: Shutdown,
     grace: Duration,
     max_in_flight: usize,
-    on_malformed: fn(String) -> Resp,
-    handler: F,
-) -> Result<Server, SubscribeError>
-where
-    Req: Message + Default + Send + 'static,
-    Resp: Message + Send + 'static,
-    F: Fn(Req, Incoming) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Resp> + Send + 'static,
-{
-    serve_after(
-        connection,
-        subject,
-        queue_group,
-        shutdown,
-        grace,
-        max_in_flight,
-        futures::stream::pending().boxed(),
-        on_malformed,
-        handler,
-    )
-    .await
-}
-
-/// [`serve_with_limit`], where `before` (typically event subscriptions of
-/// the same client, each item already applied when it is yielded) is polled
-/// ahead of the requests: every message the connection delivered before a
-/// request has been applied when that request is handled. A request sent
-/// after an event was published on the same server is therefore answered
-/// with that event taken into account. After shutdown `before` is still
-/// applied while the requests in flight finish (they may be waiting for its
-/// items); [`Server::join_keeping_before`] hands it back afterwards.
-#[allow(clippy::too_many_arguments)]
-pub async fn serve_after<Req, Resp, F, Fut>(
-    connection: &NatsConnection,
-    subject: String,
-    queue_group: &'static str,
-    shutdown: Shutdown,
-    grace: Duration,
-    max_in_flight: usize,
-    mut before: BoxStream<'static, ()>,
     on_malformed: fn(String) -> Resp,
     handler: F,
 ) -> Result<Server, SubscribeError>
@@ -267,29 +219,16 @@ where
                     continue;
                 }
                 _ = sleep_until_some(deadline) => break,
-                Some(()) = before.next() => continue,
                 message = subscriber.next() => match message {
                     Some(m) => m,
                     None => break,
                 },
             };
-            // The connection queued everything it read before this request
-            // already: apply what the first poll above did not see yet.
-            while let Some(Some(())) = before.next().now_or_never() {}
             let Some(reply_to) = message.reply.clone() else {
                 tracing::debug!(%subject, "request without reply subject ignored");
                 continue;
             };
-            // Keep applying `before` while every permit is taken: the
-            // requests holding them may be waiting for exactly those items.
-            let permit = loop {
-                tokio::select! {
-                    biased;
-                    Some(()) = before.next() => {}
-                    permit = permits.clone().acquire_owned() => break permit,
-                }
-            };
-            let Ok(permit) = permit else {
+            let Ok(permit) = permits.clone().acquire_owned().await else {
                 break;
             };
             let handler = handler.clone();
@@ -321,26 +260,15 @@ where
                 drop(permit);
             });
         }
-        // Stop taking work, then finish what is in flight, still applying
-        // `before`: the requests in flight may be waiting for its items.
+        // Stop taking work, then finish what is in flight.
         let _ = subscriber.unsubscribe().await;
         tracker.close();
         let deadline = deadline.unwrap_or_else(|| tokio::time::Instant::now() + grace);
-        let finished = tokio::time::timeout_at(deadline, async {
-            loop {
-                tokio::select! {
-                    biased;
-                    Some(()) = before.next() => {}
-                    () = tracker.wait() => break,
-                }
-            }
-        })
-        .await;
+        let finished = tokio::time::timeout_at(deadline, tracker.wait()).await;
         if finished.is_err() {
             tracing::warn!(%subject, "in-flight requests did not finish within the shutdown grace");
         }
         let _ = client.flush().await;
-        before
     });
     Ok(Server { task })
 }

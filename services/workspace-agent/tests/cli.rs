@@ -54,7 +54,7 @@ fn inspect_json_redacts_inherited_secret_env_values() {
     let stdout = String::from_utf8(output.stdout).unwrap();
     assert!(!stdout.contains("inherited-secret-value-77"), "{stdout}");
     let push: Value = serde_json::from_str(&stdout).expect("JSON output");
-    assert_eq!(push["mcpDiscovery"]["phase"], "PHASE_COMPLETE", "{push:#}");
+    assert_eq!(push["mcp_discovery"]["phase"], "PHASE_COMPLETE", "{push:#}");
     let row = push["resources"]
         .as_array()
         .unwrap()

@@ -275,11 +275,11 @@ async fn the_compose_stack_answers_a_first_turn_and_survives_a_nats_restart() {
         &demo_agent,
     )
     .await;
-    assert_eq!(answer["decision"], "ready", "{answer}");
+    assert_eq!(answer["decision"], "GATE_DECISION_READY", "{answer}");
     let tools = tool_names(&answer);
     assert!(tools.contains(&"fixture__echo".to_owned()), "{answer}");
     let catalog = &answer["projection"]["catalog"];
-    assert_eq!(catalog["status"], "ready", "{catalog}");
+    assert_eq!(catalog["status"], "STATUS_READY", "{catalog}");
     assert_eq!(catalog["pins"][0]["server_id"], "fixture", "{catalog}");
 
     // A second agent, driven from the host: pending, a chat waits, NATS restarts.
@@ -342,7 +342,7 @@ async fn the_compose_stack_answers_a_first_turn_and_survives_a_nats_restart() {
         .await
         .expect("the waiting chat is answered")
         .unwrap();
-    assert_eq!(woken["decision"], "ready", "{woken}");
+    assert_eq!(woken["decision"], "GATE_DECISION_READY", "{woken}");
     assert_eq!(tool_names(&woken), ["restarted__t"], "{woken}");
     eprintln!(
         "COMPOSE-SUMMARY images_built_s={} stack_up_s={} total_s={}",

@@ -491,7 +491,7 @@ async fn scenario(format: &str) {
     let answer = turn.text().await.unwrap();
     assert!(status.is_success(), "{status}: {answer}");
     let parsed: Value = serde_json::from_str(&answer).unwrap();
-    assert_eq!(parsed["decision"], "ready", "{answer}");
+    assert_eq!(parsed["decision"], "GATE_DECISION_READY", "{answer}");
     haystack.add("gate HTTP answer (first turn)", &answer);
     // The failures are there, sanitized: the test is not vacuous.
     assert!(answer.contains("[redacted]"), "{answer}");

@@ -204,7 +204,7 @@ async fn first_turn_waits_for_discovery_and_a_restart_withholds_old_tools_until_
     let completed_at = Instant::now();
     let answer = turn.await.unwrap();
     let answered_after = completed_at.elapsed();
-    assert_eq!(answer["decision"], "ready", "{answer}");
+    assert_eq!(answer["decision"], "GATE_DECISION_READY", "{answer}");
     assert!(answer["waited_ms"].as_u64().unwrap() >= 500, "{answer}");
     assert!(
         answered_after < Duration::from_secs(2),
@@ -268,7 +268,7 @@ async fn first_turn_waits_for_discovery_and_a_restart_withholds_old_tools_until_
     })
     .await;
     let answer = turn.await.unwrap();
-    assert_eq!(answer["decision"], "ready", "{answer}");
+    assert_eq!(answer["decision"], "GATE_DECISION_READY", "{answer}");
     let projection = &answer["projection"];
     assert_eq!(projection["agent_run_id"], run_2.as_str());
     assert_eq!(projection["snapshot_agent_run_id"], run_2.as_str());

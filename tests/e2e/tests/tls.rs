@@ -182,7 +182,7 @@ async fn agent_to_ingest_chat_to_gate_services_to_nats_and_agent_to_mcp_over_tls
         .json()
         .await
         .unwrap();
-    assert_eq!(answer["decision"], "ready", "{answer}");
+    assert_eq!(answer["decision"], "GATE_DECISION_READY", "{answer}");
     let tools = tool_names(&answer["projection"]);
     assert!(tools.contains(&"secure__echo".to_owned()), "{tools:?}");
 

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use ctxsync_proto::subjects::Subjects;
-use ctxsync_proto::v1::{TurnReply, TurnRequest, gate_error::Code};
+use ctxsync_proto::v1::{GateDecision, TurnReply, TurnRequest, gate_error::Code};
 use ctxsync_runtime::rpc;
 use serde_json::{Value, json};
 
@@ -81,11 +81,7 @@ impl ChatAnswer {
 
 /// The HTTP API's name of a decision (`GATE_DECISION_READY` → `ready`).
 pub fn decision_name(reply: &TurnReply) -> String {
-    reply
-        .decision()
-        .as_str_name()
-        .trim_start_matches("GATE_DECISION_")
-        .to_ascii_lowercase()
+    reply.decision().label().to_owned()
 }
 
 /// The tenant of [`TEST_TENANT_KEY`], and of the agents `StoreClient` registers.
@@ -153,8 +149,11 @@ pub async fn http_turn_as(
             Outcome::Refused(format!("{status}: {body}"))
         });
     }
+    // The proto name (`GATE_DECISION_READY`), named here as over NATS (`ready`).
+    let decision = body["decision"].as_str().unwrap_or("missing");
     let mut answered = answer(Outcome::Decision(
-        body["decision"].as_str().unwrap_or("missing").to_owned(),
+        GateDecision::from_str_name(decision)
+            .map_or_else(|| format!("unknown {decision}"), |d| d.label().to_owned()),
     ));
     let projection = &body["projection"];
     answered.agent_run_id = projection["agent_run_id"]

@@ -16,7 +16,7 @@
 //!
 //! A view is *fresh* when a read that started after the watch was created
 //! succeeded and every event since then was applied, all within one NATS
-//! gap epoch (see [`ctxsync_runtime::nats::NatsConnection::gaps`]). A fresh
+//! gap epoch (see [`StateSource::gaps`]). A fresh
 //! view answers without a read; anything else reads first. Freshness ends at
 //! a disconnect, a reconnect, a slow-consumer drop, or an event without state.
 
@@ -30,8 +30,8 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::projection::{self, Readiness};
-use crate::store::{ReadError, StoreReader};
+use crate::core::projection::{self, Readiness};
+use crate::core::source::{ReadError, StateSource};
 
 /// Retries of a failed read while someone waits: short first (a store that
 /// reconnects after a NATS restart is back within a second), then capped.
@@ -224,7 +224,8 @@ impl AgentWatch {
     async fn reader(
         self: Arc<Self>,
         watches: Weak<WatchesInner>,
-        store: StoreReader,
+        source: Arc<dyn StateSource>,
+        reads: Arc<AtomicU64>,
         gaps: watch::Receiver<u64>,
     ) {
         let mut retry_at: Option<Instant> = None;
@@ -247,7 +248,8 @@ impl AgentWatch {
                 state.commit_at.take()
             };
             let seq = self.started.fetch_add(1, Ordering::SeqCst) + 1;
-            let result = store.read(&self.agent_id).await;
+            reads.fetch_add(1, Ordering::Relaxed);
+            let result = source.read(&self.agent_id).await;
             // Before the view is published: whoever sees it sees a view, not a lookup.
             if result.is_ok()
                 && let Some(watches) = watches.upgrade()
@@ -337,7 +339,9 @@ struct WatchesInner {
     table: Mutex<Table>,
     /// One slot per lookup: ids that may not exist can't hold more watches than this.
     lookups: Arc<Semaphore>,
-    store: StoreReader,
+    source: Arc<dyn StateSource>,
+    /// Reads started so far.
+    reads: Arc<AtomicU64>,
     gaps: watch::Receiver<u64>,
     limits: ViewLimits,
 }
@@ -386,8 +390,9 @@ impl WatchesInner {
 }
 
 impl Watches {
-    /// `gaps` changes whenever events may have been lost (see the module docs).
-    pub fn new(store: StoreReader, gaps: watch::Receiver<u64>, limits: ViewLimits) -> Self {
+    /// Views read from `source`, trusted between changes of its gaps (see the module docs).
+    pub fn new(source: Arc<dyn StateSource>, limits: ViewLimits) -> Self {
+        let gaps = source.gaps();
         Self {
             inner: Arc::new(WatchesInner {
                 table: Mutex::new(Table {
@@ -395,7 +400,8 @@ impl Watches {
                     views: 0,
                 }),
                 lookups: Arc::new(Semaphore::new(limits.max_views)),
-                store,
+                source,
+                reads: Arc::new(AtomicU64::new(0)),
                 gaps,
                 limits,
             }),
@@ -463,7 +469,8 @@ impl Watches {
         });
         tokio::spawn(watch.clone().reader(
             Arc::downgrade(&self.inner),
-            self.inner.store.clone(),
+            self.inner.source.clone(),
+            self.inner.reads.clone(),
             self.inner.gaps.clone(),
         ));
         table.agents.insert(agent_id.to_owned(), watch.clone());
@@ -532,6 +539,11 @@ impl Watches {
         }
         table.publish_len();
         table.agents.len()
+    }
+
+    /// Reads of agents' states started so far.
+    pub fn reads(&self) -> u64 {
+        self.inner.reads.load(Ordering::Relaxed)
     }
 
     /// Whether `agent_id` has a watch (held or idle).

@@ -1,51 +1,48 @@
-//! Reads of an agent's state from snapshot-store over NATS.
+//! The core's state source over NATS: reads of an agent's state from
+//! snapshot-store, and the connection's gaps.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ctxsync_proto::subjects::Subjects;
 use ctxsync_proto::v1::{AgentState, GetAgentStateReply, GetAgentStateRequest, store_error::Code};
+use ctxsync_runtime::nats::NatsConnection;
 use ctxsync_runtime::rpc;
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use tokio::sync::watch;
 
-/// Why the state could not be read.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ReadError {
-    #[error("{0}")]
-    NotFound(String),
-    #[error("{0}")]
-    Invalid(String),
-    /// The store did not answer, or failed: turns fail open.
-    #[error("{0}")]
-    Unavailable(String),
-}
+use crate::core::source::{ReadError, StateSource};
 
 #[derive(Clone)]
 pub struct StoreReader {
     client: async_nats::Client,
+    gaps: watch::Receiver<u64>,
     subject: String,
     timeout: Duration,
-    reads: Arc<AtomicU64>,
+}
+
+impl StateSource for StoreReader {
+    fn read<'a>(&'a self, agent_id: &'a str) -> BoxFuture<'a, Result<AgentState, ReadError>> {
+        self.read(agent_id).boxed()
+    }
+
+    fn gaps(&self) -> watch::Receiver<u64> {
+        self.gaps.clone()
+    }
 }
 
 impl StoreReader {
-    pub fn new(client: async_nats::Client, subjects: &Subjects, timeout: Duration) -> Self {
+    pub fn new(nats: &NatsConnection, subjects: &Subjects, timeout: Duration) -> Self {
         Self {
-            client,
+            client: nats.client.clone(),
+            gaps: nats.gaps(),
             subject: subjects.store_get_agent_state(),
             timeout,
-            reads: Arc::new(AtomicU64::new(0)),
         }
-    }
-
-    /// Store reads made so far by this gate.
-    pub fn reads(&self) -> u64 {
-        self.reads.load(Ordering::Relaxed)
     }
 
     /// One consistent read of the agent row, its snapshot and resources.
     pub async fn read(&self, agent_id: &str) -> Result<AgentState, ReadError> {
-        self.reads.fetch_add(1, Ordering::Relaxed);
         let request = GetAgentStateRequest {
             agent_id: agent_id.to_owned(),
         };

@@ -9,6 +9,10 @@ use ctxsync_proto::v1::{
     CatalogPrepareReply, CatalogPrepareRequest, CatalogSection, catalog_section::Status,
 };
 use ctxsync_runtime::rpc;
+use futures::FutureExt;
+use futures::future::BoxFuture;
+
+use crate::core::source::CatalogSource;
 
 #[derive(Clone)]
 pub struct CatalogClient {
@@ -54,6 +58,12 @@ impl CatalogClient {
                 failed(format!("the catalog did not answer: {error}"))
             }
         }
+    }
+}
+
+impl CatalogSource for CatalogClient {
+    fn prepare<'a>(&'a self, tenant: &'a str, chat_id: &'a str) -> BoxFuture<'a, CatalogSection> {
+        self.prepare(tenant, chat_id).boxed()
     }
 }
 

@@ -5,7 +5,7 @@
 //! concurrent callers join it and a caller that goes away cancels nothing.
 //! A timed-out attempt is remembered for a while so the chat's later first
 //! turns don't wait again; a finished one is forgotten at once. Every turn
-//! is answered from the agent's view (see [`crate::watch`]): a fresh one at
+//! is answered from the agent's view (see [`super::watch`]): a fresh one at
 //! once, otherwise after one read.
 //!
 //! On shutdown the gate drains: waits go on (still woken by events) for
@@ -18,15 +18,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use ctxsync_proto::v1::{GateDecision, GateError, TurnReply, TurnRequest, gate_error::Code};
+use ctxsync_proto::v1::{
+    GateDecision, GateError, GateTurnWaited, TurnReply, TurnRequest, gate_error::Code,
+};
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::catalog::CatalogClient;
-use crate::projection::{self, Readiness};
-use crate::store::{ReadError, StoreReader};
-use crate::watch::{Interest, Published, Trust, View, ViewLimits, Watches};
+use crate::core::projection::{self, Readiness};
+use crate::core::source::{CatalogSource, ReadError, StateSource, WaitAnnouncer};
+use crate::core::watch::{EventUpdate, Interest, Published, Trust, View, ViewLimits, Watches};
 
 /// Longest accepted `chat_id` and `tenant`, in bytes.
 pub const MAX_ID_BYTES: usize = 256;
@@ -103,10 +105,9 @@ pub struct Gate {
 
 struct Inner {
     settings: GateSettings,
-    store: StoreReader,
-    catalog: Option<CatalogClient>,
+    catalog: Option<Arc<dyn CatalogSource>>,
     /// Where first-turn decisions are announced for the latency report.
-    waits: Option<(async_nats::Client, String)>,
+    waits: Option<WaitAnnouncer>,
     watches: Watches,
     attempts: Mutex<HashMap<AttemptKey, Attempt>>,
     stats: Stats,
@@ -242,18 +243,16 @@ fn record(reply: &TurnReply) {
             Code::NotFound => "not_found",
             _ => "invalid",
         })
-        .unwrap_or_else(|| crate::http::decision_name(reply.decision()));
+        .unwrap_or_else(|| reply.decision().label());
     metrics::counter!("ctxsync_gate_turns_total", "decision" => decision).increment(1);
 }
 
 impl Gate {
-    /// `gaps` changes whenever events may have been lost (a NATS disconnect,
-    /// reconnect or slow-consumer drop): views are only trusted between changes.
-    /// `shutdown` starts the drain (see the module docs).
+    /// Views are read from `source` and trusted only between changes of its
+    /// gaps. `shutdown` starts the drain (see the module docs).
     pub fn new(
         settings: GateSettings,
-        store: StoreReader,
-        gaps: watch::Receiver<u64>,
+        source: Arc<dyn StateSource>,
         shutdown: CancellationToken,
     ) -> Self {
         let drained = CancellationToken::new();
@@ -271,9 +270,8 @@ impl Gate {
         });
         Self {
             inner: Arc::new(Inner {
-                watches: Watches::new(store.clone(), gaps, settings.views),
+                watches: Watches::new(source, settings.views),
                 settings,
-                store,
                 catalog: None,
                 waits: None,
                 attempts: Mutex::new(HashMap::new()),
@@ -330,7 +328,54 @@ impl Gate {
 
     /// Store reads made by this gate so far.
     pub fn store_reads(&self) -> u64 {
-        self.inner.store.reads()
+        self.inner.watches.reads()
+    }
+
+    /// An event for `agent_id` (it says what a commit left); agents nobody
+    /// asked about are not kept.
+    pub fn apply_event(&self, agent_id: &str, update: EventUpdate) {
+        self.inner.watches.on_event(agent_id, update);
+    }
+
+    /// Events may have been lost: distrusts every view and re-reads the ones
+    /// someone waits on; returns how many are re-read.
+    pub fn recheck_all(&self) -> usize {
+        self.inner.watches.recheck_all()
+    }
+
+    /// The slow safety sweep (`sweep`, zero for none) and the expiry of
+    /// remembered attempts and idle views, until `stop`.
+    pub fn spawn_housekeeping(&self, sweep: Duration, stop: CancellationToken) -> JoinHandle<()> {
+        let gate = self.clone();
+        let settings = self.settings();
+        let prune_every = (settings.attempt_ttl.min(settings.views.idle_ttl) / 4)
+            .clamp(Duration::from_millis(50), Duration::from_secs(30));
+        tokio::spawn(async move {
+            let mut prune = tokio::time::interval(prune_every);
+            prune.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut next_sweep = (!sweep.is_zero()).then(|| Instant::now() + sweep);
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = prune.tick() => {
+                        let held = gate.prune();
+                        metrics::gauge!("ctxsync_gate_attempts_held").set(held as f64);
+                    }
+                    _ = async {
+                        match next_sweep {
+                            Some(at) => tokio::time::sleep_until(at).await,
+                            None => std::future::pending().await,
+                        }
+                    } => {
+                        let agents = gate.recheck_all();
+                        if agents > 0 {
+                            tracing::debug!(agents, "safety sweep re-read waited-on agents");
+                        }
+                        next_sweep = Some(Instant::now() + sweep);
+                    }
+                }
+            }
+        })
     }
 
     /// Forgets timed-out attempts and idle views past their time; returns
@@ -379,43 +424,34 @@ impl Gate {
         Ok(projection)
     }
 
-    /// May this turn run, and with which context.
-    /// Also pins the tenant's catalog on first turns.
-    pub fn with_catalog(mut self, catalog: CatalogClient) -> Self {
+    /// Also prepares the tenant's catalog on first turns.
+    pub fn with_catalog(mut self, catalog: Arc<dyn CatalogSource>) -> Self {
         Arc::get_mut(&mut self.inner)
             .expect("with_catalog is called before the gate is shared")
             .catalog = Some(catalog);
         self
     }
 
-    /// Also announces each first turn's decision and wait (no content) on
-    /// `subject`, where the catalog records it for `ctxsync latency`.
-    pub fn with_wait_events(mut self, client: async_nats::Client, subject: String) -> Self {
+    /// Also announces each first turn's decision and wait (no content), for
+    /// the latency report.
+    pub fn with_announcer(mut self, announce: WaitAnnouncer) -> Self {
         Arc::get_mut(&mut self.inner)
-            .expect("with_wait_events is called before the gate is shared")
-            .waits = Some((client, subject));
+            .expect("with_announcer is called before the gate is shared")
+            .waits = Some(announce);
         self
     }
 
-    /// Announced from its own task, so the turn's answer goes out first.
     fn announce_wait(&self, tenant: String, reply: &TurnReply) {
-        let Some((client, subject)) = &self.inner.waits else {
+        let Some(announce) = &self.inner.waits else {
             return;
         };
         if reply.error.is_some() {
             return;
         }
-        let event = ctxsync_proto::v1::GateTurnWaited {
+        announce(GateTurnWaited {
             tenant,
-            outcome: crate::http::decision_name(reply.decision()).to_owned(),
+            outcome: reply.decision().label().to_owned(),
             wait_ms: reply.waited_ms,
-        };
-        let (client, subject) = (client.clone(), subject.clone());
-        tokio::spawn(async move {
-            let payload = prost::Message::encode_to_vec(&event).into();
-            if let Err(error) = client.publish(subject, payload).await {
-                tracing::debug!(%error, "cannot announce a gate wait");
-            }
         });
     }
 
@@ -426,9 +462,10 @@ impl Gate {
         self.turn_with(request, Trust::ReadFirst).await
     }
 
-    /// [`Gate::turn`] for a request that came over the gate's own NATS
-    /// connection with every event delivered before it already applied
-    /// (`rpc::serve_after`): a fresh view answers without a read.
+    /// [`Gate::turn`] for a request that came after every event its caller
+    /// could have seen was applied (the gate's NATS turn server applies the
+    /// events its connection delivered before a turn first): a fresh view
+    /// answers without a read.
     pub async fn turn_after_events(&self, request: TurnRequest) -> TurnReply {
         self.turn_with(request, Trust::FreshView).await
     }
@@ -705,7 +742,7 @@ impl Gate {
                 attempts.remove(&key);
             }
         }
-        let label = crate::http::decision_name(decision);
+        let label = decision.label();
         metrics::counter!("ctxsync_gate_waits_total", "outcome" => label).increment(1);
         metrics::histogram!("ctxsync_gate_wait_seconds", "outcome" => label)
             .record(started.elapsed().as_secs_f64());

@@ -1,0 +1,117 @@
+//! The store's events, applied to the core's views as they arrive, and the
+//! re-reads after a NATS gap.
+
+use std::time::{Duration, SystemTime};
+
+use ctxsync_proto::v1::{DiscoveryChanged, SnapshotCommitted};
+use ctxsync_runtime::nats::NatsConnection;
+use ctxsync_runtime::telemetry::continue_trace;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use prost::Message;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::auth::TenantKeys;
+use crate::core::gate::Gate;
+use crate::core::watch::EventUpdate;
+
+fn timestamp_to_system(ts: Option<&pbjson_types::Timestamp>) -> Option<SystemTime> {
+    let ts = ts?;
+    let seconds = u64::try_from(ts.seconds).ok()?;
+    let nanos = u32::try_from(ts.nanos).ok()?;
+    SystemTime::UNIX_EPOCH.checked_add(Duration::new(seconds, nanos))
+}
+
+/// The store's events as one stream, each applied to its agent's view as it
+/// is yielded. The turn server polls it ahead of the turns (see
+/// [`super::turns`]), so a turn sent after an event was published is
+/// answered with the event applied.
+pub fn apply_events(
+    gate: Gate,
+    discovery: async_nats::Subscriber,
+    snapshots: async_nats::Subscriber,
+) -> BoxStream<'static, ()> {
+    let on_discovery = gate.clone();
+    let discovery = discovery.map(move |message| {
+        let trace = ctxsync_runtime::trace::TraceContext::from_nats(message.headers.as_ref());
+        let _span = continue_trace(tracing::info_span!("gate.discovery"), trace.as_ref()).entered();
+        match DiscoveryChanged::decode(message.payload) {
+            Ok(event) => {
+                // Every replica sees every event: one line per event and
+                // replica is chatter at INFO (the store logs the commit once).
+                tracing::debug!(
+                    agent_id = %event.agent_id,
+                    trace_id = trace.map(|t| t.trace_id()).unwrap_or_default(),
+                    phase = event.phase().as_str_name(),
+                    revision = event.revision,
+                    watched = on_discovery.watches().is_watched(&event.agent_id),
+                    "discovery event: updating the agent's view"
+                );
+                let committed_at = timestamp_to_system(event.committed_at.as_ref());
+                on_discovery.apply_event(
+                    &event.agent_id,
+                    EventUpdate::new(event.revision, event.state, committed_at),
+                );
+            }
+            Err(error) => {
+                tracing::warn!(subject = %message.subject, %error, "malformed discovery event ignored")
+            }
+        }
+    });
+    let snapshots = snapshots.map(move |message| {
+        // Most commits are of agents nobody asks about: skip decoding their
+        // states (the subject ends with the agent id).
+        let agent_id = message.subject.rsplit('.').next().unwrap_or_default();
+        if !gate.watches().is_watched(agent_id) {
+            return;
+        }
+        match SnapshotCommitted::decode(message.payload) {
+            Ok(event) => {
+                let committed_at = timestamp_to_system(event.committed_at.as_ref());
+                gate.apply_event(
+                    &event.agent_id,
+                    EventUpdate::new(event.revision, event.state, committed_at),
+                )
+            }
+            Err(error) => {
+                tracing::warn!(subject = %message.subject, %error, "malformed snapshot event ignored")
+            }
+        }
+    });
+    futures::stream::select(discovery, snapshots).boxed()
+}
+
+/// Events published while disconnected (or dropped as a slow consumer) are
+/// lost. Views are distrusted as soon as the gap is counted (they compare
+/// epochs); once connected, every agent someone waits on is read again.
+/// Runs through the drain: waits still going on after shutdown are re-read too.
+/// Also forgets the remembered tenant keys: a revocation may be among the
+/// lost events.
+pub fn recheck_after_gaps(
+    gate: Gate,
+    keys: TenantKeys,
+    nats: &NatsConnection,
+    stop: CancellationToken,
+) -> JoinHandle<()> {
+    let mut gaps = nats.gaps();
+    let nats = nats.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                changed = gaps.changed() => if changed.is_err() { break },
+            }
+            keys.forget_all();
+            if !nats.is_connected() {
+                // The reconnect is another gap: re-read then, not into the void.
+                continue;
+            }
+            let agents = gate.recheck_all();
+            tracing::info!(
+                agents,
+                "events may have been lost: re-reading every waited-on agent"
+            );
+        }
+    })
+}

@@ -1,0 +1,207 @@
+//! The turn server: `<prefix>.gate.turn.<tenant>` in the gate's queue group,
+//! with the gate's ordering rule for events and turns.
+//!
+//! **Events delivered before a turn are applied first.** The store's events
+//! (a stream of the same NATS client, each item applied as it is yielded)
+//! are polled ahead of the turns, and once a turn arrives whatever the
+//! connection already queued is applied before it is handled. A turn sent
+//! after an event was published on the same server is therefore answered
+//! with that event taken into account, which is what lets a fresh view answer
+//! without a read ([`Gate::turn_after_events`]). The events keep being
+//! applied while every turn permit is taken (the turns holding them may be
+//! waiting for exactly those events) and, after shutdown, while the turns in
+//! flight finish; [`TurnServer::join`] hands the stream back for the other
+//! callers (HTTP, in-process) still waiting.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ctxsync_proto::subjects::GATE_QUEUE_GROUP;
+use ctxsync_proto::v1::{GateError, TurnReply, TurnRequest, gate_error::Code};
+use ctxsync_runtime::Shutdown;
+use ctxsync_runtime::nats::{NatsConnection, SubscribeError};
+use ctxsync_runtime::rpc::{deadline_of, expired};
+use futures::stream::BoxStream;
+use futures::{FutureExt, StreamExt};
+use prost::Message;
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+use tokio_util::task::TaskTracker;
+
+use crate::core::gate::Gate;
+
+/// Where and how many turns one replica serves.
+#[derive(Debug, Clone)]
+pub struct TurnServing {
+    /// `<prefix>.gate.turn.*`: the last token is the caller's tenant.
+    pub subject: String,
+    /// Turns held at once (waiting first turns included); more wait in the subscription.
+    pub max_in_flight: usize,
+    /// After shutdown, the turns already routed here and in flight end within this.
+    pub grace: Duration,
+}
+
+/// A running turn server.
+pub struct TurnServer {
+    task: JoinHandle<BoxStream<'static, ()>>,
+}
+
+impl TurnServer {
+    /// Subscribes (confirmed by the server before it returns), then serves
+    /// turns to `gate`, applying `events` ahead of them (see the module docs).
+    pub async fn start(
+        nats: &NatsConnection,
+        serving: TurnServing,
+        gate: Gate,
+        events: BoxStream<'static, ()>,
+        shutdown: Shutdown,
+    ) -> Result<Self, SubscribeError> {
+        let subscriber =
+            ctxsync_runtime::nats::subscribe(nats, serving.subject.clone(), Some(GATE_QUEUE_GROUP))
+                .await?;
+        metrics::counter!("ctxsync_rpc_expired_total", "subject" => serving.subject.clone())
+            .increment(0);
+        let task = tokio::spawn(serve(
+            subscriber,
+            nats.client.clone(),
+            serving,
+            gate,
+            events,
+            shutdown,
+        ));
+        Ok(Self { task })
+    }
+
+    /// Waits for the server to stop (after shutdown) and its turns in flight
+    /// to be answered; hands back the events, still subscribed, for the
+    /// turns of other callers that may still wait for them.
+    pub async fn join(self) -> Option<BoxStream<'static, ()>> {
+        self.task.await.ok()
+    }
+}
+
+fn malformed(message: String) -> TurnReply {
+    TurnReply {
+        error: Some(GateError {
+            code: Code::InvalidArgument as i32,
+            message,
+        }),
+        ..Default::default()
+    }
+}
+
+/// One turn: the subject's tenant, which NATS permissions confine, never the body's.
+async fn handle(gate: Gate, message: async_nats::Message) -> TurnReply {
+    let tenant = message.subject.rsplit('.').next().unwrap_or_default();
+    let mut request = match TurnRequest::decode(message.payload) {
+        Ok(request) => request,
+        Err(error) => return malformed(format!("malformed request: {error}")),
+    };
+    if !request.tenant.is_empty() && request.tenant != tenant {
+        return malformed(
+            "tenant in the request differs from the subject's tenant: omit it".into(),
+        );
+    }
+    tenant.clone_into(&mut request.tenant);
+    gate.turn_after_events(request).await
+}
+
+async fn serve(
+    mut subscriber: async_nats::Subscriber,
+    client: async_nats::Client,
+    serving: TurnServing,
+    gate: Gate,
+    mut events: BoxStream<'static, ()>,
+    shutdown: Shutdown,
+) -> BoxStream<'static, ()> {
+    let TurnServing {
+        subject,
+        max_in_flight,
+        grace,
+    } = serving;
+    let permits = Arc::new(Semaphore::new(max_in_flight.max(1)));
+    let tracker = TaskTracker::new();
+    // Set at shutdown: everything after it (the turns the server had already
+    // routed here, then the ones in flight) ends by then.
+    let mut deadline: Option<tokio::time::Instant> = None;
+    loop {
+        let message = tokio::select! {
+            biased;
+            _ = shutdown.cancelled(), if deadline.is_none() => {
+                deadline = Some(tokio::time::Instant::now() + grace);
+                // Stop taking turns: the server routes new ones to other
+                // replicas; the ones it already sent here still arrive, are
+                // answered, and then the subscription ends.
+                if subscriber.drain().await.is_err() {
+                    break;
+                }
+                continue;
+            }
+            _ = sleep_until_some(deadline) => break,
+            Some(()) = events.next() => continue,
+            message = subscriber.next() => match message {
+                Some(m) => m,
+                None => break,
+            },
+        };
+        // The connection queued everything it read before this turn already:
+        // apply what the first poll above did not see yet.
+        while let Some(Some(())) = events.next().now_or_never() {}
+        let Some(reply_to) = message.reply.clone() else {
+            tracing::debug!(%subject, "turn without reply subject ignored");
+            continue;
+        };
+        let permit = loop {
+            tokio::select! {
+                biased;
+                Some(()) = events.next() => {}
+                permit = permits.clone().acquire_owned() => break permit,
+            }
+        };
+        let Ok(permit) = permit else {
+            break;
+        };
+        let (gate, client, subject) = (gate.clone(), client.clone(), subject.clone());
+        tracker.spawn(async move {
+            // Picked up after its sender gave up: nobody reads the answer.
+            if expired(deadline_of(message.headers.as_ref())) {
+                metrics::counter!("ctxsync_rpc_expired_total", "subject" => subject.clone())
+                    .increment(1);
+                tracing::debug!(%subject, "turn past its deadline dropped unexecuted");
+                return;
+            }
+            let reply = handle(gate, message).await;
+            if let Err(error) = client.publish(reply_to, reply.encode_to_vec().into()).await {
+                tracing::warn!(%error, "cannot send a turn's answer");
+            }
+            drop(permit);
+        });
+    }
+    // Stop taking turns, then finish the ones in flight, still applying the
+    // events: those turns may be waiting for them.
+    let _ = subscriber.unsubscribe().await;
+    tracker.close();
+    let deadline = deadline.unwrap_or_else(|| tokio::time::Instant::now() + grace);
+    let finished = tokio::time::timeout_at(deadline, async {
+        loop {
+            tokio::select! {
+                biased;
+                Some(()) = events.next() => {}
+                () = tracker.wait() => break,
+            }
+        }
+    })
+    .await;
+    if finished.is_err() {
+        tracing::warn!(%subject, "turns in flight did not finish within the shutdown grace");
+    }
+    let _ = client.flush().await;
+    events
+}
+
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
