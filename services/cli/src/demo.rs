@@ -18,8 +18,8 @@ use futures::StreamExt;
 use prost::Message;
 use serde_json::json;
 
-use crate::deps::Dependency;
 use crate::up::{copy_tree, sibling_binary};
+use ctxsync_stack::deps::Dependency;
 
 pub struct DemoSetup<'a> {
     pub nats: &'a Dependency,
