@@ -391,7 +391,8 @@ fn common_env(service: Service, common: &CommonArgs) -> Result<Vec<(String, Stri
             .port();
         http_addr.set_port(port);
     }
-    Ok(vec![
+    let http = &common.http;
+    let mut env: Vec<(String, String)> = vec![
         ("NATS_URL".into(), common.nats_url.clone()),
         (
             "CTXSYNC_SUBJECT_PREFIX".into(),
@@ -403,7 +404,39 @@ fn common_env(service: Service, common: &CommonArgs) -> Result<Vec<(String, Stri
             duration(common.shutdown_grace),
         ),
         ("CTXSYNC_LOG".into(), common.log_filter.clone()),
-    ])
+        (
+            "CTXSYNC_HTTP_HEADER_TIMEOUT".into(),
+            duration(http.http_header_timeout),
+        ),
+        (
+            "CTXSYNC_HTTP_BODY_TIMEOUT".into(),
+            duration(http.http_body_timeout),
+        ),
+        (
+            "CTXSYNC_HTTP_IDLE_TIMEOUT".into(),
+            duration(http.http_idle_timeout),
+        ),
+        (
+            "CTXSYNC_HTTP_MAX_CONNECTIONS".into(),
+            http.http_max_connections.to_string(),
+        ),
+    ];
+    let files = [
+        ("CTXSYNC_NATS_CA_FILE", &common.nats_tls.nats_ca_file),
+        (
+            "CTXSYNC_NATS_CLIENT_CERT",
+            &common.nats_tls.nats_client_cert,
+        ),
+        ("CTXSYNC_NATS_CLIENT_KEY", &common.nats_tls.nats_client_key),
+        ("CTXSYNC_TLS_CERT", &http.tls_cert),
+        ("CTXSYNC_TLS_KEY", &http.tls_key),
+    ];
+    for (name, file) in files {
+        if let Some(path) = file {
+            env.push((name.into(), path.display().to_string()));
+        }
+    }
+    Ok(env)
 }
 
 fn database_env(env: &mut Vec<(String, String)>, database: &DatabaseArgs) {
