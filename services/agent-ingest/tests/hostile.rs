@@ -11,7 +11,7 @@ use std::time::Duration;
 use ctxsync_proto::limits;
 use ctxsync_proto::v1::mcp_discovery::Phase;
 use ctxsync_proto::v1::*;
-use ctxsync_runtime::{CommonArgs, Shutdown};
+use ctxsync_runtime::Shutdown;
 use proptest::collection::{btree_map, vec};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, RngSeed, TestCaseError, TestRunner};
@@ -19,6 +19,7 @@ use prost::Message;
 use reqwest::StatusCode;
 use serde_json::json;
 use testkit::report::{instruction, pending, server};
+use testkit::stack::{Stack, StackBuilder, TestStack};
 use testkit::store::StoreClient;
 use testkit::{NatsServer, TestDatabase};
 
@@ -34,7 +35,8 @@ struct Harness {
     _db: TestDatabase,
     api: StoreClient,
     subjects: ctxsync_proto::subjects::Subjects,
-    _store: snapshot_store::RunningStore,
+    /// snapshot-store and agent-ingest, running until `_shutdown` is cancelled.
+    _stack: Stack,
     base: String,
     http: reqwest::Client,
     agent_id: String,
@@ -43,23 +45,16 @@ struct Harness {
 
 impl Harness {
     async fn spawn() -> Self {
-        testkit::init_logs();
-        let nats = NatsServer::start();
-        let db = TestDatabase::create().await;
-        let prefix = testkit::unique_prefix();
+        let TestStack { nats, db, prefix } = TestStack::private().await;
         let shutdown = Shutdown::new();
-        let store = snapshot_store::start(
-            snapshot_store::Config::new(CommonArgs::for_nats(nats.url(), &prefix), db.url()),
-            shutdown.clone(),
+        let stack = testkit::stack::start(
+            StackBuilder::new(nats.url(), &prefix)
+                .database(db.url())
+                .store(|_| {})
+                .ingest(|_| {}),
+            &shutdown,
         )
-        .await
-        .expect("store starts");
-        let ingest = agent_ingest::start(
-            agent_ingest::Config::new(CommonArgs::for_nats(nats.url(), &prefix)),
-            shutdown.clone(),
-        )
-        .await
-        .expect("ingest starts");
+        .await;
         let client = async_nats::connect(nats.url()).await.unwrap();
         let subjects = ctxsync_proto::subjects::Subjects::new(&prefix).unwrap();
         let api =
@@ -70,8 +65,8 @@ impl Harness {
             _db: db,
             api,
             subjects,
-            _store: store,
-            base: format!("http://{}", ingest.http_addr()),
+            base: format!("http://{}", stack.ingest().http_addr()),
+            _stack: stack,
             http: reqwest::Client::new(),
             agent_id,
             _shutdown: shutdown,

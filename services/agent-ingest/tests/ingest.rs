@@ -5,11 +5,12 @@ use std::time::Duration;
 use ctxsync_proto::subjects::Subjects;
 use ctxsync_proto::v1::mcp_discovery::Phase;
 use ctxsync_proto::v1::*;
-use ctxsync_runtime::{CommonArgs, Shutdown};
+use ctxsync_runtime::Shutdown;
 use prost::Message;
 use reqwest::StatusCode;
 use serde_json::json;
 use testkit::report::{instruction, pending};
+use testkit::stack::{Stack, StackBuilder, Started, TestStack};
 use testkit::store::StoreClient;
 use testkit::{NatsServer, TestDatabase};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -29,27 +30,28 @@ struct Harness {
     base: String,
     http: reqwest::Client,
     _shutdown: Shutdown,
+    /// agent-ingest, running until `_shutdown` is cancelled.
+    _stack: Stack,
 }
 
 impl Harness {
     async fn spawn() -> Self {
-        testkit::init_logs();
-        let nats = NatsServer::start();
-        let db = TestDatabase::create().await;
-        let prefix = testkit::unique_prefix();
-        let store_shutdown = Shutdown::new();
-        let store = snapshot_store::start(
-            snapshot_store::Config::new(CommonArgs::for_nats(nats.url(), &prefix), db.url()),
-            store_shutdown.clone(),
-        )
-        .await
-        .expect("store starts");
+        let TestStack { nats, db, prefix } = TestStack::private().await;
         let shutdown = Shutdown::new();
-        let mut config = agent_ingest::Config::new(CommonArgs::for_nats(nats.url(), &prefix));
-        config.store_timeout = Duration::from_secs(2);
-        let ingest = agent_ingest::start(config, shutdown.clone())
-            .await
-            .expect("ingest starts");
+        let mut stack = testkit::stack::start(
+            StackBuilder::new(nats.url(), &prefix)
+                .database(db.url())
+                .store(|_| {})
+                .ingest(|config| config.store_timeout = Duration::from_secs(2)),
+            &shutdown,
+        )
+        .await;
+        // The store has a shutdown of its own: a test stops it alone.
+        let Started {
+            running: store,
+            shutdown: store_shutdown,
+        } = stack.stores.remove(0);
+        let ingest = stack.ingest();
         let base = format!("http://{}", ingest.http_addr());
         let client = async_nats::connect(nats.url()).await.unwrap();
         let subjects = Subjects::new(&prefix).unwrap();
@@ -64,6 +66,7 @@ impl Harness {
             base,
             http: reqwest::Client::new(),
             _shutdown: shutdown,
+            _stack: stack,
         }
     }
 

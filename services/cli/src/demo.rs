@@ -18,7 +18,7 @@ use futures::StreamExt;
 use prost::Message;
 use serde_json::json;
 
-use crate::deps::Dependency;
+use ctxsync_stack::deps::Dependency;
 
 pub struct DemoSetup<'a> {
     pub nats: &'a Dependency,

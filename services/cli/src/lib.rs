@@ -1,9 +1,7 @@
 //! The `ctxsync` operator commands, as a library the binary and tests share.
 
 pub mod agent;
-pub mod bench;
 pub mod demo;
-pub mod deps;
 pub mod tenant;
 pub mod up;
 

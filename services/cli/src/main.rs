@@ -14,8 +14,12 @@ struct Cli {
 enum Command {
     /// Run agent-ingest, snapshot-store, chat-gate and catalog in one process (`--demo`: and show a first turn).
     Up(ctxsync_cli::up::UpArgs),
-    /// Measure wake, gate, push and catalog latency against raw NATS and Postgres (targets: README, Benchmark).
-    Bench(ctxsync_cli::bench::BenchArgs),
+    /// Moved: the benchmark is its own binary, `ctxsync-bench` (package ctxsync-bench).
+    #[command(hide = true)]
+    Bench {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Apply every service's database migrations and exit (run once before the services start).
     Migrate {
         #[command(flatten)]
@@ -126,18 +130,10 @@ async fn main() -> anyhow::Result<()> {
             let shutdown = ctxsync_runtime::shutdown::on_signals();
             ctxsync_cli::up::run(args, shutdown).await
         }
-        Command::Bench(args) => {
-            // sqlx's slow-statement warnings (CREATE/DROP DATABASE) would break the progress line.
-            ctxsync_runtime::telemetry::init(ctxsync_runtime::LogFormat::Text, "warn,sqlx=error")?;
-            let progress = ctxsync_cli::bench::Progress::default();
-            let report = Box::pin(ctxsync_cli::bench::run(&args, &progress)).await?;
-            if args.json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            } else {
-                print!("{}", report.render());
-            }
-            Ok(())
-        }
+        Command::Bench { args } => anyhow::bail!(
+            "the benchmark moved out of the operator CLI: run `cargo build --release -p ctxsync-bench && target/release/ctxsync-bench {}`",
+            args.join(" ")
+        ),
         Command::Migrate { database } => {
             ctxsync_runtime::telemetry::init(ctxsync_runtime::LogFormat::Text, "warn")?;
             let pool = ctxsync_runtime::db::connect(&database).await?;

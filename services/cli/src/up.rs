@@ -8,9 +8,8 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 use ctxsync_proto::subjects::Subjects;
-use ctxsync_runtime::{CommonArgs, DatabaseArgs, Shutdown};
-
-use crate::deps;
+use ctxsync_runtime::Shutdown;
+use ctxsync_stack::{StackBuilder, deps};
 
 /// `ctxsync up` options.
 #[derive(Debug, Clone, clap::Args)]
@@ -73,7 +72,6 @@ pub struct UpArgs {
     pub log_filter: String,
 }
 
-/// Runs agent-ingest, snapshot-store, chat-gate and catalog until `shutdown`.
 /// Validate, then act: a busy port or a missing demo workspace is refused
 /// naming `up`'s own setting, before a dependency starts or an agent is
 /// registered.
@@ -104,6 +102,8 @@ fn check_before_starting(args: &UpArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs agent-ingest, snapshot-store, chat-gate and catalog (one stack,
+/// built by `ctxsync-stack`) until `shutdown`.
 pub async fn run(args: UpArgs, shutdown: Shutdown) -> anyhow::Result<()> {
     check_before_starting(&args)?;
     std::fs::create_dir_all(&args.data_dir)
@@ -122,28 +122,6 @@ pub async fn run(args: UpArgs, shutdown: Shutdown) -> anyhow::Result<()> {
         postgres.origin
     );
 
-    let common = |addr: SocketAddr| CommonArgs {
-        http_addr: addr,
-        ..CommonArgs::for_nats(nats.url.clone(), args.subject_prefix.clone())
-    };
-    let store = snapshot_store::start(
-        snapshot_store::Config::new(common(args.store_addr), postgres.url.clone()),
-        shutdown.clone(),
-    )
-    .await
-    .context("snapshot-store did not start")?;
-    let ingest = agent_ingest::start(
-        agent_ingest::Config::new(common(args.ingest_addr)),
-        shutdown.clone(),
-    )
-    .await
-    .context("agent-ingest did not start")?;
-    let gate = chat_gate::start(
-        chat_gate::Config::new(common(args.gate_addr)),
-        shutdown.clone(),
-    )
-    .await
-    .context("chat-gate did not start")?;
     let servers =
         match (&args.catalog_config, args.demo) {
             (Some(path), _) => catalog::config::CatalogConfig::load(path)
@@ -152,17 +130,18 @@ pub async fn run(args: UpArgs, shutdown: Shutdown) -> anyhow::Result<()> {
             (None, false) => catalog::config::CatalogConfig::from_yaml("tenants: []")
                 .map_err(anyhow::Error::msg)?,
         };
-    let catalog = catalog::start(
-        catalog::Config {
-            common: common(args.catalog_addr),
-            database: DatabaseArgs::new(postgres.url.clone()),
-            servers,
-            settings: catalog::Settings::default(),
-        },
-        shutdown.clone(),
-    )
-    .await
-    .context("catalog did not start")?;
+    let stack = StackBuilder::new(nats.url.clone(), args.subject_prefix.clone())
+        .database(postgres.url.clone())
+        .store(|c| c.common.http_addr = args.store_addr)
+        .ingest(|c| c.common.http_addr = args.ingest_addr)
+        .gate(|c| c.common.http_addr = args.gate_addr)
+        .catalog(servers, catalog::Settings::default(), |c| {
+            c.common.http_addr = args.catalog_addr
+        })
+        .start(&shutdown)
+        .await?;
+    let (store, ingest, gate, catalog) =
+        (stack.store(), stack.ingest(), stack.gate(), stack.catalog());
 
     println!("services");
     println!(
@@ -207,7 +186,7 @@ pub async fn run(args: UpArgs, shutdown: Shutdown) -> anyhow::Result<()> {
     }
     shutdown.cancelled().await;
     let stopping = Instant::now();
-    tokio::join!(store.join(), ingest.join(), gate.join(), catalog.join());
+    stack.join().await;
     eprintln!("stopped in {:?}", stopping.elapsed());
     drop(postgres);
     drop(nats);

@@ -3,7 +3,8 @@
 
 use std::process::Command;
 
-use ctxsync_runtime::{CommonArgs, Shutdown};
+use ctxsync_runtime::Shutdown;
+use testkit::stack::StackBuilder;
 use testkit::{NatsServer, TestDatabase};
 
 /// Runs the binary (blocking: the test runtime has a second worker for the store).
@@ -23,12 +24,13 @@ async fn register_prints_id_and_token_once_and_show_prints_the_report() {
     let db = TestDatabase::create().await;
     let prefix = testkit::unique_prefix();
     let shutdown = Shutdown::new();
-    let _store = snapshot_store::start(
-        snapshot_store::Config::new(CommonArgs::for_nats(nats.url(), &prefix), db.url()),
-        shutdown.clone(),
+    let _store = testkit::stack::start(
+        StackBuilder::new(nats.url(), &prefix)
+            .database(db.url())
+            .store(|_| {}),
+        &shutdown,
     )
-    .await
-    .unwrap();
+    .await;
 
     let out = ctxsync(
         &nats,
@@ -121,12 +123,13 @@ async fn register_to_a_token_file_is_idempotent() {
     let nats = NatsServer::start();
     let db = TestDatabase::create().await;
     let prefix = testkit::unique_prefix();
-    let _store = snapshot_store::start(
-        snapshot_store::Config::new(CommonArgs::for_nats(nats.url(), &prefix), db.url()),
-        Shutdown::new(),
+    let _store = testkit::stack::start(
+        StackBuilder::new(nats.url(), &prefix)
+            .database(db.url())
+            .store(|_| {}),
+        &Shutdown::new(),
     )
-    .await
-    .unwrap();
+    .await;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("agent-token");
     let file_arg = format!("--token-file={}", file.display());

@@ -4,8 +4,9 @@
 
 use std::process::Command;
 
-use ctxsync_runtime::{CommonArgs, Shutdown};
+use ctxsync_runtime::Shutdown;
 use sha2::Digest;
+use testkit::stack::StackBuilder;
 use testkit::{NatsServer, TestDatabase};
 
 fn ctxsync(nats: &NatsServer, prefix: &str, args: &[&str]) -> std::process::Output {
@@ -32,12 +33,13 @@ async fn keys_are_shown_once_stored_as_digests_listed_without_secrets_and_revoke
     let nats = NatsServer::start();
     let db = TestDatabase::create().await;
     let prefix = testkit::unique_prefix();
-    let _store = snapshot_store::start(
-        snapshot_store::Config::new(CommonArgs::for_nats(nats.url(), &prefix), db.url()),
-        Shutdown::new(),
+    let _store = testkit::stack::start(
+        StackBuilder::new(nats.url(), &prefix)
+            .database(db.url())
+            .store(|_| {}),
+        &Shutdown::new(),
     )
-    .await
-    .unwrap();
+    .await;
 
     let created = stdout(&ctxsync(
         &nats,

@@ -8,6 +8,7 @@ use ctxsync_proto::v1::*;
 use ctxsync_runtime::{CommonArgs, Shutdown};
 use snapshot_store::{Config, RunningStore};
 pub use testkit::report::*;
+use testkit::stack::{StackBuilder, TestStack};
 use testkit::store::StoreClient;
 use testkit::{NatsServer, TestDatabase};
 
@@ -44,21 +45,18 @@ impl StoreHarness {
 
     /// `replicas` stores, each with the configuration `configure` leaves.
     pub async fn spawn_with(replicas: usize, configure: impl Fn(&mut Config)) -> Self {
-        testkit::init_logs();
-        let nats = NatsServer::start();
-        let db = TestDatabase::create().await;
-        let prefix = testkit::unique_prefix();
+        let TestStack { nats, db, prefix } = TestStack::private().await;
         let shutdown = Shutdown::new();
-        let mut stores = Vec::new();
+        let mut builder = StackBuilder::new(nats.url(), &prefix).database(db.url());
         for _ in 0..replicas {
-            let mut config = config(&nats.url(), &prefix, db.url());
-            configure(&mut config);
-            stores.push(
-                snapshot_store::start(config, shutdown.clone())
-                    .await
-                    .expect("snapshot-store starts"),
-            );
+            builder = builder.store(&configure);
         }
+        let stores = testkit::stack::start(builder, &shutdown)
+            .await
+            .stores
+            .into_iter()
+            .map(|started| started.running)
+            .collect();
         let client = async_nats::connect(nats.url())
             .await
             .expect("test client connects");

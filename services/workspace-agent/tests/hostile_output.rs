@@ -13,10 +13,10 @@ use ctxsync_proto::subjects::Subjects;
 use ctxsync_proto::v1::{
     AgentState, ContextResource, ResourceStatus, context_resource::Body, mcp_discovery::Phase,
 };
-use ctxsync_runtime::{CommonArgs, Shutdown};
+use ctxsync_runtime::Shutdown;
 use futures::StreamExt;
+use testkit::stack::TestStack;
 use testkit::store::StoreClient;
-use testkit::{NatsServer, TestDatabase};
 use workspace_agent::{AgentConfig, AgentToken, Backoff, PublisherConfig};
 
 /// Every text of a resource (sources and paths included).
@@ -60,25 +60,14 @@ fn row<'a>(state: &'a AgentState, source: &str) -> &'a ContextResource {
 
 #[tokio::test]
 async fn hostile_server_output_and_files_are_cleaned_and_published() {
-    testkit::init_logs();
-    let nats = NatsServer::start();
-    let db = TestDatabase::create().await;
-    let prefix = testkit::unique_prefix();
+    let stack = TestStack::private().await;
+    let (nats, prefix) = (&stack.nats, &stack.prefix);
     let shutdown = Shutdown::new();
-    let _store = snapshot_store::start(
-        snapshot_store::Config::new(CommonArgs::for_nats(nats.url(), &prefix), db.url()),
-        shutdown.clone(),
-    )
-    .await
-    .expect("snapshot-store starts");
-    let ingest = agent_ingest::start(
-        agent_ingest::Config::new(CommonArgs::for_nats(nats.url(), &prefix)),
-        shutdown.clone(),
-    )
-    .await
-    .expect("agent-ingest starts");
+    let services =
+        testkit::stack::start(stack.builder().store(|_| {}).ingest(|_| {}), &shutdown).await;
+    let ingest = services.ingest();
     let client = async_nats::connect(nats.url()).await.unwrap();
-    let subjects = Subjects::new(&prefix).unwrap();
+    let subjects = Subjects::new(prefix).unwrap();
     let store = StoreClient::new(
         client.clone(),
         subjects.clone(),

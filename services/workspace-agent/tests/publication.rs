@@ -12,9 +12,10 @@ use ctxsync_proto::v1::{
     AgentState, DiscoveryChanged, ResourceStatus, context_resource::Body, discovery_changed::Cause,
     mcp_discovery::Phase,
 };
-use ctxsync_runtime::{CommonArgs, Shutdown};
+use ctxsync_runtime::Shutdown;
 use futures::StreamExt;
 use prost::Message;
+use testkit::stack::{Stack, StackBuilder, Started, TestStack};
 use testkit::store::StoreClient;
 use testkit::{NatsServer, TestDatabase};
 use tokio::sync::watch;
@@ -33,25 +34,24 @@ struct Harness {
     store_api: StoreClient,
     store: Option<(Shutdown, snapshot_store::RunningStore)>,
     ingest_url: String,
-    _ingest_shutdown: Shutdown,
+    /// agent-ingest (in its own stack: the store comes and goes).
+    _ingest: (Shutdown, Stack),
 }
 
 impl Harness {
     async fn spawn() -> Self {
-        testkit::init_logs();
-        let nats = NatsServer::start();
-        let db = TestDatabase::create().await;
-        let prefix = testkit::unique_prefix();
+        let TestStack { nats, db, prefix } = TestStack::private().await;
         let ingest_shutdown = Shutdown::new();
-        let mut config = agent_ingest::Config::new(CommonArgs::for_nats(nats.url(), &prefix));
-        config.store_timeout = Duration::from_secs(2);
-        let ingest = agent_ingest::start(config, ingest_shutdown.clone())
-            .await
-            .expect("agent-ingest starts");
+        let ingest = testkit::stack::start(
+            StackBuilder::new(nats.url(), &prefix)
+                .ingest(|config| config.store_timeout = Duration::from_secs(2)),
+            &ingest_shutdown,
+        )
+        .await;
         let client = async_nats::connect(nats.url()).await.unwrap();
         let subjects = Subjects::new(&prefix).unwrap();
         let mut harness = Self {
-            ingest_url: format!("http://{}", ingest.http_addr()),
+            ingest_url: format!("http://{}", ingest.ingest().http_addr()),
             store_api: StoreClient::new(client.clone(), subjects.clone(), RPC_TIMEOUT, "ws")
                 .retrying_no_responders(),
             subjects,
@@ -60,24 +60,21 @@ impl Harness {
             prefix,
             client,
             store: None,
-            _ingest_shutdown: ingest_shutdown,
+            _ingest: (ingest_shutdown, ingest),
         };
         harness.start_store().await;
         harness
     }
 
     async fn start_store(&mut self) {
-        let shutdown = Shutdown::new();
-        let store = snapshot_store::start(
-            snapshot_store::Config::new(
-                CommonArgs::for_nats(self.nats.url(), &self.prefix),
-                self.db.url(),
-            ),
-            shutdown.clone(),
-        )
-        .await
-        .expect("snapshot-store starts");
-        self.store = Some((shutdown, store));
+        let builder = StackBuilder::new(self.nats.url(), &self.prefix)
+            .database(self.db.url())
+            .store(|_| {});
+        let Started { running, shutdown } = testkit::stack::start(builder, &Shutdown::new())
+            .await
+            .stores
+            .remove(0);
+        self.store = Some((shutdown, running));
     }
 
     async fn stop_store(&mut self) {

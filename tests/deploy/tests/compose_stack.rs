@@ -21,13 +21,14 @@ const BASE_IMAGE: &str = "ctxsync-local/debian:bookworm";
 const NATS_IMAGE: &str = "ctxsync-local/nats:2.9";
 const POSTGRES_IMAGE: &str = "ctxsync-local/postgres:15";
 /// The binaries the images hold, from this test run's build.
-const BINARIES: [(&str, &str); 7] = [
+const BINARIES: [(&str, &str); 8] = [
     ("snapshot-store", "snapshot-store"),
     ("agent-ingest", "agent-ingest"),
     ("chat-gate", "chat-gate"),
     ("catalog", "catalog"),
     ("workspace-agent", "workspace-agent"),
     ("ctxsync-cli", "ctxsync"),
+    ("ctxsync-bench", "ctxsync-bench"),
     ("mcp-fixture", "mcp-fixture"),
 ];
 const DEADLINE: Duration = Duration::from_secs(120);

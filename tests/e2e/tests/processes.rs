@@ -8,18 +8,14 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ctxsync_mcp::TransportSpec;
-use ctxsync_proto::subjects::Subjects;
 use ctxsync_proto::v1::{DiscoveryChanged, discovery_changed::Cause, mcp_discovery::Phase};
 use futures::StreamExt;
 use prost::Message;
 use serde_json::{Value, json};
-use testkit::{NatsServer, Process, TestDatabase, workspace_binary};
+use testkit::stack::{BinaryService, TestStack};
+use testkit::{Process, workspace_binary};
 
 const DEADLINE: Duration = Duration::from_secs(60);
-
-fn addr() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], testkit::free_port()))
-}
 
 async fn next_event(events: &mut async_nats::Subscriber) -> DiscoveryChanged {
     let message = tokio::time::timeout(DEADLINE, events.next())
@@ -98,30 +94,25 @@ async fn first_turn(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_turn_waits_for_discovery_and_a_restart_withholds_old_tools_until_the_new_run_completes()
  {
-    testkit::init_logs();
-    let nats = NatsServer::start();
-    let db = TestDatabase::create().await;
-    let prefix = testkit::unique_prefix();
-    let subjects = Subjects::new(&prefix).unwrap();
-    let (store_addr, ingest_addr, gate_addr) = (addr(), addr(), addr());
-    let base = |http_addr: SocketAddr| {
-        vec![
-            ("NATS_URL", nats.url()),
-            ("CTXSYNC_SUBJECT_PREFIX", prefix.clone()),
-            ("CTXSYNC_HTTP_ADDR", http_addr.to_string()),
-        ]
-    };
-    let mut store_env = base(store_addr);
-    store_env.push(("DATABASE_URL", db.url().to_owned()));
-    let mut store = Process::spawn("snapshot-store", "snapshot-store", &store_env);
-    let mut ingest = Process::spawn("agent-ingest", "agent-ingest", &base(ingest_addr));
-    let mut gate_env = base(gate_addr);
-    gate_env.push(("CTXSYNC_GATE_PENDING_TIMEOUT", "60s".into()));
-    gate_env.push(("CTXSYNC_GATE_STALE_GRACE", "60s".into()));
-    let mut gate = Process::spawn("chat-gate", "chat-gate", &gate_env);
-    store.wait_ready(DEADLINE).await;
-    ingest.wait_ready(DEADLINE).await;
-    gate.wait_ready(DEADLINE).await;
+    let test_stack = TestStack::private().await;
+    let (nats, prefix) = (&test_stack.nats, &test_stack.prefix);
+    let subjects = test_stack.subjects();
+    // The store, ingest and gate binaries, configured by the stack builder.
+    let builder = test_stack
+        .builder()
+        .store(|_| {})
+        .ingest(|_| {})
+        .gate(|gate| {
+            gate.pending_timeout = Duration::from_secs(60);
+            gate.stale_grace = Duration::from_secs(60);
+        });
+    let [store, ingest, gate]: [BinaryService; 3] =
+        testkit::stack::spawn_binaries(&builder, DEADLINE)
+            .await
+            .try_into()
+            .unwrap_or_else(|_| panic!("three binaries"));
+    let (ingest_addr, gate_addr) = (ingest.http_addr, gate.http_addr);
+    let (mut store, mut ingest, mut gate) = (store.process, ingest.process, gate.process);
 
     // Register through the operator CLI.
     let registered = Command::new(workspace_binary("ctxsync-cli", "ctxsync"))
@@ -137,7 +128,7 @@ async fn first_turn_waits_for_discovery_and_a_restart_withholds_old_tools_until_
             "--json",
         ])
         .env("NATS_URL", nats.url())
-        .env("CTXSYNC_SUBJECT_PREFIX", &prefix)
+        .env("CTXSYNC_SUBJECT_PREFIX", prefix)
         .output()
         .unwrap();
     assert!(
@@ -152,7 +143,7 @@ async fn first_turn_waits_for_discovery_and_a_restart_withholds_old_tools_until_
     let created = Command::new(workspace_binary("ctxsync-cli", "ctxsync"))
         .args(["tenant", "key", "create", "--tenant", "acme", "--json"])
         .env("NATS_URL", nats.url())
-        .env("CTXSYNC_SUBJECT_PREFIX", &prefix)
+        .env("CTXSYNC_SUBJECT_PREFIX", prefix)
         .output()
         .unwrap();
     assert!(

@@ -4,19 +4,15 @@
 //! pushes to ingest over https and discovers an MCP server over https. A chat
 //! backend's HTTPS first turn then carries that server's tools.
 
-use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use testkit::stack::{BinaryService, TestStack};
 use testkit::tls::TestCa;
-use testkit::{NatsServer, Process, TestDatabase, workspace_binary};
+use testkit::{NatsServer, Process, workspace_binary};
 
 const DEADLINE: Duration = Duration::from_secs(60);
-
-fn addr() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], testkit::free_port()))
-}
 
 fn tool_names(answer: &Value) -> Vec<String> {
     answer["servers"]
@@ -42,39 +38,40 @@ async fn agent_to_ingest_chat_to_gate_services_to_nats_and_agent_to_mcp_over_tls
         nats_cert.cert, nats_cert.key
     ));
     let nats_url = format!("tls://127.0.0.1:{}", nats.port());
-    let db = TestDatabase::create().await;
-    let prefix = testkit::unique_prefix();
-    let (store_addr, ingest_addr, gate_addr) = (addr(), addr(), addr());
-    let base = |http_addr: SocketAddr| {
-        vec![
-            ("NATS_URL", nats_url.clone()),
-            ("CTXSYNC_NATS_CA_FILE", ca_file.clone()),
-            ("CTXSYNC_SUBJECT_PREFIX", prefix.clone()),
-            ("CTXSYNC_HTTP_ADDR", http_addr.to_string()),
-        ]
-    };
-    let https = |name: &str| {
+    let test_stack = TestStack::on(nats).await;
+    let prefix = &test_stack.prefix;
+    let https = |common: &mut ctxsync_runtime::CommonArgs, name: &str| {
         let files = ca.issue_server(name);
-        vec![
-            ("CTXSYNC_TLS_CERT", files.cert.display().to_string()),
-            ("CTXSYNC_TLS_KEY", files.key.display().to_string()),
-        ]
+        common.http.tls_cert = Some(files.cert);
+        common.http.tls_key = Some(files.key);
     };
-    let mut store_env = base(store_addr);
-    store_env.push(("DATABASE_URL", db.url().to_owned()));
-    let mut store = Process::spawn("snapshot-store", "snapshot-store", &store_env);
-    let mut ingest_env = base(ingest_addr);
-    ingest_env.extend(https("ingest"));
-    let mut ingest = Process::spawn("agent-ingest", "agent-ingest", &ingest_env);
-    let mut gate_env = base(gate_addr);
-    gate_env.extend(https("gate"));
-    gate_env.push(("CTXSYNC_GATE_PENDING_TIMEOUT", "60s".into()));
-    let mut gate = Process::spawn("chat-gate", "chat-gate", &gate_env);
+    // Every service on NATS over TLS, trusting the test CA (the builder hands
+    // the configuration to the binaries as env vars).
+    let on_tls_nats = |common: &mut ctxsync_runtime::CommonArgs| {
+        common.nats_url = nats_url.clone();
+        common.nats_tls.nats_ca_file = Some(ca.ca_path().to_owned());
+    };
+    let builder = test_stack
+        .builder()
+        .store(|store| on_tls_nats(&mut store.common))
+        .ingest(|ingest| {
+            on_tls_nats(&mut ingest.common);
+            https(&mut ingest.common, "ingest");
+        })
+        .gate(|gate| {
+            on_tls_nats(&mut gate.common);
+            https(&mut gate.common, "gate");
+            gate.pending_timeout = Duration::from_secs(60);
+        });
     // Readiness is asked over https (see `Process::wait_ready`): each is
     // connected to NATS over TLS and serves HTTPS.
-    store.wait_ready(DEADLINE).await;
-    ingest.wait_ready(DEADLINE).await;
-    gate.wait_ready(DEADLINE).await;
+    let [store, ingest, gate]: [BinaryService; 3] =
+        testkit::stack::spawn_binaries(&builder, DEADLINE)
+            .await
+            .try_into()
+            .unwrap_or_else(|_| panic!("three binaries"));
+    let (ingest_addr, gate_addr) = (ingest.http_addr, gate.http_addr);
+    let (mut store, mut ingest, mut gate) = (store.process, ingest.process, gate.process);
 
     // The operator CLI reaches the store over TLS NATS too.
     let registered = Command::new(workspace_binary("ctxsync-cli", "ctxsync"))
@@ -91,7 +88,7 @@ async fn agent_to_ingest_chat_to_gate_services_to_nats_and_agent_to_mcp_over_tls
         ])
         .env("NATS_URL", &nats_url)
         .env("CTXSYNC_NATS_CA_FILE", &ca_file)
-        .env("CTXSYNC_SUBJECT_PREFIX", &prefix)
+        .env("CTXSYNC_SUBJECT_PREFIX", prefix)
         .output()
         .unwrap();
     assert!(
@@ -105,7 +102,7 @@ async fn agent_to_ingest_chat_to_gate_services_to_nats_and_agent_to_mcp_over_tls
         .args(["tenant", "key", "create", "--tenant", "acme", "--json"])
         .env("NATS_URL", &nats_url)
         .env("CTXSYNC_NATS_CA_FILE", &ca_file)
-        .env("CTXSYNC_SUBJECT_PREFIX", &prefix)
+        .env("CTXSYNC_SUBJECT_PREFIX", prefix)
         .output()
         .unwrap();
     assert!(

@@ -15,6 +15,10 @@
 //! killed hard and restarted, [`agent::FakeAgent`] pushes through
 //! agent-ingest and records every answer, [`chat`] asks chat-gate for turns
 //! over HTTP and NATS, and [`metrics`] reads a service's `/metrics`.
+//!
+//! [`stack`] is the one way a test runs the services together: the
+//! `ctxsync-stack` builder on the test's own NATS and database, in process
+//! or as binaries.
 
 pub mod agent;
 mod binary;
@@ -25,6 +29,7 @@ mod postgres;
 mod private_postgres;
 mod process;
 pub mod report;
+pub mod stack;
 pub mod store;
 pub mod tls;
 

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use catalog::config::{CatalogConfig, Limits, ServerConfig, TenantConfig, Transport};
-use catalog::{Config, Running, Settings, WarmupSettings};
+use catalog::{Running, Settings, WarmupSettings};
 use ctxsync_mcp::{ServerSpec, TransportSpec};
 use ctxsync_proto::Message;
 use ctxsync_proto::subjects::Subjects;
@@ -15,8 +15,9 @@ use ctxsync_proto::v1::{
     CatalogCallReply, CatalogCallRequest, CatalogEndSessionReply, CatalogEndSessionRequest,
     CatalogPrepareReply, CatalogPrepareRequest,
 };
-use ctxsync_runtime::{CommonArgs, DatabaseArgs, Shutdown};
+use ctxsync_runtime::Shutdown;
 use sqlx::PgPool;
+use testkit::stack::{StackBuilder, TestStack};
 use testkit::{NatsServer, TestDatabase};
 
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
@@ -112,20 +113,16 @@ pub struct Harness {
 
 impl Harness {
     pub async fn start(servers: CatalogConfig, settings: Settings) -> Self {
-        testkit::init_logs();
-        let nats = NatsServer::start();
-        let db = TestDatabase::create().await;
-        let prefix = testkit::unique_prefix();
+        let TestStack { nats, db, prefix } = TestStack::private().await;
         let shutdown = Shutdown::new();
-        let config = Config {
-            common: CommonArgs::for_nats(nats.url(), prefix.clone()),
-            database: DatabaseArgs::new(db.url()),
-            servers,
-            settings,
-        };
-        let running = catalog::start(config, shutdown.clone())
+        let builder = StackBuilder::new(nats.url(), &prefix)
+            .database(db.url())
+            .catalog(servers, settings, |_| {});
+        let running = testkit::stack::start(builder, &shutdown)
             .await
-            .expect("catalog starts");
+            .catalogs
+            .remove(0)
+            .running;
         let client = async_nats::connect(nats.url()).await.expect("test client");
         let pool = PgPool::connect(db.url()).await.expect("test pool");
         Self {

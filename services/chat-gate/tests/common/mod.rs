@@ -13,6 +13,7 @@ use ctxsync_runtime::{CommonArgs, Shutdown, rpc};
 use snapshot_store::RunningStore;
 // `server` below stands in for testkit's: its tools take `Q_SCHEMA`.
 pub use testkit::report::*;
+use testkit::stack::{Stack, StackBuilder, Started, TestStack};
 use testkit::store::StoreClient;
 use testkit::{NatsServer, TestDatabase};
 
@@ -82,32 +83,42 @@ impl Harness {
         configure_store: impl FnOnce(&mut snapshot_store::Config),
         behind_proxy: bool,
     ) -> Self {
-        testkit::init_logs();
-        let nats = NatsServer::start();
+        let TestStack { nats, db, prefix } = TestStack::private().await;
         let proxy = if behind_proxy {
             Some(Proxy::start(nats.port()).await)
         } else {
             None
         };
-        let db = TestDatabase::create().await;
-        let prefix = testkit::unique_prefix();
-        let store_shutdown = Shutdown::new();
-        let mut store_config =
-            snapshot_store::Config::new(CommonArgs::for_nats(nats.url(), &prefix), db.url());
-        configure_store(&mut store_config);
-        let store = snapshot_store::start(store_config, store_shutdown.clone())
-            .await
-            .expect("snapshot-store starts");
         let gate_nats_url = match &proxy {
             Some(proxy) => format!("nats://127.0.0.1:{}", proxy.port),
             None => nats.url(),
         };
-        let mut config = gate_config(&gate_nats_url, &prefix);
-        configure(&mut config);
-        let gate_shutdown = Shutdown::new();
-        let gate = chat_gate::start(config, gate_shutdown.clone())
-            .await
-            .expect("chat-gate starts");
+        // The store and the gate each under a shutdown of their own (the
+        // children of this one), so a test can stop the store alone.
+        let stack = testkit::stack::start(
+            StackBuilder::new(nats.url(), &prefix)
+                .database(db.url())
+                .store(configure_store)
+                .gate(|config| {
+                    *config = gate_config(&gate_nats_url, &prefix);
+                    configure(config);
+                }),
+            &Shutdown::new(),
+        )
+        .await;
+        let Stack {
+            mut stores,
+            mut gates,
+            ..
+        } = stack;
+        let Started {
+            running: store,
+            shutdown: store_shutdown,
+        } = stores.remove(0);
+        let Started {
+            running: gate,
+            shutdown: gate_shutdown,
+        } = gates.remove(0);
         let client = ctxsync_runtime::nats::connect(&nats.url(), "test")
             .await
             .expect("test client connects")
@@ -263,15 +274,19 @@ impl Harness {
 
     /// Another chat-gate replica on the same NATS server and prefix.
     pub async fn spawn_replica(&self, configure: impl FnOnce(&mut Config)) -> Replica {
-        let mut config = gate_config(&self.nats.url(), self.subjects.prefix());
-        configure(&mut config);
-        let shutdown = Shutdown::new();
-        let gate = chat_gate::start(config, shutdown.clone())
+        let builder = self.builder().gate(|config| {
+            *config = gate_config(&self.nats.url(), self.subjects.prefix());
+            configure(config);
+        });
+        let Started { running, shutdown } = builder
+            .start(&Shutdown::new())
             .await
-            .expect("the replica starts");
+            .expect("the replica starts")
+            .gates
+            .remove(0);
         Replica {
             shutdown,
-            gate: Some(gate),
+            gate: Some(running),
         }
     }
 
@@ -306,19 +321,21 @@ impl Harness {
     pub async fn start_catalog(&self, config: serde_json::Value) -> (catalog::Running, Shutdown) {
         let mut settings = catalog::Settings::default();
         settings.warmup.enabled = false;
-        let shutdown = Shutdown::new();
-        let running = catalog::start(
-            catalog::Config {
-                common: CommonArgs::for_nats(self.nats.url(), self.subjects.prefix()),
-                database: ctxsync_runtime::DatabaseArgs::new(self.db.url()),
-                servers: catalog::config::CatalogConfig::from_yaml(&config.to_string()).unwrap(),
-                settings,
-            },
-            shutdown.clone(),
-        )
-        .await
-        .expect("catalog starts");
+        let servers = catalog::config::CatalogConfig::from_yaml(&config.to_string()).unwrap();
+        let Started { running, shutdown } = self
+            .builder()
+            .catalog(servers, settings, |_| {})
+            .start(&Shutdown::new())
+            .await
+            .expect("catalog starts")
+            .catalogs
+            .remove(0);
         (running, shutdown)
+    }
+
+    /// A stack builder on this test's NATS, prefix and database, with no service yet.
+    pub fn builder(&self) -> StackBuilder {
+        StackBuilder::new(self.nats.url(), self.subjects.prefix()).database(self.db.url())
     }
 
     /// Counts the store reads of this test's prefix, as the store sees them.

@@ -1,7 +1,7 @@
-//! Finding or starting what ctxsync depends on, for `ctxsync up`: NATS and
-//! Postgres. A given URL is used as is; otherwise the default local port is
-//! tried, and only then a private server is started from PATH under the data
-//! directory (and stopped on exit).
+//! Finding or starting what ctxsync depends on, for `ctxsync up` and the
+//! bench: NATS and Postgres. A given URL is used as is; otherwise the default
+//! local port is tried, and only then a private server is started from PATH
+//! under the data directory (and stopped on exit).
 
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -167,7 +167,7 @@ pub async fn nats(given: Option<&str>, data_dir: &Path) -> Result<Dependency, De
 }
 
 /// `url` with its database replaced by `name` (its query kept).
-pub(crate) fn with_database(url: &str, name: &str) -> String {
+pub fn with_database(url: &str, name: &str) -> String {
     let (base, query) = url
         .split_once('?')
         .map_or((url, None), |(b, q)| (b, Some(q)));
@@ -282,6 +282,17 @@ pub async fn postgres(given: Option<&str>, data_dir: &Path) -> Result<Dependency
     })
 }
 
+/// Runs one statement on a fresh admin connection (`CREATE DATABASE` and
+/// `DROP DATABASE` cannot run in a transaction or a pool's session state).
+pub async fn admin_execute(admin_url: &str, sql: String) -> Result<(), sqlx::Error> {
+    let mut admin = PgConnection::connect(admin_url).await?;
+    let result = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(&mut admin)
+        .await;
+    let _ = admin.close().await;
+    result.map(|_| ())
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -289,6 +300,14 @@ mod tests {
         assert_eq!(
             super::with_database("postgres://postgres@127.0.0.1:5432/postgres", "ctxsync"),
             "postgres://postgres@127.0.0.1:5432/ctxsync"
+        );
+        assert_eq!(
+            super::with_database("postgres://u@h:5432/postgres?sslmode=disable", "x"),
+            "postgres://u@h:5432/x?sslmode=disable"
+        );
+        assert_eq!(
+            super::with_database("postgres://u@h:5432", "x"),
+            "postgres://u@h:5432/x"
         );
     }
 }

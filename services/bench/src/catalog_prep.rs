@@ -13,7 +13,7 @@ use ctxsync_proto::v1::{
     CatalogEndSessionReply, CatalogEndSessionRequest, CatalogPrepareReply, CatalogPrepareRequest,
     catalog_pin::Source,
 };
-use ctxsync_runtime::{DatabaseArgs, rpc};
+use ctxsync_runtime::rpc;
 use serde::Serialize;
 
 use super::env::Env;
@@ -213,19 +213,16 @@ async fn run_catalog(
     settings.warmup.enabled = false;
     settings.connect_timeout = Duration::from_secs(60);
     let max_concurrent_starts = settings.max_concurrent_starts;
-    let config = catalog::Config {
-        common: env.common(),
-        database: DatabaseArgs::new(env.database_url.clone()),
-        servers: CatalogConfig {
-            tenants: vec![TenantConfig {
-                id: TENANT.into(),
-                servers,
-            }],
-        },
-        settings,
+    let servers = CatalogConfig {
+        tenants: vec![TenantConfig {
+            id: TENANT.into(),
+            servers,
+        }],
     };
-    let shutdown = env.child_shutdown();
-    let running = catalog::start(config, shutdown.clone())
+    let stack = env
+        .builder()
+        .catalog(servers, settings, |_| {})
+        .start(&env.child_shutdown())
         .await
         .step("catalog")?;
 
@@ -292,7 +289,6 @@ async fn run_catalog(
         })
     }
     .await;
-    shutdown.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(20), running.join()).await;
+    let _ = tokio::time::timeout(Duration::from_secs(20), stack.stop()).await;
     measured
 }

@@ -1,9 +1,10 @@
-//! `ctxsync bench`: the numbers of DESIGN §7, measured in one run against a
-//! real nats-server and a real Postgres, each next to the raw floor it is
-//! compared with.
+//! `ctxsync-bench`: the numbers the README's Benchmark section names
+//! (wake, ready gate answer, push throughput, catalog preparation), measured
+//! in one run against a real nats-server and a real Postgres, each next to
+//! the raw floor it is compared with.
 //!
 //! The services (snapshot-store, agent-ingest, chat-gate, catalog) run in this
-//! process, started through their libraries' `start`, on a fresh database
+//! process, started by the stack builder (`ctxsync-stack`), on a fresh database
 //! (`ctxsync_bench_<random>`, dropped at the end) and a fresh subject prefix,
 //! so a bench never touches an installation's data. They still talk only over
 //! NATS and HTTP, exactly as when deployed separately.
@@ -22,7 +23,7 @@ use std::time::Duration;
 
 pub use report::Report;
 
-/// `ctxsync bench` options.
+/// `ctxsync-bench` options.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
     /// Smaller sizes, for CI: finishes in well under a minute in a debug build.

@@ -168,7 +168,7 @@ async fn read_state(
 /// Waits until `extra` more chats wait in the gate than `baseline`, or the
 /// count stops growing; returns how many wait.
 async fn until_waiting(env: &Env, baseline: usize, extra: usize) -> usize {
-    let gate = env.gate.gate();
+    let gate = env.stack.gate().gate();
     let deadline = Instant::now() + CALL_TIMEOUT;
     let mut last = 0;
     let mut last_change = Instant::now();
@@ -288,7 +288,7 @@ async fn round(
     ctxsync_runtime::nats::sync_with_server(&env.client)
         .await
         .step("subscribe to discovery events")?;
-    let gate = env.gate.gate();
+    let gate = env.stack.gate().gate();
     let baseline = gate.waiters_held();
     let rss_before = rss_bytes();
 
@@ -542,7 +542,7 @@ pub async fn polling(
         let agent = &agents[agents.len() - 1 - r % agents.len()..][..1];
         let runs = new_pending_runs(env, agent).await?;
         let run = runs[0].clone();
-        let baseline = env.gate.gate().waiters_held();
+        let baseline = env.stack.gate().gate().waiters_held();
         let chat = tokio::spawn(first_turn(
             env.client.clone(),
             env.subjects.gate_turn(super::env::BENCH_TENANT),

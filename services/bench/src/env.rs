@@ -1,5 +1,6 @@
 //! The bench's world: NATS and Postgres (given, found or private), a fresh
-//! database and subject prefix, the services started in this process, and
+//! database and subject prefix, the services started in this process by the
+//! stack builder (`ctxsync-stack`, as `ctxsync up` starts them), and
 //! the calls a chat or an agent makes.
 
 use std::path::PathBuf;
@@ -11,15 +12,16 @@ use ctxsync_proto::v1::{
     PushContextStateResponse, StartupRequest, StorePushReply, StorePushRequest, TurnReply,
     TurnRequest, UpdateStartupReply, UpdateStartupRequest,
 };
-use ctxsync_runtime::{CommonArgs, Shutdown, rpc};
+use ctxsync_runtime::{Shutdown, rpc};
+use ctxsync_stack::deps::{self, Dependency};
+use ctxsync_stack::{Stack, StackBuilder};
 use futures::StreamExt;
 use rand::RngCore;
 use serde::Serialize;
+use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
-use sqlx::{Connection, PgConnection, PgPool};
 
 use super::{BenchArgs, BenchError, Step};
-use crate::deps::{self, Dependency};
 
 /// Bound of one call the bench makes to a service (waits included).
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(300);
@@ -53,40 +55,21 @@ pub struct Env {
     pub client: async_nats::Client,
     /// For the raw Postgres floor.
     pub pool: PgPool,
-    pub gate: chat_gate::RunningGate,
+    /// snapshot-store, agent-ingest and chat-gate, started in this process.
+    pub stack: Stack,
     pub ingest_addr: std::net::SocketAddr,
     admin_url: String,
     database: String,
     shutdown: Shutdown,
-    store: snapshot_store::RunningStore,
-    ingest: agent_ingest::RunningIngest,
     nats_dep: Dependency,
     postgres_dep: Dependency,
     data_dir: PathBuf,
-}
-
-struct Services {
-    subjects: Subjects,
-    store: snapshot_store::RunningStore,
-    ingest: agent_ingest::RunningIngest,
-    gate: chat_gate::RunningGate,
-    client: async_nats::Client,
-    pool: PgPool,
 }
 
 fn random_hex(bytes: usize) -> String {
     let mut buf = vec![0u8; bytes];
     rand::rng().fill_bytes(&mut buf);
     buf.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-async fn admin_execute(admin_url: &str, sql: String) -> Result<(), sqlx::Error> {
-    let mut admin = PgConnection::connect(admin_url).await?;
-    let result = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-        .execute(&mut admin)
-        .await;
-    let _ = admin.close().await;
-    result.map(|_| ())
 }
 
 impl Env {
@@ -101,7 +84,7 @@ impl Env {
             .step("postgres")?;
         let admin_url = postgres_dep.url.clone();
         let database = format!("ctxsync_bench_{suffix}");
-        admin_execute(&admin_url, format!("CREATE DATABASE {database}"))
+        deps::admin_execute(&admin_url, format!("CREATE DATABASE {database}"))
             .await
             .map_err(|e| {
                 BenchError::new(
@@ -112,7 +95,7 @@ impl Env {
                     e,
                 )
             })?;
-        let database_url = crate::deps::with_database(&admin_url, &database);
+        let database_url = deps::with_database(&admin_url, &database);
         let prefix = format!("bench{suffix}");
         let shutdown = Shutdown::new();
         let started = Box::pin(Self::start_services(
@@ -122,19 +105,12 @@ impl Env {
             &shutdown,
         ))
         .await;
-        let Services {
-            subjects,
-            store,
-            ingest,
-            gate,
-            client,
-            pool,
-        } = match started {
+        let (subjects, stack, client, pool) = match started {
             Ok(services) => services,
             Err(error) => {
                 // Nothing of the bench may stay behind.
                 shutdown.cancel();
-                let _ = admin_execute(
+                let _ = deps::admin_execute(
                     &admin_url,
                     format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)"),
                 )
@@ -144,58 +120,49 @@ impl Env {
                 return Err(error);
             }
         };
-        let ingest_addr = ingest.http_addr();
+        let ingest_addr = stack.ingest().http_addr();
         Ok(Self {
             subjects,
             nats_url: nats_dep.url.clone(),
             database_url,
             client,
             pool,
-            gate,
+            stack,
             ingest_addr,
             admin_url,
             database,
             shutdown,
-            store,
-            ingest,
             nats_dep,
             postgres_dep,
             data_dir,
         })
     }
 
+    /// The store (which applies its migrations to the bench database),
+    /// agent-ingest and chat-gate, through the stack builder; the bench's own
+    /// NATS client and Postgres pool.
     async fn start_services(
         nats_url: &str,
         prefix: &str,
         database_url: &str,
         shutdown: &Shutdown,
-    ) -> Result<Services, BenchError> {
+    ) -> Result<(Subjects, Stack, async_nats::Client, PgPool), BenchError> {
         let subjects = Subjects::new(prefix).step("subject prefix")?;
-        let common = CommonArgs::for_nats(nats_url, prefix);
-
-        let store = snapshot_store::start(
-            snapshot_store::Config::new(common.clone(), database_url.to_owned()),
-            shutdown.child_token(),
-        )
-        .await
-        .step("snapshot-store")?;
-        let ingest = agent_ingest::start(
-            agent_ingest::Config::new(common.clone()),
-            shutdown.child_token(),
-        )
-        .await
-        .step("agent-ingest")?;
-        let mut gate_config = chat_gate::Config::new(common.clone());
-        // Waits end on the commit, never on a deadline, however long 10,000 chats take to line up.
-        gate_config.pending_timeout = CALL_TIMEOUT;
-        gate_config.stale_grace = CALL_TIMEOUT;
-        gate_config.sweep_interval = Duration::ZERO;
-        // No catalog runs here: the bench measures the gate's own path.
-        gate_config.catalog = false;
-        let gate = chat_gate::start(gate_config, shutdown.child_token())
+        let stack = StackBuilder::new(nats_url, prefix)
+            .database(database_url)
+            .store(|_| {})
+            .ingest(|_| {})
+            .gate(|gate| {
+                // Waits end on the commit, never on a deadline, however long 10,000 chats take to line up.
+                gate.pending_timeout = CALL_TIMEOUT;
+                gate.stale_grace = CALL_TIMEOUT;
+                gate.sweep_interval = Duration::ZERO;
+                // No catalog runs here: the bench measures the gate's own path.
+                gate.catalog = false;
+            })
+            .start(shutdown)
             .await
-            .step("chat-gate")?;
-
+            .step("services")?;
         let client = ctxsync_runtime::nats::connect(nats_url, "ctxsync-bench")
             .await
             .step("nats")?
@@ -205,14 +172,7 @@ impl Env {
             .connect(database_url)
             .await
             .step("postgres (bench pool)")?;
-        Ok(Services {
-            subjects,
-            store,
-            ingest,
-            gate,
-            client,
-            pool,
-        })
+        Ok((subjects, stack, client, pool))
     }
 
     pub fn describe(&self) -> Environment {
@@ -238,8 +198,11 @@ impl Env {
         }
     }
 
-    pub fn common(&self) -> CommonArgs {
-        CommonArgs::for_nats(self.nats_url.clone(), self.subjects.prefix())
+    /// A builder on the bench's NATS, prefix and database, for a service
+    /// started later (the catalog section's).
+    pub fn builder(&self) -> StackBuilder {
+        StackBuilder::new(self.nats_url.clone(), self.subjects.prefix())
+            .database(self.database_url.clone())
     }
 
     pub fn child_shutdown(&self) -> Shutdown {
@@ -250,11 +213,8 @@ impl Env {
     pub async fn stop(self) {
         self.shutdown.cancel();
         self.pool.close().await;
-        let grace = Duration::from_secs(15);
-        let _ = tokio::time::timeout(grace, self.gate.join()).await;
-        let _ = tokio::time::timeout(grace, self.ingest.join()).await;
-        let _ = tokio::time::timeout(grace, self.store.join()).await;
-        if let Err(error) = admin_execute(
+        let _ = tokio::time::timeout(Duration::from_secs(45), self.stack.join()).await;
+        if let Err(error) = deps::admin_execute(
             &self.admin_url,
             format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.database),
         )
@@ -278,7 +238,7 @@ impl Env {
     ) -> Result<Vec<BenchAgent>, BenchError> {
         let results: Vec<_> = futures::stream::iter(0..n)
             .map(|i| async move {
-                crate::agent::register(
+                ctxsync_cli::agent::register(
                     &self.client,
                     &self.subjects,
                     CALL_TIMEOUT,
@@ -405,19 +365,4 @@ pub fn rss_bytes() -> Option<u64> {
 /// A fresh run id.
 pub fn run_id() -> String {
     format!("bench-{}", random_hex(8))
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn database_is_swapped() {
-        assert_eq!(
-            crate::deps::with_database("postgres://u@h:5432/postgres?sslmode=disable", "x"),
-            "postgres://u@h:5432/x?sslmode=disable"
-        );
-        assert_eq!(
-            crate::deps::with_database("postgres://u@h:5432", "x"),
-            "postgres://u@h:5432/x"
-        );
-    }
 }

@@ -1,5 +1,5 @@
 //! The bench's results: JSON for machines, a table for people, and every
-//! ratio against its DESIGN §7 target.
+//! ratio against its target (README, Benchmark).
 
 use std::fmt::Write as _;
 
@@ -167,7 +167,7 @@ impl Report {
                 3.0,
             ));
         }
-        // DESIGN §7's own wording: "within 2× a raw publish→subscribe latency plus one read".
+        // The target: "within 2× a raw publish→subscribe latency plus one read".
         if let Some(single) = self.wake.iter().find(|c| c.chats == 1) {
             let bound = 2.0 * pub_sub + self.floors.store_read.p50_us;
             targets.push(at_most(
@@ -220,7 +220,7 @@ impl Report {
         let e = &self.environment;
         let _ = writeln!(
             out,
-            "ctxsync bench ({} mode, {} build, {} cores)",
+            "ctxsync-bench ({} mode, {} build, {} cores)",
             self.mode, e.build, e.cores
         );
         let _ = writeln!(out, "  nats      {}", e.nats);
