@@ -1,4 +1,4 @@
-//! Error sanitizer (DESIGN §3): removes everything a server process could have
+//! Error sanitizer: removes everything a server process could have
 //! seen of its configuration from an error text before it leaves the process.
 //!
 //! Secrets are found by VALUE, not by name: a server that echoes its whole
@@ -35,7 +35,7 @@ use std::collections::BTreeSet;
 use aho_corasick::{AhoCorasick, MatchKind};
 use base64::Engine as _;
 
-use crate::{ServerSpec, TransportSpec};
+use crate::spec::{ServerSpec, TransportSpec};
 
 /// Replacement for every secret.
 pub const REDACTED: &str = "[redacted]";

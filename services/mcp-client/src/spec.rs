@@ -10,21 +10,46 @@ pub struct ServerSpec {
     pub transport: TransportSpec,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// How to start or reach one MCP server: the one transport type of ctxsync.
+/// The catalog's YAML config deserializes it (`stdio: {...}` or
+/// `streamable_http: {...}`, omitted collections empty) and hashes its
+/// serialization into a server's memory key; the workspace agent builds it
+/// from `.mcp.json` entries.
+///
+/// `env`, `headers`, `args` and the URL may hold secrets: `Debug` shows the
+/// kind only, and every error text that may quote them passes through
+/// [`crate::Sanitizer`].
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum TransportSpec {
     /// A child process speaking MCP on stdin/stdout. It inherits this process's
     /// environment with `env` laid over it.
     Stdio {
         command: String,
+        #[serde(default)]
         args: Vec<String>,
+        /// Secret: never logged, stored or sent.
+        #[serde(default)]
         env: BTreeMap<String, String>,
+        #[serde(default)]
         cwd: Option<PathBuf>,
     },
     /// An MCP streamable-HTTP endpoint; `headers` are sent with every request.
     StreamableHttp {
         url: String,
+        /// Secret: never logged, stored or sent.
+        #[serde(default)]
         headers: BTreeMap<String, String>,
     },
+}
+
+// Hand-written: env values, headers, arguments and URLs are secrets.
+impl std::fmt::Debug for TransportSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransportSpec")
+            .field("kind", &self.kind())
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -38,6 +63,23 @@ impl TransportKind {
         match self {
             TransportKind::Stdio => "stdio",
             TransportKind::StreamableHttp => "streamable_http",
+        }
+    }
+
+    /// The kind as the protobuf contract names it.
+    pub fn to_proto(self) -> ctxsync_proto::v1::McpTransport {
+        match self {
+            TransportKind::Stdio => ctxsync_proto::v1::McpTransport::Stdio,
+            TransportKind::StreamableHttp => ctxsync_proto::v1::McpTransport::StreamableHttp,
+        }
+    }
+
+    /// The kind named by [`TransportKind::as_str`]; `None` for any other text.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "stdio" => Some(TransportKind::Stdio),
+            "streamable_http" => Some(TransportKind::StreamableHttp),
+            _ => None,
         }
     }
 }
