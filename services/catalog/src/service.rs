@@ -3,22 +3,27 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use ctxsync_proto::subjects::{CATALOG_QUEUE_GROUP, Subjects};
+use ctxsync_proto::subjects::CATALOG_QUEUE_GROUP;
 use ctxsync_proto::v1::{
     CatalogCallReply, CatalogCallRequest, CatalogEndSessionReply, CatalogEndSessionRequest,
-    CatalogError, CatalogPrepareReply, CatalogPrepareRequest,
+    CatalogPrepareReply, CatalogPrepareRequest,
 };
 use ctxsync_runtime::{HttpServer, Readiness, Shutdown, db, http, nats, rpc};
 use prost::Message;
-use sqlx::PgPool;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::memory::Memory;
-use crate::sessions::Sessions;
-use crate::store::{self, StoredEvent, WrittenGenerations};
-use crate::warmup::{self, WarmupStatus};
-use crate::{CatalogConfig, Config, Settings, codes};
+use crate::call::Call;
+use crate::config::{CatalogConfig, Current};
+use crate::discovery::Discoverer;
+use crate::end_session::EndSession;
+use crate::events::Events;
+use crate::prepare::Prepare;
+use crate::request::{codes, error, tenant_of};
+use crate::sessions::{self, Sessions};
+use crate::settings::Config;
+use crate::store;
+use crate::warmup::{Warmup, WarmupStatus};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -36,71 +41,33 @@ pub enum Error {
     Bind(#[from] http::BindError),
 }
 
-/// State shared by the request handlers, the warm-up and the session reaper.
-pub(crate) struct Core {
-    servers: std::sync::RwLock<Arc<CatalogConfig>>,
-    pub settings: Settings,
-    pub memory: Memory,
-    pub pool: PgPool,
-    pub nats: async_nats::Client,
-    pub subjects: Subjects,
-    pub written: WrittenGenerations,
-    /// Bounds stdio starts for preparations and calls (not the warm-up's).
-    pub starts: Semaphore,
-    pub sessions: Sessions,
-    /// Servers closing after a discovery; shutdown waits for them.
-    pub closing: tokio_util::task::TaskTracker,
-}
-
-impl Core {
-    /// The server configuration in force now.
-    pub fn config(&self) -> Arc<CatalogConfig> {
-        self.servers.read().expect("config lock").clone()
+/// A reply NATS would refuse to carry becomes an error naming the limit
+/// (the requester would otherwise only see a timeout).
+fn fit_reply<R: Message>(
+    client: &async_nats::Client,
+    reply: R,
+    too_large: impl FnOnce(String) -> R,
+) -> R {
+    let max = client.server_info().max_payload;
+    let size = reply.encoded_len();
+    if max > 0 && size > max {
+        metrics::counter!("ctxsync_catalog_replies_too_large_total").increment(1);
+        too_large(format!(
+            "the answer is {size} bytes, over the NATS server's max_payload of {max} bytes"
+        ))
+    } else {
+        reply
     }
-
-    /// A reply NATS would refuse to carry becomes an error naming the limit
-    /// (the requester would otherwise only see a timeout).
-    pub fn fit_reply<R: Message>(&self, reply: R, too_large: impl FnOnce(String) -> R) -> R {
-        let max = self.nats.server_info().max_payload;
-        let size = reply.encoded_len();
-        if max > 0 && size > max {
-            metrics::counter!("ctxsync_catalog_replies_too_large_total").increment(1);
-            too_large(format!(
-                "the answer is {size} bytes, over the NATS server's max_payload of {max} bytes"
-            ))
-        } else {
-            reply
-        }
-    }
-
-    /// Publishes committed events on `<prefix>.events.catalog.<kind>`; a
-    /// failure is logged (the events are stored either way).
-    pub async fn publish(&self, events: &[StoredEvent]) {
-        for event in events {
-            let subject = self.subjects.catalog_event(event.event.kind);
-            let payload = event.to_proto().encode_to_vec();
-            if let Err(error) = self.nats.publish(subject, payload.into()).await {
-                tracing::warn!(%error, kind = event.event.kind, "cannot publish a catalog event");
-            }
-        }
-    }
-}
-
-pub(crate) fn error(code: &str, message: impl Into<String>) -> Option<CatalogError> {
-    Some(CatalogError {
-        code: code.to_owned(),
-        message: message.into(),
-    })
 }
 
 /// Replaces a running catalog's server configuration.
 #[derive(Clone)]
-pub struct Reloader(Arc<Core>);
+pub struct Reloader(Arc<Current>);
 
 impl Reloader {
     pub fn reload(&self, servers: CatalogConfig) {
         let count = servers.all_enabled_servers().len();
-        *self.0.servers.write().expect("config lock") = Arc::new(servers);
+        self.0.replace(servers);
         tracing::info!(servers = count, "catalog config reloaded");
     }
 }
@@ -111,7 +78,9 @@ pub struct Running {
     servers: Vec<rpc::Server>,
     tasks: Vec<JoinHandle<()>>,
     nats: nats::NatsConnection,
-    core: Arc<Core>,
+    config: Arc<Current>,
+    discovery: Arc<Discoverer>,
+    sessions: Arc<Sessions>,
     ready_at: SystemTime,
     warmup: watch::Receiver<WarmupStatus>,
     grace: Duration,
@@ -135,7 +104,7 @@ impl Running {
 
     /// Servers remembered in the discovery memory.
     pub fn remembered(&self) -> usize {
-        self.core.memory.len()
+        self.discovery.memory().len()
     }
 
     /// Replaces the server configuration (e.g. on SIGHUP). Sessions keep
@@ -147,12 +116,12 @@ impl Running {
 
     /// A handle that reloads the configuration while `join` runs.
     pub fn reloader(&self) -> Reloader {
-        Reloader(self.core.clone())
+        Reloader(self.config.clone())
     }
 
     /// Transports open for sessions.
     pub fn open_transports(&self) -> usize {
-        self.core.sessions.open_transports()
+        self.sessions.open_transports()
     }
 
     /// Waits for shutdown: stops taking requests, finishes those in flight,
@@ -164,13 +133,9 @@ impl Running {
         for task in self.tasks {
             let _ = task.await;
         }
-        let released = self.core.sessions.release_all().await;
+        let released = self.sessions.release_all().await;
         tracing::info!(released, "session transports closed");
-        self.core.closing.close();
-        if tokio::time::timeout(self.grace, self.core.closing.wait())
-            .await
-            .is_err()
-        {
+        if !self.discovery.closed_within(self.grace).await {
             tracing::warn!("servers still closing after the shutdown grace are killed");
         }
         nats::drain(&self.nats, self.grace).await;
@@ -187,21 +152,35 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
     store::migrate(&pool).await?;
     let connection = nats::connect(&config.common, "catalog").await?;
     let grace = config.common.shutdown_grace;
-    let core = Arc::new(Core {
-        servers: std::sync::RwLock::new(Arc::new(config.servers)),
-        memory: Memory::new(config.settings.discovery_reuse),
-        starts: Semaphore::new(config.settings.max_concurrent_starts.max(1)),
-        settings: config.settings,
-        pool: pool.clone(),
-        nats: connection.client.clone(),
-        subjects: subjects.clone(),
-        written: WrittenGenerations::default(),
-        sessions: Sessions::default(),
-        closing: tokio_util::task::TaskTracker::new(),
-    });
+    let settings = config.settings;
+    let current = Arc::new(Current::new(config.servers));
+    let discovery = Arc::new(Discoverer::new(
+        settings.discovery_reuse,
+        settings.max_concurrent_starts,
+    ));
+    let events = Arc::new(Events::new(
+        pool.clone(),
+        connection.client.clone(),
+        subjects.clone(),
+    ));
+    let sessions = Arc::new(Sessions::default());
+    let prepare = Arc::new(Prepare::new(
+        current.clone(),
+        discovery.clone(),
+        events.clone(),
+        settings.connect_timeout,
+    ));
+    let call = Arc::new(Call::new(
+        current.clone(),
+        sessions.clone(),
+        discovery.clone(),
+        events.clone(),
+        settings.connect_timeout,
+    ));
+    let end_session = Arc::new(EndSession::new(sessions.clone()));
 
     let mut servers = Vec::new();
-    let handler_core = core.clone();
+    let (client, handler_subjects) = (connection.client.clone(), subjects.clone());
     servers.push(
         rpc::serve(
             &connection,
@@ -214,8 +193,8 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
                 ..Default::default()
             },
             move |mut request: CatalogPrepareRequest, incoming: rpc::Incoming| {
-                let core = handler_core.clone();
-                let tenant = crate::tenant_of(&mut request.tenant, &incoming);
+                let (prepare, client) = (prepare.clone(), client.clone());
+                let tenant = tenant_of(&mut request.tenant, &handler_subjects, &incoming);
                 async move {
                     if let Err(message) = tenant {
                         return CatalogPrepareReply {
@@ -223,8 +202,8 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
                             ..Default::default()
                         };
                     }
-                    let reply = core.prepare(request).await;
-                    core.fit_reply(reply, |message| CatalogPrepareReply {
+                    let reply = prepare.handle(request).await;
+                    fit_reply(&client, reply, |message| CatalogPrepareReply {
                         error: error(codes::REPLY_TOO_LARGE, message),
                         ..Default::default()
                     })
@@ -233,7 +212,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
         )
         .await?,
     );
-    let handler_core = core.clone();
+    let (client, handler_subjects) = (connection.client.clone(), subjects.clone());
     servers.push(
         rpc::serve(
             &connection,
@@ -246,8 +225,8 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
                 ..Default::default()
             },
             move |mut request: CatalogCallRequest, incoming: rpc::Incoming| {
-                let core = handler_core.clone();
-                let tenant = crate::tenant_of(&mut request.tenant, &incoming);
+                let (call, client) = (call.clone(), client.clone());
+                let tenant = tenant_of(&mut request.tenant, &handler_subjects, &incoming);
                 async move {
                     if let Err(message) = tenant {
                         return CatalogCallReply {
@@ -255,8 +234,8 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
                             ..Default::default()
                         };
                     }
-                    let reply = core.call(request).await;
-                    core.fit_reply(reply, |message| CatalogCallReply {
+                    let reply = call.handle(request).await;
+                    fit_reply(&client, reply, |message| CatalogCallReply {
                         error: error(codes::REPLY_TOO_LARGE, message),
                         ..Default::default()
                     })
@@ -265,7 +244,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
         )
         .await?,
     );
-    let handler_core = core.clone();
+    let handler_subjects = subjects.clone();
     servers.push(
         rpc::serve(
             &connection,
@@ -278,11 +257,11 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
                 ..Default::default()
             },
             move |mut request: CatalogEndSessionRequest, incoming: rpc::Incoming| {
-                let core = handler_core.clone();
-                let tenant = crate::tenant_of(&mut request.tenant, &incoming);
+                let end_session = end_session.clone();
+                let tenant = tenant_of(&mut request.tenant, &handler_subjects, &incoming);
                 async move {
                     match tenant {
-                        Ok(()) => core.end_session(request).await,
+                        Ok(()) => end_session.handle(request).await,
                         Err(message) => CatalogEndSessionReply {
                             error: error(codes::REQUEST_INVALID, message),
                             ..Default::default()
@@ -314,21 +293,28 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
     let ready_at = SystemTime::now();
     let ready_instant = Instant::now();
     tracing::info!(
-        tenants = core.config().tenants.len(),
-        servers = core.config().all_enabled_servers().len(),
+        tenants = current.get().tenants.len(),
+        servers = current.get().all_enabled_servers().len(),
         "catalog serving"
     );
 
     // Only now, with the port bound and the subscriptions up: no server
     // startup competes with becoming ready, and readiness never waits on one.
-    let (warmup_task, warmup) = warmup::spawn(core.clone(), shutdown.clone(), ready_instant);
-    let reaper = crate::sessions::spawn_reaper(core.clone(), shutdown.clone());
+    let (warmup_task, warmup) = Warmup::new(current.clone(), discovery.clone(), settings.warmup)
+        .spawn(shutdown.clone(), ready_instant);
+    let reaper = sessions::spawn_reaper(
+        sessions.clone(),
+        settings.session_idle_timeout,
+        shutdown.clone(),
+    );
     Ok(Running {
         http,
         servers,
         tasks: vec![warmup_task, reaper, gate_waits],
         nats: connection,
-        core,
+        config: current,
+        discovery,
+        sessions,
         ready_at,
         warmup,
         grace,

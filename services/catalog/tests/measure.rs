@@ -1,4 +1,4 @@
-//! The number DESIGN §7 asks for: preparing a session of 8 real servers live
+//! What memory saves a chat: preparing a session of 8 real servers live
 //! versus from memory, in one run. Prints both; run with `--nocapture`:
 //! `cargo test -p catalog --test measure -- --nocapture`
 
