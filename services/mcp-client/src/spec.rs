@@ -118,3 +118,64 @@ pub struct ServerInfo {
     /// The negotiated protocol version, e.g. `2025-11-25`.
     pub protocol_version: String,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transport_reads_snake_case_with_defaults_and_refuses_unknown_fields() {
+        let stdio: TransportSpec = serde_json::from_str(r#"{"stdio": {"command": "x"}}"#).unwrap();
+        assert_eq!(
+            stdio,
+            TransportSpec::Stdio {
+                command: "x".into(),
+                args: Vec::new(),
+                env: BTreeMap::new(),
+                cwd: None,
+            }
+        );
+        let http: TransportSpec =
+            serde_json::from_str(r#"{"streamable_http": {"url": "http://h/mcp"}}"#).unwrap();
+        assert_eq!(http.kind(), TransportKind::StreamableHttp);
+        let unknown =
+            serde_json::from_str::<TransportSpec>(r#"{"stdio": {"command": "x", "colour": 1}}"#)
+                .unwrap_err();
+        assert!(unknown.to_string().contains("colour"), "{unknown}");
+    }
+
+    #[test]
+    fn debug_shows_the_kind_only() {
+        let spec = ServerSpec {
+            name: "s".into(),
+            transport: TransportSpec::Stdio {
+                command: "/opt/sk-cmd".into(),
+                args: vec!["--token=sk-arg".into()],
+                env: [("K".to_owned(), "sk-env".to_owned())].into(),
+                cwd: Some("/sk-cwd".into()),
+            },
+        };
+        let http = TransportSpec::StreamableHttp {
+            url: "https://u:sk-pass@h/sk-path".into(),
+            headers: [("Authorization".to_owned(), "sk-header".to_owned())].into(),
+        };
+        let text = format!("{spec:?} {http:?}");
+        assert!(!text.contains("sk-"), "{text}");
+        assert!(
+            text.contains("Stdio") && text.contains("StreamableHttp"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn kinds_name_themselves_and_their_proto() {
+        for kind in [TransportKind::Stdio, TransportKind::StreamableHttp] {
+            assert_eq!(TransportKind::from_name(kind.as_str()), Some(kind));
+        }
+        assert_eq!(TransportKind::from_name("sse"), None);
+        assert_eq!(
+            TransportKind::StreamableHttp.to_proto(),
+            ctxsync_proto::v1::McpTransport::StreamableHttp
+        );
+    }
+}
