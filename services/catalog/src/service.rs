@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use ctxsync_proto::subjects::CATALOG_QUEUE_GROUP;
+use ctxsync_proto::subjects::{CATALOG_QUEUE_GROUP, Subjects};
 use ctxsync_proto::v1::{
     CatalogCallReply, CatalogCallRequest, CatalogEndSessionReply, CatalogEndSessionRequest,
     CatalogPrepareReply, CatalogPrepareRequest,
@@ -58,6 +58,47 @@ fn fit_reply<R: Message>(
     } else {
         reply
     }
+}
+
+/// Serves one command on its subject of every tenant: a request whose body
+/// names another tenant than its subject is refused like a malformed one.
+#[allow(clippy::too_many_arguments)]
+async fn serve_command<Req, Resp, F, Fut>(
+    connection: &nats::NatsConnection,
+    subject: String,
+    subjects: &Subjects,
+    shutdown: &Shutdown,
+    grace: Duration,
+    invalid: fn(String) -> Resp,
+    tenant: fn(&mut Req) -> &mut String,
+    handle: F,
+) -> Result<rpc::Server, nats::SubscribeError>
+where
+    Req: Message + Default + Send + 'static,
+    Resp: Message + Send + 'static,
+    F: Fn(Req) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Resp> + Send + 'static,
+{
+    let subjects = subjects.clone();
+    rpc::serve(
+        connection,
+        subject,
+        CATALOG_QUEUE_GROUP,
+        shutdown.clone(),
+        grace,
+        invalid,
+        move |mut request: Req, incoming: rpc::Incoming| {
+            let answer =
+                tenant_of(tenant(&mut request), &subjects, &incoming).map(|()| handle(request));
+            async move {
+                match answer {
+                    Ok(answer) => answer.await,
+                    Err(message) => invalid(message),
+                }
+            }
+        },
+    )
+    .await
 }
 
 /// Replaces a running catalog's server configuration.
@@ -179,61 +220,48 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
     ));
     let end_session = Arc::new(EndSession::new(sessions.clone()));
 
-    let mut servers = Vec::new();
-    let (client, handler_subjects) = (connection.client.clone(), subjects.clone());
-    servers.push(
-        rpc::serve(
+    let client = connection.client.clone();
+    let servers = vec![
+        serve_command(
             &connection,
             subjects.catalog_prepare_all(),
-            CATALOG_QUEUE_GROUP,
-            shutdown.clone(),
+            &subjects,
+            &shutdown,
             grace,
             |message| CatalogPrepareReply {
                 error: error(codes::REQUEST_INVALID, message),
                 ..Default::default()
             },
-            move |mut request: CatalogPrepareRequest, incoming: rpc::Incoming| {
-                let (prepare, client) = (prepare.clone(), client.clone());
-                let tenant = tenant_of(&mut request.tenant, &handler_subjects, &incoming);
-                async move {
-                    if let Err(message) = tenant {
-                        return CatalogPrepareReply {
-                            error: error(codes::REQUEST_INVALID, message),
+            |request: &mut CatalogPrepareRequest| &mut request.tenant,
+            {
+                let client = client.clone();
+                move |request| {
+                    let (prepare, client) = (prepare.clone(), client.clone());
+                    async move {
+                        let reply = prepare.handle(request).await;
+                        fit_reply(&client, reply, |message| CatalogPrepareReply {
+                            error: error(codes::REPLY_TOO_LARGE, message),
                             ..Default::default()
-                        };
+                        })
                     }
-                    let reply = prepare.handle(request).await;
-                    fit_reply(&client, reply, |message| CatalogPrepareReply {
-                        error: error(codes::REPLY_TOO_LARGE, message),
-                        ..Default::default()
-                    })
                 }
             },
         )
         .await?,
-    );
-    let (client, handler_subjects) = (connection.client.clone(), subjects.clone());
-    servers.push(
-        rpc::serve(
+        serve_command(
             &connection,
             subjects.catalog_call_all(),
-            CATALOG_QUEUE_GROUP,
-            shutdown.clone(),
+            &subjects,
+            &shutdown,
             grace,
             |message| CatalogCallReply {
                 error: error(codes::REQUEST_INVALID, message),
                 ..Default::default()
             },
-            move |mut request: CatalogCallRequest, incoming: rpc::Incoming| {
+            |request: &mut CatalogCallRequest| &mut request.tenant,
+            move |request| {
                 let (call, client) = (call.clone(), client.clone());
-                let tenant = tenant_of(&mut request.tenant, &handler_subjects, &incoming);
                 async move {
-                    if let Err(message) = tenant {
-                        return CatalogCallReply {
-                            error: error(codes::REQUEST_INVALID, message),
-                            ..Default::default()
-                        };
-                    }
                     let reply = call.handle(request).await;
                     fit_reply(&client, reply, |message| CatalogCallReply {
                         error: error(codes::REPLY_TOO_LARGE, message),
@@ -243,35 +271,24 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
             },
         )
         .await?,
-    );
-    let handler_subjects = subjects.clone();
-    servers.push(
-        rpc::serve(
+        serve_command(
             &connection,
             subjects.catalog_session_end_all(),
-            CATALOG_QUEUE_GROUP,
-            shutdown.clone(),
+            &subjects,
+            &shutdown,
             grace,
             |message| CatalogEndSessionReply {
                 error: error(codes::REQUEST_INVALID, message),
                 ..Default::default()
             },
-            move |mut request: CatalogEndSessionRequest, incoming: rpc::Incoming| {
+            |request: &mut CatalogEndSessionRequest| &mut request.tenant,
+            move |request| {
                 let end_session = end_session.clone();
-                let tenant = tenant_of(&mut request.tenant, &handler_subjects, &incoming);
-                async move {
-                    match tenant {
-                        Ok(()) => end_session.handle(request).await,
-                        Err(message) => CatalogEndSessionReply {
-                            error: error(codes::REQUEST_INVALID, message),
-                            ..Default::default()
-                        },
-                    }
-                }
+                async move { end_session.handle(request).await }
             },
         )
         .await?,
-    );
+    ];
     // Gate waits, for the latency report: one replica stores each.
     let gate_waits = nats::subscribe(
         &connection,
