@@ -7,7 +7,7 @@
 //!   allow, else live; one Postgres transaction per preparation.
 //! * `<prefix>.catalog.call.<tenant>` starts a pinned server on the first call
 //!   of one of its tools and compares its live catalog with the pin.
-//! * The tenant is the subject's last token, so NATS permissions bind a
+//! * The tenant is the subject's (`Subjects::catalog_tenant`), so NATS permissions bind a
 //!   caller to its own tenant's sessions and tools.
 //! * Once serving, it warms its memory in the background, one server at a time.
 //! * [`latency::report`] aggregates the stored events.
