@@ -177,6 +177,18 @@ impl Subjects {
     pub fn catalog_session_end_all(&self) -> String {
         self.join("catalog.session.end.*")
     }
+    /// catalog: the tenant a request subject names (`<prefix>.catalog.<op>.<tenant>`
+    /// of [`Subjects::catalog_prepare`], [`Subjects::catalog_call`] or
+    /// [`Subjects::catalog_session_end`]); `None` for any other subject.
+    pub fn catalog_tenant<'a>(&self, subject: &'a str) -> Option<&'a str> {
+        let rest = subject
+            .strip_prefix(self.prefix.as_str())?
+            .strip_prefix(".catalog.")?;
+        ["prepare.", "call.", "session.end."]
+            .iter()
+            .find_map(|op| rest.strip_prefix(op))
+            .filter(|tenant| !tenant.is_empty() && !tenant.contains('.'))
+    }
     /// catalog: events of one kind (e.g. `mcp.catalog.changed`).
     pub fn catalog_event(&self, kind: &str) -> String {
         self.join(&format!("events.catalog.{kind}"))
@@ -190,6 +202,26 @@ impl Subjects {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn catalog_tenant_reads_the_request_subjects_it_builds() {
+        let subjects = Subjects::new("a.b").unwrap();
+        for subject in [
+            subjects.catalog_prepare("acme"),
+            subjects.catalog_call("acme"),
+            subjects.catalog_session_end("acme"),
+        ] {
+            assert_eq!(subjects.catalog_tenant(&subject), Some("acme"), "{subject}");
+        }
+        for other in [
+            subjects.gate_turn("acme"),
+            subjects.catalog_event("mcp.tool.called"),
+            Subjects::new("a").unwrap().catalog_call("acme"),
+            "a.b.catalog.call.".to_owned(),
+        ] {
+            assert_eq!(subjects.catalog_tenant(&other), None, "{other}");
+        }
+    }
 
     #[test]
     fn prefix_is_validated() {

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use catalog::config::{CatalogConfig, Limits, ServerConfig, TenantConfig, Transport};
+use catalog::config::{CatalogConfig, Limits, ServerConfig, TenantConfig, TransportSpec};
 use ctxsync_proto::v1::{
     CatalogEndSessionReply, CatalogEndSessionRequest, CatalogPrepareReply, CatalogPrepareRequest,
     catalog_pin::Source,
@@ -54,7 +54,7 @@ fn stdio(
 ) -> ServerConfig {
     ServerConfig {
         id,
-        transport: Transport::Stdio {
+        transport: TransportSpec::Stdio {
             command: command.display().to_string(),
             args,
             env,

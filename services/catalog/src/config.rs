@@ -6,10 +6,13 @@
 //! reference, classification, limits) is a different entry. `enabled` is not
 //! part of it: switching a server off and on again does not change its tools.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
 
+pub use ctxsync_mcp::TransportSpec;
+use ctxsync_mcp::{ServerSpec, TransportKind};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -40,7 +43,7 @@ pub struct ServerConfig {
     pub id: String,
     /// `stdio: {...}` or `streamable_http: {...}` (a one-key map, not a YAML tag).
     #[serde(with = "serde_yaml::with::singleton_map")]
-    pub transport: Transport,
+    pub transport: TransportSpec,
     /// Names the credential the server uses (e.g. a vault path). The catalog
     /// does not resolve it; it is part of the key so a different credential is
     /// a different entry.
@@ -67,64 +70,6 @@ impl fmt::Debug for ServerConfig {
             .field("transport", &self.transport.kind())
             .field("enabled", &self.enabled)
             .finish_non_exhaustive()
-    }
-}
-
-#[derive(Clone, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub enum Transport {
-    Stdio {
-        command: String,
-        #[serde(default)]
-        args: Vec<String>,
-        /// Secret: never logged, stored or sent.
-        #[serde(default)]
-        env: BTreeMap<String, String>,
-        #[serde(default)]
-        cwd: Option<PathBuf>,
-    },
-    StreamableHttp {
-        url: String,
-        /// Secret: never logged, stored or sent.
-        #[serde(default)]
-        headers: BTreeMap<String, String>,
-    },
-}
-
-impl Transport {
-    pub fn kind(&self) -> TransportKind {
-        match self {
-            Self::Stdio { .. } => TransportKind::Stdio,
-            Self::StreamableHttp { .. } => TransportKind::StreamableHttp,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum TransportKind {
-    Stdio,
-    StreamableHttp,
-}
-
-impl TransportKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Stdio => "stdio",
-            Self::StreamableHttp => "streamable_http",
-        }
-    }
-
-    pub fn to_proto(self) -> ctxsync_proto::v1::McpTransport {
-        match self {
-            Self::Stdio => ctxsync_proto::v1::McpTransport::Stdio,
-            Self::StreamableHttp => ctxsync_proto::v1::McpTransport::StreamableHttp,
-        }
-    }
-}
-
-impl fmt::Display for TransportKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
@@ -212,6 +157,14 @@ impl ConfiguredServer {
     pub fn transport_kind(&self) -> TransportKind {
         self.config.transport.kind()
     }
+
+    /// What the MCP client connects to: the server id and its transport.
+    pub fn spec(&self) -> ServerSpec {
+        ServerSpec {
+            name: self.config.id.clone(),
+            transport: self.config.transport.clone(),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -272,13 +225,13 @@ impl CatalogConfig {
                     ));
                 }
                 match &server.transport {
-                    Transport::Stdio { command, .. } if command.trim().is_empty() => {
+                    TransportSpec::Stdio { command, .. } if command.trim().is_empty() => {
                         return Err(format!(
                             "tenant {:?}: server {id:?}: stdio command is empty",
                             tenant.id
                         ));
                     }
-                    Transport::StreamableHttp { url, .. }
+                    TransportSpec::StreamableHttp { url, .. }
                         if !(url.starts_with("http://") || url.starts_with("https://")) =>
                     {
                         // The URL may hold credentials: don't echo it.
@@ -323,6 +276,25 @@ impl CatalogConfig {
             .iter()
             .flat_map(|t| self.enabled_servers(&t.id).unwrap_or_default())
             .collect()
+    }
+}
+
+/// The configuration in force, replaced whole on reload; read by the parts
+/// that need it (preparation, calls, the warm-up) when they start a request.
+#[derive(Debug)]
+pub(crate) struct Current(RwLock<Arc<CatalogConfig>>);
+
+impl Current {
+    pub fn new(config: CatalogConfig) -> Self {
+        Self(RwLock::new(Arc::new(config)))
+    }
+
+    pub fn get(&self) -> Arc<CatalogConfig> {
+        self.0.read().expect("config lock").clone()
+    }
+
+    pub fn replace(&self, config: CatalogConfig) {
+        *self.0.write().expect("config lock") = Arc::new(config);
     }
 }
 

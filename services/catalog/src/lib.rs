@@ -1,5 +1,4 @@
-//! The catalog: the MCP runtime for operator-configured servers (ADR-0131 and
-//! its amendments; DESIGN §5).
+//! The catalog: the MCP runtime for operator-configured servers.
 //!
 //! * It remembers the last successful discovery of every configured server,
 //!   keyed by the server's whole configuration ([`config::ServerKey`]).
@@ -8,240 +7,41 @@
 //!   allow, else live; one Postgres transaction per preparation.
 //! * `<prefix>.catalog.call.<tenant>` starts a pinned server on the first call
 //!   of one of its tools and compares its live catalog with the pin.
-//! * The tenant is the subject's last token, so NATS permissions bind a
+//! * The tenant is the subject's (`Subjects::catalog_tenant`), so NATS permissions bind a
 //!   caller to its own tenant's sessions and tools.
 //! * Once serving, it warms its memory in the background, one server at a time.
 //! * [`latency::report`] aggregates the stored events.
 //!
+//! One part per concern, each owning its data: [`memory`] and `discovery`
+//! (live discovery, which alone writes the memory), one type per command
+//! (`prepare::Prepare`, `call::Call`, `end_session::EndSession`) over the
+//! `sessions` they share, `warmup`, and `events` (storing and publishing).
+//! `service` wires them to NATS. Modules import each other without cycles;
+//! this root only declares and re-exports.
+//!
 //! The config file format is documented in the crate's README.md.
 
+mod call;
 pub mod config;
+mod discovery;
+mod end_session;
+mod events;
 mod gate_waits;
 pub mod latency;
 mod mcp;
 pub mod memory;
 mod prepare;
+mod request;
 pub mod series;
 mod service;
 mod sessions;
+pub mod settings;
 pub mod store;
 pub mod tools;
 mod warmup;
 
-use std::path::PathBuf;
-use std::time::Duration;
-
 pub use config::{CatalogConfig, ConfigError};
+pub use request::{MAX_REQUEST_ID_BYTES, codes};
 pub use service::{Error, Reloader, Running, run, start};
+pub use settings::{CatalogArgs, Config, Settings, WarmupSettings};
 pub use warmup::WarmupStatus;
-
-/// A request's tenant is the last token of its subject
-/// (`<prefix>.catalog.<op>.<tenant>`), which NATS permissions confine to the
-/// caller's own. A tenant named in the body must be that one.
-pub(crate) fn tenant_of(
-    body_tenant: &mut String,
-    incoming: &ctxsync_runtime::rpc::Incoming,
-) -> Result<(), String> {
-    let subject_tenant = incoming.last_token();
-    if body_tenant.is_empty() {
-        subject_tenant.clone_into(body_tenant);
-        return Ok(());
-    }
-    if body_tenant != subject_tenant {
-        return Err(format!(
-            "tenant {:?} in the request differs from the subject's tenant {subject_tenant:?}",
-            body_tenant.chars().take(80).collect::<String>()
-        ));
-    }
-    Ok(())
-}
-
-/// Error codes of [`ctxsync_proto::v1::CatalogError`].
-pub mod codes {
-    pub const TOOL_WITHDRAWN: &str = "tool.withdrawn";
-    pub const TOOL_SERVER_UNREACHABLE: &str = "tool.server_unreachable";
-    pub const TOOL_NOT_FOUND: &str = "tool.not_found";
-    pub const TOOL_TIMEOUT: &str = "tool.timeout";
-    pub const TOOL_CALL_FAILED: &str = "tool.call_failed";
-    pub const TOOL_RESULT_TOO_LARGE: &str = "tool.result_too_large";
-    pub const SERVER_NOT_PINNED: &str = "server.not_pinned";
-    pub const SERVER_NOT_CONFIGURED: &str = "server.not_configured";
-    pub const SESSION_NOT_PREPARED: &str = "session.not_prepared";
-    pub const TENANT_UNKNOWN: &str = "tenant.unknown";
-    pub const REQUEST_INVALID: &str = "request.invalid";
-    pub const INTERNAL: &str = "catalog.internal";
-    /// The answer does not fit in one NATS message (`max_payload`).
-    pub const REPLY_TOO_LARGE: &str = "catalog.reply_too_large";
-}
-
-/// Longest tenant or session id accepted in a request, in bytes.
-pub const MAX_REQUEST_ID_BYTES: usize = 256;
-
-/// Tunables of the service, as durations (the binary reads them in seconds).
-#[derive(Debug, Clone)]
-pub struct Settings {
-    /// How long a streamable-HTTP discovery may be reused (`discovery_reuse_seconds`).
-    pub discovery_reuse: Duration,
-    /// The user-facing handshake bound: preparation and a call's (re)connect.
-    pub connect_timeout: Duration,
-    /// Stdio servers started at once for preparations and calls.
-    pub max_concurrent_starts: usize,
-    /// A session's transports are released after this long without a call.
-    pub session_idle_timeout: Duration,
-    pub warmup: WarmupSettings,
-}
-
-#[derive(Debug, Clone)]
-pub struct WarmupSettings {
-    pub enabled: bool,
-    /// Its own handshake bound: nothing waits on the warm-up.
-    pub connect_timeout: Duration,
-    /// Pause between rounds of retrying the servers that failed.
-    pub retry_interval: Duration,
-    /// Rounds in all, the first included.
-    pub attempts: u32,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Self {
-            discovery_reuse: Duration::from_secs(3600),
-            connect_timeout: Duration::from_secs(10),
-            max_concurrent_starts: 2,
-            session_idle_timeout: Duration::from_secs(600),
-            warmup: WarmupSettings {
-                enabled: true,
-                connect_timeout: Duration::from_secs(60),
-                retry_interval: Duration::from_secs(60),
-                attempts: 5,
-            },
-        }
-    }
-}
-
-/// Everything `start` needs.
-#[derive(Debug, Clone)]
-pub struct Config {
-    pub common: ctxsync_runtime::CommonArgs,
-    pub database: ctxsync_runtime::DatabaseArgs,
-    pub servers: CatalogConfig,
-    pub settings: Settings,
-}
-
-/// The catalog's own flags (every one also an env var).
-#[derive(Debug, Clone, clap::Args)]
-pub struct CatalogArgs {
-    /// The tenants-and-servers YAML file.
-    #[arg(long = "config", env = "CTXSYNC_CATALOG_CONFIG")]
-    pub config: PathBuf,
-
-    /// How long a streamable-HTTP server's discovery is reused, in seconds.
-    #[arg(
-        long,
-        env = "CTXSYNC_CATALOG_DISCOVERY_REUSE_SECONDS",
-        default_value_t = 3600
-    )]
-    pub discovery_reuse_seconds: u64,
-
-    /// Handshake bound when a user waits (preparation, a call's connect), in seconds.
-    #[arg(
-        long,
-        env = "CTXSYNC_CATALOG_CONNECT_TIMEOUT_SECONDS",
-        default_value_t = 10
-    )]
-    pub connect_timeout_seconds: u64,
-
-    /// Stdio servers started at once for preparations and calls.
-    #[arg(
-        long,
-        env = "CTXSYNC_CATALOG_MAX_CONCURRENT_STARTS",
-        default_value_t = 2
-    )]
-    pub max_concurrent_starts: usize,
-
-    /// A session's transports are released after this many seconds without a call.
-    #[arg(
-        long,
-        env = "CTXSYNC_CATALOG_SESSION_IDLE_SECONDS",
-        default_value_t = 600
-    )]
-    pub session_idle_seconds: u64,
-
-    /// Warm the discovery memory after start.
-    #[arg(long, env = "CTXSYNC_CATALOG_WARMUP", default_value_t = true, action = clap::ArgAction::Set)]
-    pub warmup: bool,
-
-    /// The warm-up's handshake bound, in seconds.
-    #[arg(
-        long,
-        env = "CTXSYNC_CATALOG_WARMUP_CONNECT_TIMEOUT_SECONDS",
-        default_value_t = 60
-    )]
-    pub warmup_connect_timeout_seconds: u64,
-
-    /// Seconds between warm-up rounds retrying the servers that failed.
-    #[arg(
-        long,
-        env = "CTXSYNC_CATALOG_WARMUP_RETRY_SECONDS",
-        default_value_t = 60
-    )]
-    pub warmup_retry_seconds: u64,
-
-    /// Warm-up rounds in all; servers still failing after the last are abandoned.
-    #[arg(long, env = "CTXSYNC_CATALOG_WARMUP_ATTEMPTS", default_value_t = 5)]
-    pub warmup_attempts: u32,
-}
-
-impl CatalogArgs {
-    /// Reads the config file and validates the tunables.
-    pub fn into_config(
-        self,
-        common: ctxsync_runtime::CommonArgs,
-        database: ctxsync_runtime::DatabaseArgs,
-    ) -> Result<Config, ConfigError> {
-        let servers = CatalogConfig::load(&self.config)?;
-        let positive = |name: &str, value: u64| {
-            if value == 0 {
-                Err(ConfigError::Invalid(format!("{name} must be at least 1")))
-            } else {
-                Ok(Duration::from_secs(value))
-            }
-        };
-        if self.max_concurrent_starts == 0 {
-            return Err(ConfigError::Invalid(
-                "CTXSYNC_CATALOG_MAX_CONCURRENT_STARTS must be at least 1".into(),
-            ));
-        }
-        if self.warmup_attempts == 0 {
-            return Err(ConfigError::Invalid(
-                "CTXSYNC_CATALOG_WARMUP_ATTEMPTS must be at least 1".into(),
-            ));
-        }
-        Ok(Config {
-            common,
-            database,
-            servers,
-            settings: Settings {
-                discovery_reuse: Duration::from_secs(self.discovery_reuse_seconds),
-                connect_timeout: positive(
-                    "CTXSYNC_CATALOG_CONNECT_TIMEOUT_SECONDS",
-                    self.connect_timeout_seconds,
-                )?,
-                max_concurrent_starts: self.max_concurrent_starts,
-                session_idle_timeout: positive(
-                    "CTXSYNC_CATALOG_SESSION_IDLE_SECONDS",
-                    self.session_idle_seconds,
-                )?,
-                warmup: WarmupSettings {
-                    enabled: self.warmup,
-                    connect_timeout: positive(
-                        "CTXSYNC_CATALOG_WARMUP_CONNECT_TIMEOUT_SECONDS",
-                        self.warmup_connect_timeout_seconds,
-                    )?,
-                    retry_interval: Duration::from_secs(self.warmup_retry_seconds),
-                    attempts: self.warmup_attempts,
-                },
-            },
-        })
-    }
-}

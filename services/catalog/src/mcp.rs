@@ -1,36 +1,11 @@
-//! The catalog's use of the MCP client: configured servers to specs, tool
-//! declarations to catalogs, and errors to sanitized texts.
+//! The catalog's use of the MCP client: tool declarations to catalogs, and
+//! errors to sanitized texts.
 
 use std::time::Duration;
 
-use ctxsync_mcp::{McpError, Sanitizer, ServerSpec, ToolDecl, TransportSpec};
+use ctxsync_mcp::{McpError, Sanitizer, ServerSpec, ToolDecl};
 
-use crate::config::{ConfiguredServer, Transport};
 use crate::tools::{Catalog, Tool};
-
-pub fn spec_of(server: &ConfiguredServer) -> ServerSpec {
-    let transport = match &server.config.transport {
-        Transport::Stdio {
-            command,
-            args,
-            env,
-            cwd,
-        } => TransportSpec::Stdio {
-            command: command.clone(),
-            args: args.clone(),
-            env: env.clone(),
-            cwd: cwd.clone(),
-        },
-        Transport::StreamableHttp { url, headers } => TransportSpec::StreamableHttp {
-            url: url.clone(),
-            headers: headers.clone(),
-        },
-    };
-    ServerSpec {
-        name: server.config.id.clone(),
-        transport,
-    }
-}
 
 pub fn catalog_of(tools: Vec<ToolDecl>) -> Catalog {
     let hash = ctxsync_mcp::catalog_hash(&tools);

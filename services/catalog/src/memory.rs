@@ -9,8 +9,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::config::{ServerKey, TransportKind};
+use crate::config::ServerKey;
 use crate::tools::Catalog;
+use ctxsync_mcp::TransportKind;
 
 #[derive(Clone, Debug)]
 pub struct Remembered {

@@ -6,19 +6,24 @@ use std::time::{Duration, Instant, SystemTime};
 use ctxsync_proto::subjects::{CATALOG_QUEUE_GROUP, Subjects};
 use ctxsync_proto::v1::{
     CatalogCallReply, CatalogCallRequest, CatalogEndSessionReply, CatalogEndSessionRequest,
-    CatalogError, CatalogPrepareReply, CatalogPrepareRequest,
+    CatalogPrepareReply, CatalogPrepareRequest,
 };
 use ctxsync_runtime::{HttpServer, Readiness, Shutdown, db, http, nats, rpc};
 use prost::Message;
-use sqlx::PgPool;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::memory::Memory;
-use crate::sessions::Sessions;
-use crate::store::{self, StoredEvent, WrittenGenerations};
-use crate::warmup::{self, WarmupStatus};
-use crate::{CatalogConfig, Config, Settings, codes};
+use crate::call::Call;
+use crate::config::{CatalogConfig, Current};
+use crate::discovery::Discoverer;
+use crate::end_session::EndSession;
+use crate::events::Events;
+use crate::prepare::Prepare;
+use crate::request::{codes, error, tenant_of};
+use crate::sessions::{self, Sessions};
+use crate::settings::Config;
+use crate::store;
+use crate::warmup::{Warmup, WarmupStatus};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -36,71 +41,74 @@ pub enum Error {
     Bind(#[from] http::BindError),
 }
 
-/// State shared by the request handlers, the warm-up and the session reaper.
-pub(crate) struct Core {
-    servers: std::sync::RwLock<Arc<CatalogConfig>>,
-    pub settings: Settings,
-    pub memory: Memory,
-    pub pool: PgPool,
-    pub nats: async_nats::Client,
-    pub subjects: Subjects,
-    pub written: WrittenGenerations,
-    /// Bounds stdio starts for preparations and calls (not the warm-up's).
-    pub starts: Semaphore,
-    pub sessions: Sessions,
-    /// Servers closing after a discovery; shutdown waits for them.
-    pub closing: tokio_util::task::TaskTracker,
+/// A reply NATS would refuse to carry becomes an error naming the limit
+/// (the requester would otherwise only see a timeout).
+fn fit_reply<R: Message>(
+    client: &async_nats::Client,
+    reply: R,
+    too_large: impl FnOnce(String) -> R,
+) -> R {
+    let max = client.server_info().max_payload;
+    let size = reply.encoded_len();
+    if max > 0 && size > max {
+        metrics::counter!("ctxsync_catalog_replies_too_large_total").increment(1);
+        too_large(format!(
+            "the answer is {size} bytes, over the NATS server's max_payload of {max} bytes"
+        ))
+    } else {
+        reply
+    }
 }
 
-impl Core {
-    /// The server configuration in force now.
-    pub fn config(&self) -> Arc<CatalogConfig> {
-        self.servers.read().expect("config lock").clone()
-    }
-
-    /// A reply NATS would refuse to carry becomes an error naming the limit
-    /// (the requester would otherwise only see a timeout).
-    pub fn fit_reply<R: Message>(&self, reply: R, too_large: impl FnOnce(String) -> R) -> R {
-        let max = self.nats.server_info().max_payload;
-        let size = reply.encoded_len();
-        if max > 0 && size > max {
-            metrics::counter!("ctxsync_catalog_replies_too_large_total").increment(1);
-            too_large(format!(
-                "the answer is {size} bytes, over the NATS server's max_payload of {max} bytes"
-            ))
-        } else {
-            reply
-        }
-    }
-
-    /// Publishes committed events on `<prefix>.events.catalog.<kind>`; a
-    /// failure is logged (the events are stored either way).
-    pub async fn publish(&self, events: &[StoredEvent]) {
-        for event in events {
-            let subject = self.subjects.catalog_event(event.event.kind);
-            let payload = event.to_proto().encode_to_vec();
-            if let Err(error) = self.nats.publish(subject, payload.into()).await {
-                tracing::warn!(%error, kind = event.event.kind, "cannot publish a catalog event");
+/// Serves one command on its subject of every tenant: a request whose body
+/// names another tenant than its subject is refused like a malformed one.
+#[allow(clippy::too_many_arguments)]
+async fn serve_command<Req, Resp, F, Fut>(
+    connection: &nats::NatsConnection,
+    subject: String,
+    subjects: &Subjects,
+    shutdown: &Shutdown,
+    grace: Duration,
+    invalid: fn(String) -> Resp,
+    tenant: fn(&mut Req) -> &mut String,
+    handle: F,
+) -> Result<rpc::Server, nats::SubscribeError>
+where
+    Req: Message + Default + Send + 'static,
+    Resp: Message + Send + 'static,
+    F: Fn(Req) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Resp> + Send + 'static,
+{
+    let subjects = subjects.clone();
+    rpc::serve(
+        connection,
+        subject,
+        CATALOG_QUEUE_GROUP,
+        shutdown.clone(),
+        grace,
+        invalid,
+        move |mut request: Req, incoming: rpc::Incoming| {
+            let answer =
+                tenant_of(tenant(&mut request), &subjects, &incoming).map(|()| handle(request));
+            async move {
+                match answer {
+                    Ok(answer) => answer.await,
+                    Err(message) => invalid(message),
+                }
             }
-        }
-    }
-}
-
-pub(crate) fn error(code: &str, message: impl Into<String>) -> Option<CatalogError> {
-    Some(CatalogError {
-        code: code.to_owned(),
-        message: message.into(),
-    })
+        },
+    )
+    .await
 }
 
 /// Replaces a running catalog's server configuration.
 #[derive(Clone)]
-pub struct Reloader(Arc<Core>);
+pub struct Reloader(Arc<Current>);
 
 impl Reloader {
     pub fn reload(&self, servers: CatalogConfig) {
         let count = servers.all_enabled_servers().len();
-        *self.0.servers.write().expect("config lock") = Arc::new(servers);
+        self.0.replace(servers);
         tracing::info!(servers = count, "catalog config reloaded");
     }
 }
@@ -111,7 +119,9 @@ pub struct Running {
     servers: Vec<rpc::Server>,
     tasks: Vec<JoinHandle<()>>,
     nats: nats::NatsConnection,
-    core: Arc<Core>,
+    config: Arc<Current>,
+    discovery: Arc<Discoverer>,
+    sessions: Arc<Sessions>,
     ready_at: SystemTime,
     warmup: watch::Receiver<WarmupStatus>,
     grace: Duration,
@@ -135,7 +145,7 @@ impl Running {
 
     /// Servers remembered in the discovery memory.
     pub fn remembered(&self) -> usize {
-        self.core.memory.len()
+        self.discovery.memory().len()
     }
 
     /// Replaces the server configuration (e.g. on SIGHUP). Sessions keep
@@ -147,12 +157,12 @@ impl Running {
 
     /// A handle that reloads the configuration while `join` runs.
     pub fn reloader(&self) -> Reloader {
-        Reloader(self.core.clone())
+        Reloader(self.config.clone())
     }
 
     /// Transports open for sessions.
     pub fn open_transports(&self) -> usize {
-        self.core.sessions.open_transports()
+        self.sessions.open_transports()
     }
 
     /// Waits for shutdown: stops taking requests, finishes those in flight,
@@ -164,13 +174,9 @@ impl Running {
         for task in self.tasks {
             let _ = task.await;
         }
-        let released = self.core.sessions.release_all().await;
+        let released = self.sessions.release_all().await;
         tracing::info!(released, "session transports closed");
-        self.core.closing.close();
-        if tokio::time::timeout(self.grace, self.core.closing.wait())
-            .await
-            .is_err()
-        {
+        if !self.discovery.closed_within(self.grace).await {
             tracing::warn!("servers still closing after the shutdown grace are killed");
         }
         nats::drain(&self.nats, self.grace).await;
@@ -187,76 +193,77 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
     store::migrate(&pool).await?;
     let connection = nats::connect(&config.common, "catalog").await?;
     let grace = config.common.shutdown_grace;
-    let core = Arc::new(Core {
-        servers: std::sync::RwLock::new(Arc::new(config.servers)),
-        memory: Memory::new(config.settings.discovery_reuse),
-        starts: Semaphore::new(config.settings.max_concurrent_starts.max(1)),
-        settings: config.settings,
-        pool: pool.clone(),
-        nats: connection.client.clone(),
-        subjects: subjects.clone(),
-        written: WrittenGenerations::default(),
-        sessions: Sessions::default(),
-        closing: tokio_util::task::TaskTracker::new(),
-    });
+    let settings = config.settings;
+    let current = Arc::new(Current::new(config.servers));
+    let discovery = Arc::new(Discoverer::new(
+        settings.discovery_reuse,
+        settings.max_concurrent_starts,
+    ));
+    let events = Arc::new(Events::new(
+        pool.clone(),
+        connection.client.clone(),
+        subjects.clone(),
+    ));
+    let sessions = Arc::new(Sessions::default());
+    let prepare = Arc::new(Prepare::new(
+        current.clone(),
+        discovery.clone(),
+        events.clone(),
+        settings.connect_timeout,
+    ));
+    let call = Arc::new(Call::new(
+        current.clone(),
+        sessions.clone(),
+        discovery.clone(),
+        events.clone(),
+        settings.connect_timeout,
+    ));
+    let end_session = Arc::new(EndSession::new(sessions.clone()));
 
-    let mut servers = Vec::new();
-    let handler_core = core.clone();
-    servers.push(
-        rpc::serve(
+    let client = connection.client.clone();
+    let servers = vec![
+        serve_command(
             &connection,
             subjects.catalog_prepare_all(),
-            CATALOG_QUEUE_GROUP,
-            shutdown.clone(),
+            &subjects,
+            &shutdown,
             grace,
             |message| CatalogPrepareReply {
                 error: error(codes::REQUEST_INVALID, message),
                 ..Default::default()
             },
-            move |mut request: CatalogPrepareRequest, incoming: rpc::Incoming| {
-                let core = handler_core.clone();
-                let tenant = crate::tenant_of(&mut request.tenant, &incoming);
-                async move {
-                    if let Err(message) = tenant {
-                        return CatalogPrepareReply {
-                            error: error(codes::REQUEST_INVALID, message),
+            |request: &mut CatalogPrepareRequest| &mut request.tenant,
+            {
+                let client = client.clone();
+                move |request| {
+                    let (prepare, client) = (prepare.clone(), client.clone());
+                    async move {
+                        let reply = prepare.handle(request).await;
+                        fit_reply(&client, reply, |message| CatalogPrepareReply {
+                            error: error(codes::REPLY_TOO_LARGE, message),
                             ..Default::default()
-                        };
+                        })
                     }
-                    let reply = core.prepare(request).await;
-                    core.fit_reply(reply, |message| CatalogPrepareReply {
-                        error: error(codes::REPLY_TOO_LARGE, message),
-                        ..Default::default()
-                    })
                 }
             },
         )
         .await?,
-    );
-    let handler_core = core.clone();
-    servers.push(
-        rpc::serve(
+        serve_command(
             &connection,
             subjects.catalog_call_all(),
-            CATALOG_QUEUE_GROUP,
-            shutdown.clone(),
+            &subjects,
+            &shutdown,
             grace,
             |message| CatalogCallReply {
                 error: error(codes::REQUEST_INVALID, message),
                 ..Default::default()
             },
-            move |mut request: CatalogCallRequest, incoming: rpc::Incoming| {
-                let core = handler_core.clone();
-                let tenant = crate::tenant_of(&mut request.tenant, &incoming);
+            |request: &mut CatalogCallRequest| &mut request.tenant,
+            move |request| {
+                let (call, client) = (call.clone(), client.clone());
                 async move {
-                    if let Err(message) = tenant {
-                        return CatalogCallReply {
-                            error: error(codes::REQUEST_INVALID, message),
-                            ..Default::default()
-                        };
-                    }
-                    let reply = core.call(request).await;
-                    core.fit_reply(reply, |message| CatalogCallReply {
+                    let reply = call.handle(request).await;
+                    fit_reply(&client, reply, |message| CatalogCallReply {
                         error: error(codes::REPLY_TOO_LARGE, message),
                         ..Default::default()
                     })
@@ -264,35 +271,24 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
             },
         )
         .await?,
-    );
-    let handler_core = core.clone();
-    servers.push(
-        rpc::serve(
+        serve_command(
             &connection,
             subjects.catalog_session_end_all(),
-            CATALOG_QUEUE_GROUP,
-            shutdown.clone(),
+            &subjects,
+            &shutdown,
             grace,
             |message| CatalogEndSessionReply {
                 error: error(codes::REQUEST_INVALID, message),
                 ..Default::default()
             },
-            move |mut request: CatalogEndSessionRequest, incoming: rpc::Incoming| {
-                let core = handler_core.clone();
-                let tenant = crate::tenant_of(&mut request.tenant, &incoming);
-                async move {
-                    match tenant {
-                        Ok(()) => core.end_session(request).await,
-                        Err(message) => CatalogEndSessionReply {
-                            error: error(codes::REQUEST_INVALID, message),
-                            ..Default::default()
-                        },
-                    }
-                }
+            |request: &mut CatalogEndSessionRequest| &mut request.tenant,
+            move |request| {
+                let end_session = end_session.clone();
+                async move { end_session.handle(request).await }
             },
         )
         .await?,
-    );
+    ];
     // Gate waits, for the latency report: one replica stores each.
     let gate_waits = nats::subscribe(
         &connection,
@@ -314,21 +310,28 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
     let ready_at = SystemTime::now();
     let ready_instant = Instant::now();
     tracing::info!(
-        tenants = core.config().tenants.len(),
-        servers = core.config().all_enabled_servers().len(),
+        tenants = current.get().tenants.len(),
+        servers = current.get().all_enabled_servers().len(),
         "catalog serving"
     );
 
     // Only now, with the port bound and the subscriptions up: no server
     // startup competes with becoming ready, and readiness never waits on one.
-    let (warmup_task, warmup) = warmup::spawn(core.clone(), shutdown.clone(), ready_instant);
-    let reaper = crate::sessions::spawn_reaper(core.clone(), shutdown.clone());
+    let (warmup_task, warmup) = Warmup::new(current.clone(), discovery.clone(), events.clone(), settings.warmup)
+        .spawn(shutdown.clone(), ready_instant);
+    let reaper = sessions::spawn_reaper(
+        sessions.clone(),
+        settings.session_idle_timeout,
+        shutdown.clone(),
+    );
     Ok(Running {
         http,
         servers,
         tasks: vec![warmup_task, reaper, gate_waits],
         nats: connection,
-        core,
+        config: current,
+        discovery,
+        sessions,
         ready_at,
         warmup,
         grace,

@@ -13,8 +13,9 @@ use serde_json::Value;
 use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::{PgConnection, PgPool, Row, SqlSafeStr};
 
-use crate::config::{ServerKey, TransportKind};
+use crate::config::ServerKey;
 use crate::tools::{Catalog, Tool};
+use ctxsync_mcp::TransportKind;
 
 /// Payload version of every event this build writes. New fields are additive.
 pub const PAYLOAD_VERSION: i32 = 1;

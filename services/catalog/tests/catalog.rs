@@ -642,7 +642,7 @@ async fn a_tools_list_changed_notification_mid_session_withdraws_the_changed_too
 async fn an_unreachable_server_answers_tool_server_unreachable() {
     let web = mcp_fixture::HttpFixture::start(&[]).await;
     let mut web_config = http("web", web.url());
-    if let catalog::config::Transport::StreamableHttp { headers, .. } = &mut web_config.transport {
+    if let ctxsync_mcp::TransportSpec::StreamableHttp { headers, .. } = &mut web_config.transport {
         headers.insert(
             "Authorization".into(),
             "Bearer top-secret-header-value".into(),

@@ -15,9 +15,10 @@ use tokio::process::{Child, ChildStderr};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::JoinHandle;
 
+use crate::error::McpError;
 use crate::error::chain;
+use crate::spec::{ServerInfo, ServerSpec, ToolDecl, TransportSpec};
 use crate::text::clean_text;
-use crate::{McpError, ServerInfo, ServerSpec, ToolDecl, TransportSpec};
 
 /// How much of a stdio server's stderr is kept for error messages (the tail).
 /// Far more than an error text holds ([`crate::MAX_SANITIZED_LEN`]): the

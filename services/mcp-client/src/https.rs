@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 use ctxsync_tls::rustls::ClientConfig;
 use ctxsync_tls::{PemFile, TlsError};
 
-use crate::McpError;
+use crate::error::McpError;
 
 static TRUST: OnceLock<Arc<ClientConfig>> = OnceLock::new();
 

@@ -3,7 +3,9 @@
 //! * [`Connection::connect`] starts a stdio server as a process-group leader (so
 //!   `npx`/shell grandchildren die with it) or opens a streamable-HTTP session,
 //!   bounded by a handshake timeout (rmcp has none of its own).
-//! * [`discover`] is connect + list tools + close within one deadline.
+//! * [`open_and_list`] is connect + list tools within one deadline, killing
+//!   the server on failure: every caller opens servers through it.
+//!   [`discover`] adds the close, within the same deadline.
 //! * [`catalog_hash`] fingerprints a tool list.
 //! * [`Sanitizer`] must be applied to every error text before it leaves the
 //!   process: [`McpError`]'s `Display` can contain URLs with credentials,
@@ -15,68 +17,22 @@
 mod connection;
 mod error;
 pub mod https;
+mod open;
 mod sanitize;
 mod spec;
 mod text;
-
-use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
 pub use connection::{CallOutcome, ConnectOptions, Connection, STDERR_TAIL_BYTES};
 pub use error::McpError;
+pub use open::{Discovery, OpenError, OpenStep, Opened, discover, open_and_list};
 pub use sanitize::{
     MAX_SANITIZED_LEN, MIN_INHERITED_SECRET_LEN, MIN_SECRET_LEN, REDACTED, Sanitizer,
     is_harmless_env_name, is_secret_env_name, process_env,
 };
 pub use spec::{ServerInfo, ServerSpec, ToolDecl, TransportKind, TransportSpec};
 pub use text::{clean_string, clean_text};
-
-/// The outcome of a one-shot discovery.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Discovery {
-    pub tools: Vec<ToolDecl>,
-    pub server_info: ServerInfo,
-    /// Connect plus list, not counting the close.
-    pub duration: Duration,
-}
-
-/// Connects, lists every tool (following pagination) and closes, all within
-/// `timeout`. A server that does not answer in time is killed (its whole
-/// process group) and `McpError::Timeout` is returned.
-pub async fn discover(spec: &ServerSpec, timeout: Duration) -> Result<Discovery, McpError> {
-    let started = Instant::now();
-    let deadline = started + timeout;
-    let connection = Connection::connect(
-        spec,
-        ConnectOptions {
-            handshake_timeout: timeout,
-            tools_changed: None,
-        },
-    )
-    .await?;
-    let remaining = deadline.saturating_duration_since(Instant::now());
-    let tools = match tokio::time::timeout(remaining, connection.list_tools()).await {
-        Ok(Ok(tools)) => tools,
-        Ok(Err(error)) => {
-            connection.kill().await;
-            return Err(error);
-        }
-        Err(_) => {
-            connection.kill().await;
-            return Err(McpError::Timeout { after: timeout });
-        }
-    };
-    let duration = started.elapsed();
-    let server_info = connection.server_info();
-    let remaining = deadline.saturating_duration_since(Instant::now());
-    connection.close_within(remaining).await;
-    Ok(Discovery {
-        tools,
-        server_info,
-        duration,
-    })
-}
 
 /// SHA-256 (hex) over the tool list sorted by name: the same tools give the same
 /// hash whatever order the server listed them in.

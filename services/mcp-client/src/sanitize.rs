@@ -35,7 +35,7 @@ use std::collections::BTreeSet;
 use aho_corasick::{AhoCorasick, MatchKind};
 use base64::Engine as _;
 
-use crate::{ServerSpec, TransportSpec};
+use crate::spec::{ServerSpec, TransportSpec};
 
 /// Replacement for every secret.
 pub const REDACTED: &str = "[redacted]";

@@ -10,21 +10,46 @@ pub struct ServerSpec {
     pub transport: TransportSpec,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// How to start or reach one MCP server: the one transport type of ctxsync.
+/// The catalog's YAML config deserializes it (`stdio: {...}` or
+/// `streamable_http: {...}`, omitted collections empty) and hashes its
+/// serialization into a server's memory key; the workspace agent builds it
+/// from `.mcp.json` entries.
+///
+/// `env`, `headers`, `args` and the URL may hold secrets: `Debug` shows the
+/// kind only, and every error text that may quote them passes through
+/// [`crate::Sanitizer`].
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum TransportSpec {
     /// A child process speaking MCP on stdin/stdout. It inherits this process's
     /// environment with `env` laid over it.
     Stdio {
         command: String,
+        #[serde(default)]
         args: Vec<String>,
+        /// Secret: never logged, stored or sent.
+        #[serde(default)]
         env: BTreeMap<String, String>,
+        #[serde(default)]
         cwd: Option<PathBuf>,
     },
     /// An MCP streamable-HTTP endpoint; `headers` are sent with every request.
     StreamableHttp {
         url: String,
+        /// Secret: never logged, stored or sent.
+        #[serde(default)]
         headers: BTreeMap<String, String>,
     },
+}
+
+// Hand-written: env values, headers, arguments and URLs are secrets.
+impl std::fmt::Debug for TransportSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransportSpec")
+            .field("kind", &self.kind())
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -38,6 +63,23 @@ impl TransportKind {
         match self {
             TransportKind::Stdio => "stdio",
             TransportKind::StreamableHttp => "streamable_http",
+        }
+    }
+
+    /// The kind as the protobuf contract names it.
+    pub fn to_proto(self) -> ctxsync_proto::v1::McpTransport {
+        match self {
+            TransportKind::Stdio => ctxsync_proto::v1::McpTransport::Stdio,
+            TransportKind::StreamableHttp => ctxsync_proto::v1::McpTransport::StreamableHttp,
+        }
+    }
+
+    /// The kind named by [`TransportKind::as_str`]; `None` for any other text.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "stdio" => Some(TransportKind::Stdio),
+            "streamable_http" => Some(TransportKind::StreamableHttp),
+            _ => None,
         }
     }
 }
@@ -75,4 +117,65 @@ pub struct ServerInfo {
     pub version: String,
     /// The negotiated protocol version, e.g. `2025-11-25`.
     pub protocol_version: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transport_reads_snake_case_with_defaults_and_refuses_unknown_fields() {
+        let stdio: TransportSpec = serde_json::from_str(r#"{"stdio": {"command": "x"}}"#).unwrap();
+        assert_eq!(
+            stdio,
+            TransportSpec::Stdio {
+                command: "x".into(),
+                args: Vec::new(),
+                env: BTreeMap::new(),
+                cwd: None,
+            }
+        );
+        let http: TransportSpec =
+            serde_json::from_str(r#"{"streamable_http": {"url": "http://h/mcp"}}"#).unwrap();
+        assert_eq!(http.kind(), TransportKind::StreamableHttp);
+        let unknown =
+            serde_json::from_str::<TransportSpec>(r#"{"stdio": {"command": "x", "colour": 1}}"#)
+                .unwrap_err();
+        assert!(unknown.to_string().contains("colour"), "{unknown}");
+    }
+
+    #[test]
+    fn debug_shows_the_kind_only() {
+        let spec = ServerSpec {
+            name: "s".into(),
+            transport: TransportSpec::Stdio {
+                command: "/opt/sk-cmd".into(),
+                args: vec!["--token=sk-arg".into()],
+                env: [("K".to_owned(), "sk-env".to_owned())].into(),
+                cwd: Some("/sk-cwd".into()),
+            },
+        };
+        let http = TransportSpec::StreamableHttp {
+            url: "https://u:sk-pass@h/sk-path".into(),
+            headers: [("Authorization".to_owned(), "sk-header".to_owned())].into(),
+        };
+        let text = format!("{spec:?} {http:?}");
+        assert!(!text.contains("sk-"), "{text}");
+        assert!(
+            text.contains("Stdio") && text.contains("StreamableHttp"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn kinds_name_themselves_and_their_proto() {
+        for kind in [TransportKind::Stdio, TransportKind::StreamableHttp] {
+            assert_eq!(TransportKind::from_name(kind.as_str()), Some(kind));
+        }
+        assert_eq!(TransportKind::from_name("sse"), None);
+        assert_eq!(
+            TransportKind::StreamableHttp.to_proto(),
+            ctxsync_proto::v1::McpTransport::StreamableHttp
+        );
+    }
 }

@@ -2,7 +2,8 @@
 //!
 //! * The initial discovery connects every declared server in parallel (at most
 //!   `max_concurrent_connects` handshakes at once), each bounded by the
-//!   handshake timeout (counted from when its turn comes). Each outcome updates
+//!   handshake timeout (connect and `tools/list` together, counted from when
+//!   its turn comes). Each outcome updates
 //!   the report the moment it arrives; a server still connecting has no
 //!   `mcp_server` row yet (its file's `mcp_config` row lists it). The phase is
 //!   PENDING until every server of the initial discovery has succeeded, failed or
@@ -20,7 +21,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ctxsync_mcp::{ConnectOptions, Connection, Sanitizer, ToolDecl};
+use ctxsync_mcp::{Connection, McpError, OpenStep, Sanitizer, ToolDecl};
 use ctxsync_proto::v1::{
     self, ContextResource, ResourceKind, ResourceStatus, context_resource::Body,
     mcp_discovery::Phase,
@@ -474,11 +475,11 @@ impl Actor {
                 self.add(server);
                 continue;
             };
-            if slot.server.def == server.def {
+            if slot.server.transport == server.transport {
                 // Moved between files or unchanged: no reconnect.
                 slot.server.config_path = server.config_path.clone();
                 if let SlotState::Live(live) = &mut slot.state
-                    && live.server.def == server.def
+                    && live.server.transport == server.transport
                 {
                     live.server.config_path = server.config_path;
                 }
@@ -578,7 +579,7 @@ fn server_row(
         warning: warning.to_owned(),
         body: Some(Body::McpServer(v1::McpServer {
             name: name.to_owned(),
-            transport: server.transport() as i32,
+            transport: server.transport.kind().to_proto() as i32,
             config_path: server.config_path.display().to_string(),
             tools: tools
                 .iter()
@@ -592,46 +593,22 @@ fn server_row(
     }
 }
 
-/// Connect plus list, each bounded by `timeout`. The error is raw (unsanitized).
+/// Connect plus list within `timeout`. The error is raw (unsanitized).
 async fn connect_and_list(
     spec: &ctxsync_mcp::ServerSpec,
     timeout: Duration,
     tools_changed: mpsc::UnboundedSender<String>,
 ) -> Result<(Connection, Vec<ToolDecl>), String> {
-    let options = ConnectOptions {
-        handshake_timeout: timeout,
-        tools_changed: Some(tools_changed),
-    };
-    let timed_out = || {
-        format!(
-            "no answer from the server within {} (handshake timeout)",
-            humantime::format_duration(timeout)
-        )
-    };
-    // The client bounds the handshake itself; this outer bound is a backstop.
-    let connection = match tokio::time::timeout(
-        timeout + Duration::from_secs(2),
-        Connection::connect(spec, options),
-    )
-    .await
-    {
-        Ok(Ok(connection)) => connection,
-        Ok(Err(error)) => return Err(error.to_string()),
-        Err(_) => return Err(timed_out()),
-    };
-    match tokio::time::timeout(timeout, connection.list_tools()).await {
-        Ok(Ok(tools)) => Ok((connection, tools)),
-        Ok(Err(error)) => {
-            connection.kill().await;
-            Err(format!("tools/list failed: {error}"))
-        }
-        Err(_) => {
-            connection.kill().await;
-            Err(format!(
+    match ctxsync_mcp::open_and_list(spec, timeout, Some(tools_changed)).await {
+        Ok(opened) => Ok((opened.connection, opened.tools)),
+        Err(failed) => Err(match (failed.step, failed.error) {
+            (OpenStep::ListTools, McpError::Timeout { .. }) => format!(
                 "tools/list did not answer within {}",
                 humantime::format_duration(timeout)
-            ))
-        }
+            ),
+            (OpenStep::ListTools, error) => format!("tools/list failed: {error}"),
+            (OpenStep::Connect, error) => error.to_string(),
+        }),
     }
 }
 

@@ -28,8 +28,7 @@ pub mod watch;
 pub use agent::{AgentConfig, AgentError, Running, run, start};
 pub use context_config::ContextConfig;
 pub use discovery::DiscoverySettings;
-pub use publisher::{AgentToken, Backoff, PublishError, PublishStatus, Publisher, PublisherConfig};
+pub use publisher::{
+    AGENT_VERSION, AgentToken, Backoff, PublishError, PublishStatus, Publisher, PublisherConfig,
+};
 pub use report::Report;
-
-/// Sent in Startup as `agent_version`.
-pub const AGENT_VERSION: &str = concat!("workspace-agent/", env!("CARGO_PKG_VERSION"));

@@ -24,7 +24,7 @@ use std::io::{ErrorKind, Read};
 use std::path::{Path, PathBuf};
 
 use ctxsync_mcp::{ServerSpec, TransportSpec};
-use ctxsync_proto::v1::{self, McpTransport, ResourceKind, ResourceStatus, context_resource::Body};
+use ctxsync_proto::v1::{self, ResourceKind, ResourceStatus, context_resource::Body};
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
@@ -38,26 +38,12 @@ pub fn config_source(path: &Path) -> String {
     format!("mcp_config:{}", path.display())
 }
 
-/// How to start or reach one server, as configured (after `${VAR}` expansion).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ServerDef {
-    Stdio {
-        command: String,
-        args: Vec<String>,
-        env: BTreeMap<String, String>,
-        cwd: Option<PathBuf>,
-    },
-    StreamableHttp {
-        url: String,
-        headers: BTreeMap<String, String>,
-    },
-}
-
 /// A server declared by a config file (the first occurrence of its name).
 #[derive(Clone, PartialEq, Eq)]
 pub struct DeclaredServer {
     pub name: String,
-    pub def: ServerDef,
+    /// As configured, after `${VAR}` expansion.
+    pub transport: TransportSpec,
     pub config_path: PathBuf,
 }
 
@@ -66,41 +52,17 @@ impl fmt::Debug for DeclaredServer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DeclaredServer")
             .field("name", &self.name)
-            .field("transport", &self.transport())
+            .field("transport", &self.transport.kind())
             .field("config_path", &self.config_path)
             .finish_non_exhaustive()
     }
 }
 
 impl DeclaredServer {
-    pub fn transport(&self) -> McpTransport {
-        match self.def {
-            ServerDef::Stdio { .. } => McpTransport::Stdio,
-            ServerDef::StreamableHttp { .. } => McpTransport::StreamableHttp,
-        }
-    }
-
     pub fn spec(&self) -> ServerSpec {
-        let transport = match &self.def {
-            ServerDef::Stdio {
-                command,
-                args,
-                env,
-                cwd,
-            } => TransportSpec::Stdio {
-                command: command.clone(),
-                args: args.clone(),
-                env: env.clone(),
-                cwd: cwd.clone(),
-            },
-            ServerDef::StreamableHttp { url, headers } => TransportSpec::StreamableHttp {
-                url: url.clone(),
-                headers: headers.clone(),
-            },
-        };
         ServerSpec {
             name: self.name.clone(),
-            transport,
+            transport: self.transport.clone(),
         }
     }
 }
@@ -158,10 +120,10 @@ pub fn load(
         let mut errors = Vec::new();
         let mut warnings = parsed.warnings;
         let mut names = Vec::new();
-        for (name, def) in parsed.servers {
+        for (name, transport) in parsed.servers {
             names.push(name.clone());
-            let def = match def {
-                Ok(def) => def,
+            let transport = match transport {
+                Ok(transport) => transport,
                 Err(error) => {
                     errors.push(error);
                     continue;
@@ -177,7 +139,7 @@ pub fn load(
             first_declared.insert(name.clone(), path.clone());
             out.servers.push(DeclaredServer {
                 name,
-                def,
+                transport,
                 config_path: path.clone(),
             });
         }
@@ -234,7 +196,7 @@ fn read_config(path: &Path) -> Result<Option<String>, Failure> {
 /// One file's servers in file order, each valid or with its error.
 #[derive(Debug)]
 pub struct ParsedConfig {
-    pub servers: Vec<(String, Result<ServerDef, String>)>,
+    pub servers: Vec<(String, Result<TransportSpec, String>)>,
     pub warnings: Vec<String>,
 }
 
@@ -260,8 +222,8 @@ pub fn parse(
     let servers = entries
         .into_iter()
         .map(|(name, value)| {
-            let def = server_def(&name, &value, env, home, working_dir, &mut warnings);
-            (name, def)
+            let transport = transport_of(&name, &value, env, home, working_dir, &mut warnings);
+            (name, transport)
         })
         .collect();
     Ok(ParsedConfig { servers, warnings })
@@ -286,14 +248,14 @@ pub fn check_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn server_def(
+fn transport_of(
     name: &str,
     value: &Value,
     env: &BTreeMap<String, String>,
     home: Option<&Path>,
     working_dir: Option<&Path>,
     warnings: &mut Vec<String>,
-) -> Result<ServerDef, String> {
+) -> Result<TransportSpec, String> {
     check_name(name)?;
     let err = |what: &str| format!("server {name:?}: {what}");
     let object = value
@@ -361,7 +323,7 @@ fn server_def(
                     err("\"cwd\" is relative and the agent has no working directory")
                 })?),
             };
-            Ok(ServerDef::Stdio {
+            Ok(TransportSpec::Stdio {
                 command,
                 args,
                 env: env_values,
@@ -381,7 +343,7 @@ fn server_def(
                     )))
                 });
             }
-            Ok(ServerDef::StreamableHttp { url, headers })
+            Ok(TransportSpec::StreamableHttp { url, headers })
         }
     }
 }
@@ -558,20 +520,20 @@ mod tests {
             ["z-cmd", "a-url", "typed-http", "typed-stdio"],
             "file order"
         );
-        let defs: Vec<&ServerDef> = parsed
+        let defs: Vec<&TransportSpec> = parsed
             .servers
             .iter()
             .map(|(_, d)| d.as_ref().unwrap())
             .collect();
         assert!(
-            matches!(defs[0], ServerDef::Stdio { command, args, .. } if command == "npx" && args == &["-y", "pkg"])
+            matches!(defs[0], TransportSpec::Stdio { command, args, .. } if command == "npx" && args == &["-y", "pkg"])
         );
         assert!(
-            matches!(defs[1], ServerDef::StreamableHttp { url, .. } if url == "http://127.0.0.1:1/mcp")
+            matches!(defs[1], TransportSpec::StreamableHttp { url, .. } if url == "http://127.0.0.1:1/mcp")
         );
-        assert!(matches!(defs[2], ServerDef::StreamableHttp { .. }));
+        assert!(matches!(defs[2], TransportSpec::StreamableHttp { .. }));
         assert!(
-            matches!(defs[3], ServerDef::Stdio { cwd: Some(cwd), .. } if cwd == Path::new("/work/ws/sub"))
+            matches!(defs[3], TransportSpec::Stdio { cwd: Some(cwd), .. } if cwd == Path::new("/work/ws/sub"))
         );
     }
 
@@ -584,13 +546,13 @@ mod tests {
             }}"#,
             &[("GH_TOKEN", "ghp_secret"), ("A", "1")],
         );
-        let ServerDef::Stdio { env, .. } = parsed.servers[0].1.as_ref().unwrap() else {
+        let TransportSpec::Stdio { env, .. } = parsed.servers[0].1.as_ref().unwrap() else {
             panic!()
         };
         assert_eq!(env["TOKEN"], "ghp_secret");
         assert_eq!(env["MIX"], "a-1-dflt-$A");
         assert_eq!(env["GONE"], "");
-        let ServerDef::StreamableHttp { headers, .. } = parsed.servers[1].1.as_ref().unwrap()
+        let TransportSpec::StreamableHttp { headers, .. } = parsed.servers[1].1.as_ref().unwrap()
         else {
             panic!()
         };
@@ -757,7 +719,7 @@ mod tests {
             ]
         );
         assert!(
-            matches!(&configs.servers[0].def, ServerDef::Stdio { command, .. } if command == "first")
+            matches!(&configs.servers[0].transport, TransportSpec::Stdio { command, .. } if command == "first")
         );
         assert!(configs.files[0].warning.is_empty());
         assert_eq!(configs.files[1].status, ResourceStatus::Ok as i32);
@@ -787,7 +749,7 @@ mod tests {
     fn debug_output_hides_configured_values() {
         let server = DeclaredServer {
             name: "s".into(),
-            def: ServerDef::Stdio {
+            transport: TransportSpec::Stdio {
                 command: "x".into(),
                 args: vec!["--token=sk-live-123".into()],
                 env: BTreeMap::new(),

@@ -29,6 +29,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::report::SharedReport;
 
+/// Sent in Startup as `agent_version`.
+pub const AGENT_VERSION: &str = concat!("workspace-agent/", env!("CARGO_PKG_VERSION"));
+
 pub const STARTUP_PATH: &str = "/api/v1/agent/startup";
 pub const PUSH_PATH: &str = "/api/v1/agent/context-state";
 const PROTOBUF: &str = "application/x-protobuf";
@@ -131,7 +134,7 @@ impl PublisherConfig {
             ingest_url: ingest_url.into(),
             ingest_ca_file: None,
             token,
-            agent_version: crate::AGENT_VERSION.to_owned(),
+            agent_version: AGENT_VERSION.to_owned(),
             request_timeout: Duration::from_secs(10),
             backoff: Backoff::default(),
             reannounce_interval: DEFAULT_REANNOUNCE_INTERVAL,

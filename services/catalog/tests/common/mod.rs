@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use catalog::config::{CatalogConfig, Limits, ServerConfig, TenantConfig, Transport};
+use catalog::config::{CatalogConfig, Limits, ServerConfig, TenantConfig};
 use catalog::{Running, Settings, WarmupSettings};
 use ctxsync_mcp::{ServerSpec, TransportSpec};
 use ctxsync_proto::Message;
@@ -24,26 +24,9 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A server config from an MCP client spec.
 pub fn server(id: &str, spec: &ServerSpec) -> ServerConfig {
-    let transport = match &spec.transport {
-        TransportSpec::Stdio {
-            command,
-            args,
-            env,
-            cwd,
-        } => Transport::Stdio {
-            command: command.clone(),
-            args: args.clone(),
-            env: env.clone(),
-            cwd: cwd.clone(),
-        },
-        TransportSpec::StreamableHttp { url, headers } => Transport::StreamableHttp {
-            url: url.clone(),
-            headers: headers.clone(),
-        },
-    };
     ServerConfig {
         id: id.to_owned(),
-        transport,
+        transport: spec.transport.clone(),
         credential_ref: None,
         classification: None,
         limits: Limits::default(),
@@ -62,7 +45,7 @@ pub fn fixture(id: &str, record_dir: &Path, args: &[&str]) -> ServerConfig {
 pub fn http(id: &str, url: &str) -> ServerConfig {
     ServerConfig {
         id: id.to_owned(),
-        transport: Transport::StreamableHttp {
+        transport: TransportSpec::StreamableHttp {
             url: url.to_owned(),
             headers: BTreeMap::new(),
         },

@@ -1,0 +1,210 @@
+//! Live discovery: starting or opening a configured server and listing its
+//! tools. It alone writes the memory: a success replaces the server's entry,
+//! a failure forgets it. It bounds the stdio servers started at once for
+//! users (preparations and calls; the warm-up runs on its own) and tracks the
+//! servers closing after a discovery, so shutdown can wait for them.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ctxsync_mcp::{Connection, McpError, TransportKind};
+use tokio::sync::{Semaphore, SemaphorePermit, mpsc};
+use tokio_util::task::TaskTracker;
+
+use crate::config::ConfiguredServer;
+use crate::events::ms;
+use crate::mcp::{self, Failure};
+use crate::memory::Memory;
+use crate::tools::Catalog;
+
+/// Why a live discovery ran: it is timed and labelled by cause.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cause {
+    Preparation,
+    Call,
+    Warmup,
+}
+
+impl Cause {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Preparation => "preparation",
+            Self::Call => "call",
+            Self::Warmup => "warmup",
+        }
+    }
+}
+
+/// A successful live discovery.
+pub(crate) struct Live {
+    pub catalog: Arc<Catalog>,
+    pub duration: Duration,
+}
+
+/// A server opened for a session's calls: its connection stays open.
+pub(crate) struct OpenServer {
+    pub connection: Connection,
+    pub catalog: Arc<Catalog>,
+    pub duration: Duration,
+    /// The server's `tools/list_changed` notifications.
+    pub tools_changed: mpsc::UnboundedReceiver<String>,
+}
+
+pub(crate) struct Discoverer {
+    memory: Memory,
+    /// Bounds stdio starts for preparations and calls (not the warm-up's).
+    starts: Semaphore,
+    /// Servers closing after a discovery; shutdown waits for them.
+    closing: TaskTracker,
+}
+
+impl Discoverer {
+    pub fn new(http_reuse: Duration, max_concurrent_starts: usize) -> Self {
+        Self {
+            memory: Memory::new(http_reuse),
+            starts: Semaphore::new(max_concurrent_starts.max(1)),
+            closing: TaskTracker::new(),
+        }
+    }
+
+    /// What the memory says, for pinning without a start.
+    pub fn memory(&self) -> &Memory {
+        &self.memory
+    }
+
+    /// Discovers `server` live: connect, list, close (in the background for
+    /// a user, before returning for the warm-up, which goes strictly one
+    /// server at a time).
+    pub async fn discover(
+        &self,
+        server: &ConfiguredServer,
+        timeout: Duration,
+        cause: Cause,
+    ) -> Result<Live, Failure> {
+        // The warm-up never takes a start slot from a user.
+        let _permit = if cause == Cause::Warmup {
+            None
+        } else {
+            self.start_slot(server).await
+        };
+        let spec = server.spec();
+        let started = Instant::now();
+        let result = if cause == Cause::Warmup {
+            ctxsync_mcp::discover(&spec, timeout)
+                .await
+                .map(|discovery| (discovery.tools, discovery.duration))
+        } else {
+            // A user waits for the tools, not for the server to exit.
+            ctxsync_mcp::open_and_list(&spec, timeout, None)
+                .await
+                .map(|opened| {
+                    self.closing.spawn(opened.connection.close());
+                    (opened.tools, opened.duration)
+                })
+                .map_err(|failed| failed.error)
+        };
+        match result {
+            Ok((tools, duration)) => {
+                let catalog = self.succeeded(server, tools, duration, cause);
+                tracing::debug!(
+                    tenant = %server.tenant, server = server.id(), cause = cause.as_str(),
+                    tools = catalog.tools.len(), duration_ms = ms(duration),
+                    "live discovery"
+                );
+                Ok(Live { catalog, duration })
+            }
+            Err(error) => Err(self.failed(server, &error, started.elapsed(), cause)),
+        }
+    }
+
+    /// Starts or opens `server` for a session's calls and lists its tools
+    /// within `timeout`: a live discovery whose connection stays open.
+    pub async fn open(
+        &self,
+        server: &ConfiguredServer,
+        timeout: Duration,
+    ) -> Result<OpenServer, Failure> {
+        let _permit = self.start_slot(server).await;
+        let (sender, tools_changed) = mpsc::unbounded_channel();
+        let started = Instant::now();
+        match ctxsync_mcp::open_and_list(&server.spec(), timeout, Some(sender)).await {
+            Ok(opened) => Ok(OpenServer {
+                catalog: self.succeeded(server, opened.tools, opened.duration, Cause::Call),
+                connection: opened.connection,
+                duration: opened.duration,
+                tools_changed,
+            }),
+            Err(failed) => {
+                let failure = self.failed(server, &failed.error, started.elapsed(), Cause::Call);
+                tracing::info!(server = server.id(), error = %failure.message, "call-time connect failed");
+                Err(failure)
+            }
+        }
+    }
+
+    /// An open server listed its tools again (after `tools/list_changed`):
+    /// the list replaces the memory entry.
+    pub fn relisted(&self, server: &ConfiguredServer, catalog: Arc<Catalog>) {
+        self.memory
+            .remember(&server.key, server.transport_kind(), catalog);
+    }
+
+    /// Waits until every server closing after a discovery has exited, at
+    /// most `grace`; returns whether they all did.
+    pub async fn closed_within(&self, grace: Duration) -> bool {
+        self.closing.close();
+        tokio::time::timeout(grace, self.closing.wait())
+            .await
+            .is_ok()
+    }
+
+    async fn start_slot(&self, server: &ConfiguredServer) -> Option<SemaphorePermit<'_>> {
+        if server.transport_kind() != TransportKind::Stdio {
+            return None;
+        }
+        Some(
+            self.starts
+                .acquire()
+                .await
+                .expect("start semaphore never closes"),
+        )
+    }
+
+    fn succeeded(
+        &self,
+        server: &ConfiguredServer,
+        tools: Vec<ctxsync_mcp::ToolDecl>,
+        duration: Duration,
+        cause: Cause,
+    ) -> Arc<Catalog> {
+        let kind = server.transport_kind();
+        let catalog = Arc::new(mcp::catalog_of(tools));
+        self.memory.remember(&server.key, kind, catalog.clone());
+        metrics::histogram!(
+            "ctxsync_catalog_handshake_seconds",
+            "transport" => kind.as_str(),
+            "cause" => cause.as_str(),
+        )
+        .record(duration.as_secs_f64());
+        catalog
+    }
+
+    fn failed(
+        &self,
+        server: &ConfiguredServer,
+        error: &McpError,
+        duration: Duration,
+        cause: Cause,
+    ) -> Failure {
+        self.memory.forget(&server.key);
+        let failure = Failure::from_error(&server.spec(), error, duration);
+        metrics::counter!(
+            "ctxsync_catalog_handshake_failures_total",
+            "transport" => server.transport_kind().as_str(),
+            "cause" => cause.as_str(),
+            "kind" => failure.kind,
+        )
+        .increment(1);
+        failure
+    }
+}

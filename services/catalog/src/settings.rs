@@ -1,0 +1,175 @@
+//! The service's tunables and its flags (every one also an env var).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::config::{CatalogConfig, ConfigError};
+
+/// Tunables of the service, as durations (the binary reads them in seconds).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// How long a streamable-HTTP discovery may be reused (`discovery_reuse_seconds`).
+    pub discovery_reuse: Duration,
+    /// The user-facing handshake bound: preparation and a call's (re)connect.
+    pub connect_timeout: Duration,
+    /// Stdio servers started at once for preparations and calls.
+    pub max_concurrent_starts: usize,
+    /// A session's transports are released after this long without a call.
+    pub session_idle_timeout: Duration,
+    pub warmup: WarmupSettings,
+}
+
+#[derive(Debug, Clone)]
+pub struct WarmupSettings {
+    pub enabled: bool,
+    /// Its own handshake bound: nothing waits on the warm-up.
+    pub connect_timeout: Duration,
+    /// Pause between rounds of retrying the servers that failed.
+    pub retry_interval: Duration,
+    /// Rounds in all, the first included.
+    pub attempts: u32,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            discovery_reuse: Duration::from_secs(3600),
+            connect_timeout: Duration::from_secs(10),
+            max_concurrent_starts: 2,
+            session_idle_timeout: Duration::from_secs(600),
+            warmup: WarmupSettings {
+                enabled: true,
+                connect_timeout: Duration::from_secs(60),
+                retry_interval: Duration::from_secs(60),
+                attempts: 5,
+            },
+        }
+    }
+}
+
+/// Everything `start` needs.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub common: ctxsync_runtime::CommonArgs,
+    pub database: ctxsync_runtime::DatabaseArgs,
+    pub servers: CatalogConfig,
+    pub settings: Settings,
+}
+
+/// The catalog's own flags (every one also an env var).
+#[derive(Debug, Clone, clap::Args)]
+pub struct CatalogArgs {
+    /// The tenants-and-servers YAML file.
+    #[arg(long = "config", env = "CTXSYNC_CATALOG_CONFIG")]
+    pub config: PathBuf,
+
+    /// How long a streamable-HTTP server's discovery is reused, in seconds.
+    #[arg(
+        long,
+        env = "CTXSYNC_CATALOG_DISCOVERY_REUSE_SECONDS",
+        default_value_t = 3600
+    )]
+    pub discovery_reuse_seconds: u64,
+
+    /// Handshake bound when a user waits (preparation, a call's connect), in seconds.
+    #[arg(
+        long,
+        env = "CTXSYNC_CATALOG_CONNECT_TIMEOUT_SECONDS",
+        default_value_t = 10
+    )]
+    pub connect_timeout_seconds: u64,
+
+    /// Stdio servers started at once for preparations and calls.
+    #[arg(
+        long,
+        env = "CTXSYNC_CATALOG_MAX_CONCURRENT_STARTS",
+        default_value_t = 2
+    )]
+    pub max_concurrent_starts: usize,
+
+    /// A session's transports are released after this many seconds without a call.
+    #[arg(
+        long,
+        env = "CTXSYNC_CATALOG_SESSION_IDLE_SECONDS",
+        default_value_t = 600
+    )]
+    pub session_idle_seconds: u64,
+
+    /// Warm the discovery memory after start.
+    #[arg(long, env = "CTXSYNC_CATALOG_WARMUP", default_value_t = true, action = clap::ArgAction::Set)]
+    pub warmup: bool,
+
+    /// The warm-up's handshake bound, in seconds.
+    #[arg(
+        long,
+        env = "CTXSYNC_CATALOG_WARMUP_CONNECT_TIMEOUT_SECONDS",
+        default_value_t = 60
+    )]
+    pub warmup_connect_timeout_seconds: u64,
+
+    /// Seconds between warm-up rounds retrying the servers that failed.
+    #[arg(
+        long,
+        env = "CTXSYNC_CATALOG_WARMUP_RETRY_SECONDS",
+        default_value_t = 60
+    )]
+    pub warmup_retry_seconds: u64,
+
+    /// Warm-up rounds in all; servers still failing after the last are abandoned.
+    #[arg(long, env = "CTXSYNC_CATALOG_WARMUP_ATTEMPTS", default_value_t = 5)]
+    pub warmup_attempts: u32,
+}
+
+impl CatalogArgs {
+    /// Reads the config file and validates the tunables.
+    pub fn into_config(
+        self,
+        common: ctxsync_runtime::CommonArgs,
+        database: ctxsync_runtime::DatabaseArgs,
+    ) -> Result<Config, ConfigError> {
+        let servers = CatalogConfig::load(&self.config)?;
+        let positive = |name: &str, value: u64| {
+            if value == 0 {
+                Err(ConfigError::Invalid(format!("{name} must be at least 1")))
+            } else {
+                Ok(Duration::from_secs(value))
+            }
+        };
+        if self.max_concurrent_starts == 0 {
+            return Err(ConfigError::Invalid(
+                "CTXSYNC_CATALOG_MAX_CONCURRENT_STARTS must be at least 1".into(),
+            ));
+        }
+        if self.warmup_attempts == 0 {
+            return Err(ConfigError::Invalid(
+                "CTXSYNC_CATALOG_WARMUP_ATTEMPTS must be at least 1".into(),
+            ));
+        }
+        Ok(Config {
+            common,
+            database,
+            servers,
+            settings: Settings {
+                discovery_reuse: Duration::from_secs(self.discovery_reuse_seconds),
+                connect_timeout: positive(
+                    "CTXSYNC_CATALOG_CONNECT_TIMEOUT_SECONDS",
+                    self.connect_timeout_seconds,
+                )?,
+                max_concurrent_starts: self.max_concurrent_starts,
+                session_idle_timeout: positive(
+                    "CTXSYNC_CATALOG_SESSION_IDLE_SECONDS",
+                    self.session_idle_seconds,
+                )?,
+                warmup: WarmupSettings {
+                    enabled: self.warmup,
+                    connect_timeout: positive(
+                        "CTXSYNC_CATALOG_WARMUP_CONNECT_TIMEOUT_SECONDS",
+                        self.warmup_connect_timeout_seconds,
+                    )?,
+                    retry_interval: Duration::from_secs(self.warmup_retry_seconds),
+                    attempts: self.warmup_attempts,
+                },
+            },
+        })
+    }
+}
