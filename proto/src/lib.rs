@@ -14,13 +14,15 @@ pub mod wire;
 pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/ctxsync.v1.rs"));
     include!(concat!(env!("OUT_DIR"), "/ctxsync.v1.serde.rs"));
+
+    /// The protobuf descriptor set of every ctxsync message (for reflection and tooling).
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        include_bytes!(concat!(env!("OUT_DIR"), "/ctxsync_descriptor.bin"));
 }
 
 pub use prost::Message;
 
-/// The protobuf descriptor set of every ctxsync message (for reflection and tooling).
-pub const FILE_DESCRIPTOR_SET: &[u8] =
-    include_bytes!(concat!(env!("OUT_DIR"), "/ctxsync_descriptor.bin"));
+pub use v1::FILE_DESCRIPTOR_SET;
 
 /// Limits of the agent API, enforced at agent-ingest and again at the store.
 pub mod limits {

@@ -153,6 +153,12 @@ impl Subjects {
         self.join("events.gate.waited")
     }
 
+    /// The benchmark's raw floors (`pubsub`, `echo`): plain NATS traffic of
+    /// the same shape as the services', under the same prefix.
+    pub fn bench_floor(&self, name: &str) -> String {
+        self.join(&format!("bench.floor.{name}"))
+    }
+
     /// catalog: prepare a session of `tenant`'s catalog (request/reply).
     pub fn catalog_prepare(&self, tenant: &str) -> String {
         self.join(&format!("catalog.prepare.{tenant}"))

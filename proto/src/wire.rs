@@ -2,7 +2,7 @@
 //!
 //! prost skips fields it does not know; pbjson refuses them in JSON. So that
 //! both encodings say no to the same thing, [`check_known_fields`] walks an
-//! encoded message against the descriptors of [`crate::FILE_DESCRIPTOR_SET`]
+//! encoded message against the descriptors of [`crate::v1::FILE_DESCRIPTOR_SET`]
 //! and names the first field number the contract does not define, with where
 //! it is (`unknown field 99 in ctxsync.v1.PushContextStateRequest.resources[2]`).
 //!
@@ -87,7 +87,7 @@ struct Schema {
 fn schema() -> &'static Schema {
     static SCHEMA: OnceLock<Schema> = OnceLock::new();
     SCHEMA.get_or_init(|| {
-        let set = FileDescriptorSet::decode(crate::FILE_DESCRIPTOR_SET)
+        let set = FileDescriptorSet::decode(crate::v1::FILE_DESCRIPTOR_SET)
             .expect("the embedded descriptor set decodes");
         Schema::from_descriptors(&set)
     })

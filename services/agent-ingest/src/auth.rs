@@ -12,7 +12,7 @@ use ctxsync_proto::v1::{AuthenticateAgentReply, AuthenticateAgentRequest};
 use ctxsync_runtime::rpc;
 use sha2::{Digest, Sha256};
 
-use crate::ApiError;
+use crate::error::ApiError;
 
 /// Entries beyond this are evicted wholesale: a bound, not an LRU, is enough here.
 const MAX_CACHED_TOKENS: usize = 100_000;

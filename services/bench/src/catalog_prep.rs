@@ -16,9 +16,9 @@ use ctxsync_proto::v1::{
 use ctxsync_runtime::rpc;
 use serde::Serialize;
 
-use super::env::Env;
-use super::stats::Latency;
-use super::{BenchError, Progress, Sizes, Step};
+use crate::env::Env;
+use crate::stats::Latency;
+use crate::steps::{BenchError, Progress, Sizes, Step};
 
 const TENANT: &str = "bench";
 const PREPARE_TIMEOUT: Duration = Duration::from_secs(120);

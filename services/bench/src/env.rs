@@ -21,7 +21,7 @@ use serde::Serialize;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
-use super::{BenchArgs, BenchError, Step};
+use crate::steps::{BenchArgs, BenchError, Step};
 
 /// Bound of one call the bench makes to a service (waits included).
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(300);

@@ -9,9 +9,9 @@ use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::env::Env;
-use super::stats::Latency;
-use super::{BenchError, Sizes, Step};
+use crate::env::Env;
+use crate::stats::Latency;
+use crate::steps::{BenchError, Sizes, Step};
 
 const WARMUP: usize = 50;
 const PAYLOAD: &[u8] = &[b'x'; 128];
@@ -47,7 +47,7 @@ async fn connect(env: &Env, name: &str) -> Result<async_nats::Client, BenchError
 pub async fn pub_sub(env: &Env, samples: usize) -> Result<Latency, BenchError> {
     let publisher = connect(env, "bench-floor-pub").await?;
     let subscriber = connect(env, "bench-floor-sub").await?;
-    let subject = format!("{}.bench.floor.pubsub", env.subjects.prefix());
+    let subject = env.subjects.bench_floor("pubsub");
     let mut messages = subscriber
         .subscribe(subject.clone())
         .await
@@ -77,7 +77,7 @@ pub async fn pub_sub(env: &Env, samples: usize) -> Result<Latency, BenchError> {
 pub async fn request_reply(env: &Env, samples: usize) -> Result<Latency, BenchError> {
     let requester = connect(env, "bench-floor-req").await?;
     let responder = connect(env, "bench-floor-rep").await?;
-    let subject = format!("{}.bench.floor.echo", env.subjects.prefix());
+    let subject = env.subjects.bench_floor("echo");
     let mut requests = responder
         .subscribe(subject.clone())
         .await
@@ -126,7 +126,7 @@ struct RawRows {
 
 fn raw_rows(counter: u64) -> RawRows {
     use prost::Message;
-    let resources = super::push::resources(counter);
+    let resources = crate::push::resources(counter);
     RawRows {
         sources: resources.iter().map(|r| r.source.clone()).collect(),
         positions: (0..resources.len() as i32).collect(),

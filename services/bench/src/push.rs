@@ -11,9 +11,9 @@ use ctxsync_proto::v1::{
 use prost::Message;
 use serde::Serialize;
 
-use super::env::{BenchAgent, Env};
-use super::stats::Latency;
-use super::{BenchError, Sizes, Step};
+use crate::env::{BenchAgent, Env};
+use crate::stats::Latency;
+use crate::steps::{BenchError, Sizes, Step};
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct PushThroughput {
@@ -149,7 +149,7 @@ async fn start_agent(
     base: &str,
     agent: &BenchAgent,
 ) -> Result<String, String> {
-    let run_id = super::env::run_id();
+    let run_id = crate::env::run_id();
     let _: StartupResponse = post(
         http,
         &format!("{base}/api/v1/agent/startup"),

@@ -5,12 +5,12 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::catalog_prep::CatalogPreparation;
-use super::env::Environment;
-use super::floors::Floors;
-use super::push::PushThroughput;
-use super::stats::{Latency, ratio};
-use super::wake::{GateReady, Memory, Polling, WakeCase};
+use crate::catalog_prep::CatalogPreparation;
+use crate::env::Environment;
+use crate::floors::Floors;
+use crate::push::PushThroughput;
+use crate::stats::{Latency, ratio};
+use crate::wake::{GateReady, Memory, Polling, WakeCase};
 
 /// Metric families issue 7 asks every service to expose (as named by the services).
 const EXPECTED_METRICS: &[(&str, &str)] = &[

@@ -14,10 +14,10 @@ use futures::StreamExt;
 use prost::Message;
 use serde::Serialize;
 
-use super::env::{BenchAgent, CALL_TIMEOUT, Env, rss_bytes, run_id};
-use super::push::{push_request, resources, server};
-use super::stats::Latency;
-use super::{BenchError, Progress, Sizes, Step};
+use crate::env::{BenchAgent, CALL_TIMEOUT, Env, rss_bytes, run_id};
+use crate::push::{push_request, resources, server};
+use crate::stats::Latency;
+use crate::steps::{BenchError, Progress, Sizes, Step};
 
 /// The waiters' count stops growing for this long: no more chats will line up.
 const STALL: Duration = Duration::from_millis(1500);

@@ -317,8 +317,13 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
 
     // Only now, with the port bound and the subscriptions up: no server
     // startup competes with becoming ready, and readiness never waits on one.
-    let (warmup_task, warmup) = Warmup::new(current.clone(), discovery.clone(), events.clone(), settings.warmup)
-        .spawn(shutdown.clone(), ready_instant);
+    let (warmup_task, warmup) = Warmup::new(
+        current.clone(),
+        discovery.clone(),
+        events.clone(),
+        settings.warmup,
+    )
+    .spawn(shutdown.clone(), ready_instant);
     let reaper = sessions::spawn_reaper(
         sessions.clone(),
         settings.session_idle_timeout,

@@ -15,8 +15,8 @@ use tokio::task::JoinHandle;
 use crate::config::{ConfiguredServer, Current};
 use crate::discovery::{Cause, Discoverer};
 use crate::events::{Events, ms};
-use crate::store::{NewEvent, kinds};
 use crate::settings::WarmupSettings;
+use crate::store::{NewEvent, kinds};
 
 /// The warm-up's progress, for tests and operators.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

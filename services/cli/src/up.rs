@@ -156,16 +156,17 @@ pub async fn run(args: UpArgs, shutdown: Shutdown) -> anyhow::Result<()> {
         "  chat-gate       http://{}  (POST /api/v1/gate, GET /api/v1/agents/{{id}}/context; Bearer key from `ctxsync tenant key create`)",
         gate.http_addr()
     );
+    let subjects = Subjects::new(&args.subject_prefix)?;
     println!(
-        "  catalog         http://{}  (NATS {}.catalog.prepare.<tenant>, .call.<tenant>)",
+        "  catalog         http://{}  (NATS {}, {})",
         catalog.http_addr(),
-        args.subject_prefix
+        subjects.catalog_prepare("<tenant>"),
+        subjects.catalog_call("<tenant>"),
     );
     println!("  subjects        {}.>", args.subject_prefix);
 
     let mut demo_result = Ok(());
     if args.demo {
-        let subjects = Subjects::new(&args.subject_prefix)?;
         demo_result = crate::demo::run(
             &crate::demo::DemoSetup {
                 nats: &nats,

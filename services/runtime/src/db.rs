@@ -8,7 +8,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
 use sqlx::{Connection, PgConnection, PgPool};
 
-use crate::DatabaseArgs;
+use crate::config::DatabaseArgs;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {

@@ -18,8 +18,8 @@ use axum::routing::get;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-use crate::Shutdown;
 use crate::config::HttpLimits;
+use crate::shutdown::Shutdown;
 
 type CheckFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
 type Check = Arc<dyn Fn() -> CheckFuture + Send + Sync>;

@@ -13,8 +13,8 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio_util::task::TaskTracker;
 
-use crate::Shutdown;
 use crate::nats::{NatsConnection, SubscribeError};
+use crate::shutdown::Shutdown;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RpcError {

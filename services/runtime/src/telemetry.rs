@@ -18,8 +18,8 @@ use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::{EnvFilter, Layer, Registry};
 
 use crate::config::ConfigError;
+use crate::config::{CommonArgs, LogFormat};
 use crate::trace::{TRACEPARENT, TraceContext};
-use crate::{CommonArgs, LogFormat};
 
 /// Bound on one export, retries included: spans are best effort, a batch not
 /// sent by then is dropped (and the drop logged).

@@ -24,7 +24,7 @@ use sqlx::Row;
 use sqlx::postgres::PgRow;
 
 use crate::db::{Store, StoreError, timestamp};
-use crate::{endpoint, publish, reply};
+use crate::endpoint::{endpoint, publish, reply};
 
 /// Longest key label, in bytes.
 pub const MAX_LABEL_BYTES: usize = 256;

@@ -23,6 +23,7 @@
 pub mod agent;
 mod binary;
 pub mod chat;
+mod isolation;
 pub mod metrics;
 mod nats;
 mod postgres;
@@ -34,40 +35,11 @@ pub mod store;
 pub mod tls;
 
 pub use binary::workspace_binary;
+pub use isolation::{free_addr, free_port, init_logs, unique_prefix};
 pub use nats::NatsServer;
 pub use postgres::TestDatabase;
 pub use private_postgres::{POSTGRES_BIN_DIR_ENV, PrivatePostgres};
 pub use process::{Process, ProcessBuilder};
-
-/// A subject prefix unique to one test, for tests that share a NATS server.
-pub fn unique_prefix() -> String {
-    format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..12])
-}
-
-/// Routes `tracing` output through the test harness (shown for failing tests).
-pub fn init_logs() {
-    ctxsync_tls::install_default_provider();
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("CTXSYNC_TEST_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_test_writer()
-        .try_init();
-}
-
-/// A loopback address on a free port (see [`free_port`]).
-pub fn free_addr() -> std::net::SocketAddr {
-    std::net::SocketAddr::from(([127, 0, 0, 1], free_port()))
-}
-
-/// Reserves a free TCP port on loopback (released before returning).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("cannot reserve a loopback port")
-}
 
 /// Subscribes to `subject` and confirms it with a round trip, so it is in place on
 /// the server before the test makes anything publish.

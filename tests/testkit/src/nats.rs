@@ -33,7 +33,7 @@ impl NatsServer {
         let mut last_error = String::new();
         // A reserved port can be taken by another test between reservation and bind: retry.
         for _ in 0..5 {
-            let port = crate::free_port();
+            let port = crate::isolation::free_port();
             let mut server = Self {
                 port,
                 store_dir,

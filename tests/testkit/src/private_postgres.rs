@@ -134,7 +134,7 @@ impl PrivatePostgres {
         let mut last_error = String::new();
         // A reserved port can be taken before postgres binds it: retry on another.
         for _ in 0..5 {
-            server.port = crate::free_port();
+            server.port = crate::isolation::free_port();
             match server.spawn_and_wait(Duration::from_secs(30)).await {
                 Ok(()) => return server,
                 Err(error) => {

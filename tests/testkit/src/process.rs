@@ -24,7 +24,7 @@ pub struct ProcessBuilder {
 impl ProcessBuilder {
     /// Binary `bin` of workspace package `package` (built if missing).
     pub fn binary(package: &str, bin: &str) -> Self {
-        Self::program(bin, crate::workspace_binary(package, bin))
+        Self::program(bin, crate::binary::workspace_binary(package, bin))
     }
 
     /// Any program, named `name` in messages.

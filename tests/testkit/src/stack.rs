@@ -6,7 +6,9 @@ use std::time::Duration;
 use ctxsync_proto::subjects::Subjects;
 pub use ctxsync_stack::{Binary, Service, Stack, StackBuilder, StackError, Started};
 
-use crate::{NatsServer, Process, ProcessBuilder, TestDatabase};
+use crate::nats::NatsServer;
+use crate::postgres::TestDatabase;
+use crate::process::{Process, ProcessBuilder};
 
 /// A private nats-server, a fresh database and a subject prefix of the test's
 /// own: what a stack runs on in a test.
@@ -19,17 +21,17 @@ pub struct TestStack {
 impl TestStack {
     /// A nats-server on a free port and a fresh database (logs routed to the test).
     pub async fn private() -> Self {
-        crate::init_logs();
+        crate::isolation::init_logs();
         Self::on(NatsServer::start()).await
     }
 
     /// `nats` (a test-made server, e.g. with its own config) and a fresh database.
     pub async fn on(nats: NatsServer) -> Self {
-        crate::init_logs();
+        crate::isolation::init_logs();
         Self {
             nats,
             db: TestDatabase::create().await,
-            prefix: crate::unique_prefix(),
+            prefix: crate::isolation::unique_prefix(),
         }
     }
 

@@ -79,14 +79,20 @@ pub fn string_literals(code: &str) -> Vec<String> {
     literals
 }
 
-/// A crate's top-level modules (`src/x.rs` or `src/x/…` is module `x`) and,
-/// for each, the other top-level modules its files name through `crate::`.
-/// The crate root (`lib.rs`, `main.rs`) declares and re-exports; it is no
-/// module of the graph.
+/// The crate root's name in [`module_graph`].
+pub const ROOT: &str = "crate";
+
+/// A crate's top-level modules (`src/x.rs` or `src/x/…` is module `x`) and
+/// the root ([`ROOT`], `lib.rs`), with, for each, the others it names
+/// through `crate::` (or `super::` from a top-level file). The root names
+/// every module it declares; a path to anything else of the root (an item
+/// it defines or re-exports) is an edge to the root, so a module that uses
+/// the root's items while the root declares it is a cycle. Unit-test
+/// modules (`#[cfg(test)]` to the end of a file) are left out.
 pub fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
-    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut sources: BTreeMap<String, Vec<(PathBuf, bool)>> = BTreeMap::new();
     for file in files(src, &[".rs"]) {
-        let relative = file.strip_prefix(src).expect("under src");
+        let relative = file.strip_prefix(src).expect("under src").to_owned();
         let first = relative
             .components()
             .next()
@@ -94,48 +100,84 @@ pub fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
             .as_os_str()
             .to_string_lossy()
             .into_owned();
-        let module = first.trim_end_matches(".rs").to_owned();
-        if module == "lib" || module == "main" || relative.starts_with("bin") {
+        if first == "main.rs" || first == "bin" {
             continue;
         }
-        let text = std::fs::read_to_string(&file).expect("readable source");
-        let uses = graph.entry(module.clone()).or_default();
-        let top_level_submodule = relative.components().count() == 1;
-        for line in text.lines() {
-            let code = code_of(line);
-            let mut rest = code;
-            while let Some(at) = rest.find("crate::") {
-                rest = &rest[at + "crate::".len()..];
-                let name: String = rest
-                    .chars()
-                    .take_while(|c| c.is_alphanumeric() || *c == '_')
-                    .collect();
-                if !name.is_empty() && name != module {
-                    uses.insert(name);
-                }
+        let module = match first.trim_end_matches(".rs") {
+            "lib" => ROOT.to_owned(),
+            name => name.to_owned(),
+        };
+        let top_level = relative.components().count() == 1;
+        sources.entry(module).or_default().push((file, top_level));
+    }
+    let mut modules: BTreeSet<String> = sources.keys().cloned().collect();
+    // Modules written inline in the root (`pub mod v1 { … }`) are modules too.
+    if let Ok(root) = std::fs::read_to_string(src.join("lib.rs")) {
+        for line in root.lines() {
+            let line = line.trim_start().trim_start_matches("pub ");
+            if let Some(rest) = line.strip_prefix("mod ")
+                && rest.trim_end().ends_with('{')
+            {
+                modules.insert(first_segment(rest));
             }
-            // `super::x` from a top-level module's file names the root's x.
-            if top_level_submodule && !code.contains("mod tests") {
-                let mut rest = code;
-                while let Some(at) = rest.find("super::") {
-                    rest = &rest[at + "super::".len()..];
-                    let name: String = rest
-                        .chars()
-                        .take_while(|c| c.is_alphanumeric() || *c == '_')
-                        .collect();
-                    if !name.is_empty() && name != module && name != "super" {
-                        uses.insert(name);
+        }
+    }
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (module, files) in &sources {
+        let uses = graph.entry(module.clone()).or_default();
+        if module == ROOT {
+            uses.extend(modules.iter().filter(|m| *m != ROOT).cloned());
+            continue;
+        }
+        for (file, top_level) in files {
+            let text = std::fs::read_to_string(file).expect("readable source");
+            for line in text.lines() {
+                if line.trim_start().starts_with("#[cfg(test)]") {
+                    break;
+                }
+                let code = code_of(line);
+                let mut prefixes = vec!["crate::"];
+                if *top_level {
+                    prefixes.push("super::");
+                }
+                for prefix in prefixes {
+                    let mut rest = code;
+                    while let Some(at) = rest.find(prefix) {
+                        rest = &rest[at + prefix.len()..];
+                        // `crate::{a::X, b}` names a and b.
+                        let names: Vec<String> = match rest.strip_prefix('{') {
+                            Some(group) => group
+                                .split('}')
+                                .next()
+                                .unwrap_or_default()
+                                .split(',')
+                                .map(|path| first_segment(path.trim()))
+                                .filter(|name| !name.is_empty())
+                                .collect(),
+                            None => vec![first_segment(rest)],
+                        };
+                        for name in names {
+                            let target = if modules.contains(&name) {
+                                name
+                            } else {
+                                ROOT.to_owned()
+                            };
+                            if &target != module {
+                                uses.insert(target);
+                            }
+                        }
                     }
                 }
             }
         }
     }
-    // Only edges to modules of this crate (not items the root defines).
-    let modules: BTreeSet<String> = graph.keys().cloned().collect();
-    for uses in graph.values_mut() {
-        uses.retain(|m| modules.contains(m));
-    }
     graph
+}
+
+fn first_segment(path: &str) -> String {
+    path.chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect()
 }
 
 /// One cycle in `graph`, if there is any, as the modules along it.

@@ -37,8 +37,8 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt as _;
 
-use crate::Shutdown;
 use crate::config::HttpLimits;
+use crate::shutdown::Shutdown;
 
 /// How long the listener pauses after an accept error that is not about one
 /// connection (out of file descriptors, say), instead of spinning on it.
