@@ -78,9 +78,12 @@ impl Descriptors {
         let mut properties = Map::new();
         let mut required = Vec::new();
         for field in &message.field {
+            // Absent when unset: a field of a oneof (a proto3 `optional` is a
+            // synthetic one) and a singular message field (pbjson writes no null).
             let in_oneof = field.oneof_index.is_some();
-            // A proto3 `optional` is a synthetic oneof too: absent when unset.
-            if !in_oneof {
+            let singular_message =
+                field.r#type() == Type::Message && field.label() != Label::Repeated;
+            if !in_oneof && !singular_message {
                 required.push(Value::from(field.name()));
             }
             let schema = if let Some(entry) = self.map_entry(field) {
@@ -235,4 +238,182 @@ fn check(document: &Value, schema: &Value, value: &Value, at: &str, found: &mut 
             }
         }
     }
+}
+
+/// One operation of an HTTP API.
+struct Operation {
+    method: &'static str,
+    path: &'static str,
+    summary: &'static str,
+    security: &'static str,
+    request: Option<&'static str>,
+    answer: &'static str,
+    refusals: &'static [(u16, &'static str)],
+}
+
+const AGENT_REFUSALS: &[(u16, &str)] = &[
+    (400, "malformed or invalid, naming the field or limit"),
+    (401, "missing or unknown agent token"),
+    (413, "body over the request limit"),
+    (415, "neither application/json nor application/x-protobuf"),
+    (503, "the store did not answer in time; retry (Retry-After)"),
+];
+
+const CHAT_REFUSALS: &[(u16, &str)] = &[
+    (400, "malformed or invalid, naming the field"),
+    (401, "missing, unknown or revoked tenant key"),
+    (
+        404,
+        "no such agent in the key's tenant (another tenant's agent included)",
+    ),
+    (413, "body over the request limit"),
+    (415, "not application/json"),
+    (
+        503,
+        "the store or the key check did not answer in time; retry (Retry-After)",
+    ),
+];
+
+const OPERATIONS: &[Operation] = &[
+    Operation {
+        method: "post",
+        path: "/api/v1/agent/startup",
+        summary: "agent-ingest: a workspace agent process announces its run",
+        security: "agentToken",
+        request: Some("ctxsync.v1.StartupRequest"),
+        answer: "ctxsync.v1.StartupResponse",
+        refusals: AGENT_REFUSALS,
+    },
+    Operation {
+        method: "post",
+        path: "/api/v1/agent/context-state",
+        summary: "agent-ingest: a workspace agent pushes its discovery report",
+        security: "agentToken",
+        request: Some("ctxsync.v1.PushContextStateRequest"),
+        answer: "ctxsync.v1.PushContextStateResponse",
+        refusals: AGENT_REFUSALS,
+    },
+    Operation {
+        method: "post",
+        path: "/api/v1/gate",
+        summary: "chat-gate: may this turn run, and with which context (a first turn waits for discovery)",
+        security: "tenantKey",
+        request: Some("ctxsync.v1.TurnRequest"),
+        answer: "ctxsync.v1.TurnReply",
+        refusals: CHAT_REFUSALS,
+    },
+    Operation {
+        method: "get",
+        path: "/api/v1/agents/{agent_id}/context",
+        summary: "chat-gate: the agent's current projection, without waiting",
+        security: "tenantKey",
+        request: None,
+        answer: "ctxsync.v1.ChatProjection",
+        refusals: CHAT_REFUSALS,
+    },
+];
+
+/// The error every API answers with.
+pub const ERROR_SCHEMA: &str = "ctxsync.v1.HttpErrorReply";
+
+/// The whole document: the operations above, the operator endpoints every
+/// service serves, and the schemas of every message they carry.
+pub fn document() -> Value {
+    let descriptors = Descriptors::load();
+    let mut roots: Vec<&str> = vec![ERROR_SCHEMA];
+    let mut paths = Map::new();
+    let reference = |name: &str| json!({ "$ref": format!("#/components/schemas/{name}") });
+    for operation in OPERATIONS {
+        roots.push(operation.answer);
+        let mut responses = Map::new();
+        responses.insert(
+            "200".into(),
+            json!({
+                "description": "the answer",
+                "content": { "application/json": { "schema": reference(operation.answer) } },
+            }),
+        );
+        for (status, why) in operation.refusals {
+            responses.insert(
+                status.to_string(),
+                json!({
+                    "description": why,
+                    "content": { "application/json": { "schema": reference(ERROR_SCHEMA) } },
+                }),
+            );
+        }
+        let mut entry = json!({
+            "summary": operation.summary,
+            "security": [{ operation.security: [] }],
+            "responses": responses,
+        });
+        if let Some(request) = operation.request {
+            roots.push(request);
+            let mut content = json!({ "application/json": { "schema": reference(request) } });
+            if operation.security == "agentToken" {
+                content["application/x-protobuf"] =
+                    json!({ "schema": { "type": "string", "format": "binary" } });
+            }
+            entry["requestBody"] = json!({ "required": true, "content": content });
+        }
+        if operation.path.contains("{agent_id}") {
+            entry["parameters"] = json!([{
+                "name": "agent_id", "in": "path", "required": true,
+                "schema": { "type": "string", "format": "uuid" },
+            }]);
+        }
+        paths
+            .entry(operation.path)
+            .or_insert_with(|| json!({}))
+            .as_object_mut()
+            .expect("a path item")
+            .insert(operation.method.into(), entry);
+    }
+    let operator = |summary: &str, media: &str, schema: Value| {
+        json!({ "get": {
+            "summary": summary,
+            "responses": { "200": { "description": "ok", "content": { media: { "schema": schema } } } },
+        }})
+    };
+    paths.insert(
+        "/healthz".into(),
+        operator(
+            "every service: the process is up",
+            "text/plain",
+            json!({ "type": "string" }),
+        ),
+    );
+    paths.insert(
+        "/readyz".into(),
+        operator(
+            "every service: its dependencies answer (503 with the failing checks when not)",
+            "application/json",
+            json!({ "type": "object" }),
+        ),
+    );
+    paths.insert(
+        "/metrics".into(),
+        operator(
+            "every service: Prometheus text format",
+            "text/plain",
+            json!({ "type": "string" }),
+        ),
+    );
+    let schemas: Map<String, Value> = descriptors.schemas(&roots).into_iter().collect();
+    json!({
+        "openapi": "3.1.0",
+        "info": {
+            "title": "ctxsync HTTP APIs",
+            "version": "v1",
+            "description": "agent-ingest (workspace agents) and chat-gate (chat backends). Every answer is a ctxsync.v1 protobuf message in proto3 JSON: proto field names, every field present, 64-bit integers as strings, enums by name. Generated from proto/ by tests/e2e/tests/openapi.rs; do not edit by hand.",
+        },
+        "paths": paths,
+        "components": {
+            "securitySchemes": {
+                "agentToken": { "type": "http", "scheme": "bearer", "description": "an agent's token (`ctxsync agent register`)" },
+                "tenantKey": { "type": "http", "scheme": "bearer", "description": "a tenant key (`ctxsync tenant key create`)" },
+            },
+            "schemas": schemas,
+        },
+    })
 }
