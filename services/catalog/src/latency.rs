@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use ctxsync_proto::v1;
 use sqlx::{PgPool, Row};
 
 use crate::store::kinds;
@@ -15,7 +15,7 @@ use crate::store::kinds;
 pub const DEFAULT_SINCE: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Count and percentiles of one duration, in milliseconds.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Stats {
     pub count: u64,
     pub p50_ms: Option<f64>,
@@ -23,7 +23,7 @@ pub struct Stats {
     pub max_ms: Option<f64>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Preparations {
     /// Preparations that pinned a new session.
     pub first: Stats,
@@ -35,7 +35,7 @@ pub struct Preparations {
     pub write: Stats,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct ServerPins {
     pub tenant: String,
     pub server_id: String,
@@ -47,7 +47,7 @@ pub struct ServerPins {
     pub failed: u64,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct ServerHandshakes {
     pub tenant: String,
     pub server_id: String,
@@ -57,7 +57,7 @@ pub struct ServerHandshakes {
     pub duration: Stats,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Calls {
     /// A session's first call to a server: setup (start) plus the call.
     pub first_call: Stats,
@@ -68,13 +68,13 @@ pub struct Calls {
     pub by_outcome: Vec<Count>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Count {
     pub name: String,
     pub count: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Report {
     pub window_start: DateTime<Utc>,
     pub generated_at: DateTime<Utc>,
@@ -92,7 +92,7 @@ pub struct Report {
     pub gate_waits: Vec<GateWaits>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct GateWaits {
     pub outcome: String,
     pub wait: Stats,
@@ -452,7 +452,81 @@ impl Report {
         out
     }
 
+    /// The report as its proto message, in the one JSON convention.
     pub fn render_json(&self) -> String {
-        serde_json::to_string_pretty(self).expect("the report serializes")
+        serde_json::to_string_pretty(&self.to_proto()).expect("the report serializes")
+    }
+
+    pub fn to_proto(&self) -> v1::LatencyReport {
+        let timestamp = |at: &DateTime<Utc>| pbjson_types::Timestamp {
+            seconds: at.timestamp(),
+            nanos: at.timestamp_subsec_nanos() as i32,
+        };
+        let count = |c: &Count| v1::LatencyCount {
+            name: c.name.clone(),
+            count: c.count,
+        };
+        v1::LatencyReport {
+            window_start: Some(timestamp(&self.window_start)),
+            generated_at: Some(timestamp(&self.generated_at)),
+            preparations: Some(v1::LatencyPreparations {
+                first: Some(self.preparations.first.to_proto()),
+                follow_up: Some(self.preparations.follow_up.to_proto()),
+                memory_lookup: Some(self.preparations.memory_lookup.to_proto()),
+                live_discovery: Some(self.preparations.live_discovery.to_proto()),
+                write: Some(self.preparations.write.to_proto()),
+            }),
+            pins: self
+                .pins
+                .iter()
+                .map(|p| v1::LatencyServerPins {
+                    tenant: p.tenant.clone(),
+                    server_id: p.server_id.clone(),
+                    pinned: p.pinned,
+                    connected: p.connected,
+                    failed: p.failed,
+                })
+                .collect(),
+            pinned_total: self.pinned_total,
+            connected_total: self.connected_total,
+            failed_total: self.failed_total,
+            handshakes: self
+                .handshakes
+                .iter()
+                .map(|h| v1::LatencyHandshakes {
+                    tenant: h.tenant.clone(),
+                    server_id: h.server_id.clone(),
+                    transport: h.transport.clone(),
+                    cause: h.cause.clone(),
+                    duration: Some(h.duration.to_proto()),
+                })
+                .collect(),
+            calls: Some(v1::LatencyCalls {
+                first_call: Some(self.calls.first_call.to_proto()),
+                follow_up_call: Some(self.calls.follow_up_call.to_proto()),
+                setup: Some(self.calls.setup.to_proto()),
+                by_outcome: self.calls.by_outcome.iter().map(count).collect(),
+            }),
+            catalog_changes: self.catalog_changes.iter().map(count).collect(),
+            gate_waits: self
+                .gate_waits
+                .iter()
+                .map(|g| v1::LatencyGateWaits {
+                    outcome: g.outcome.clone(),
+                    wait: Some(g.wait.to_proto()),
+                })
+                .collect(),
+        }
+    }
+}
+
+impl Stats {
+    fn to_proto(&self) -> v1::LatencyStats {
+        v1::LatencyStats {
+            count: self.count,
+            p50_ms: self.p50_ms,
+            p90_ms: self.p90_ms,
+            max_ms: self.max_ms,
+        }
     }
 }

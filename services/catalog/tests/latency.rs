@@ -136,8 +136,8 @@ async fn the_latency_report_prints_the_expected_aggregates_and_no_content() {
         );
     }
     let parsed: serde_json::Value = serde_json::from_str(&json).unwrap();
-    assert_eq!(parsed["preparations"]["first"]["count"], 3);
-    assert_eq!(parsed["pinned_total"], 4);
+    assert_eq!(parsed["preparations"]["first"]["count"], "3");
+    assert_eq!(parsed["pinned_total"], "4");
     println!("{text}");
 
     // The window bounds the report.

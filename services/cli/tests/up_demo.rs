@@ -82,6 +82,6 @@ async fn up_demo_holds_the_first_turn_until_discovery_completes_and_stops_cleanl
         .iter()
         .find(|w| w["outcome"] == "ready")
         .unwrap_or_else(|| panic!("no ready wait recorded: {report}"));
-    assert_eq!(ready["wait"]["count"], 1, "{report}");
+    assert_eq!(ready["wait"]["count"], "1", "{report}");
     assert!(ready["wait"]["max_ms"].as_f64().unwrap() > 0.0, "{report}");
 }
