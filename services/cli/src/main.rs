@@ -121,9 +121,21 @@ enum KeyCommand {
     Revoke { key_id: String },
 }
 
+/// An error is one line (its causes after colons) and exit code 1: an
+/// operator gets what went wrong and what to do, never a backtrace, whatever
+/// `RUST_BACKTRACE` says.
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let cli = ctxsync_runtime::args::parse::<Cli>();
+async fn main() -> std::process::ExitCode {
+    match run(ctxsync_runtime::args::parse::<Cli>()).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Up(args) => {
             ctxsync_runtime::telemetry::init(ctxsync_runtime::LogFormat::Text, &args.log_filter)?;

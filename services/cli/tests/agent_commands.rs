@@ -13,6 +13,8 @@ fn ctxsync(nats: &NatsServer, prefix: &str, args: &[&str]) -> std::process::Outp
         .args(args)
         .env("NATS_URL", nats.url())
         .env("CTXSYNC_SUBJECT_PREFIX", prefix)
+        // As on a machine that sets it: errors still print no backtrace.
+        .env("RUST_BACKTRACE", "1")
         .output()
         .expect("ctxsync runs")
 }
@@ -253,6 +255,11 @@ async fn bad_names_and_a_missing_store_get_messages_that_say_what_to_do() {
     );
     assert!(!stderr.contains("store the token"), "{stderr}");
     assert!(out.stdout.is_empty());
+    // One line, whatever RUST_BACKTRACE says (ctxsync() sets it to 1).
+    assert_eq!(
+        stderr.trim_end(),
+        "error: invalid --tenant: tenant \"bad tenant\" must be 1 to 64 characters of letters, digits, '-' or '_'"
+    );
 
     let out = ctxsync(
         &nats,

@@ -625,7 +625,7 @@ async fn scenario(format: &str) {
         ("workspace-agent", "workspace-agent", vec!["inspect"]),
         ("ctxsync-cli", "ctxsync", vec![]),
         ("ctxsync-cli", "ctxsync", vec!["up"]),
-        ("ctxsync-cli", "ctxsync", vec!["bench"]),
+        ("ctxsync-bench", "ctxsync-bench", vec![]),
         ("ctxsync-cli", "ctxsync", vec!["migrate"]),
         ("ctxsync-cli", "ctxsync", vec!["latency"]),
         ("ctxsync-cli", "ctxsync", vec!["agent", "register"]),
