@@ -143,7 +143,9 @@ fn error_reply(error: &StoreError) -> ProtoError {
         StoreError::NotFound(_)
         | StoreError::KeyNotFound(_)
         | StoreError::NoSuchAgentName { .. } => Code::NotFound,
-        StoreError::InvalidAgentId(_) | StoreError::Invalid(_) => Code::InvalidArgument,
+        StoreError::InvalidAgentId(_) | StoreError::Invalid(_) | StoreError::MissingTenant => {
+            Code::InvalidArgument
+        }
         StoreError::AlreadyExists { .. } | StoreError::KeyExists => Code::AlreadyExists,
         StoreError::DeadlineExceeded => Code::DeadlineExceeded,
         StoreError::Database(_) | StoreError::Corrupt(_) => Code::Internal,
@@ -177,6 +179,7 @@ impl_reply!(
     UpdateStartupReply,
     StorePushReply,
     GetAgentStateReply,
+    ctxsync_proto::v1::ListAgentsReply,
     ctxsync_proto::v1::RotateAgentTokenReply,
     ctxsync_proto::v1::CreateTenantKeyReply,
     ctxsync_proto::v1::ListTenantKeysReply,
@@ -374,7 +377,12 @@ async fn serve_all(
         let s = s.clone();
         move |req: GetAgentStateRequest, _| agent_state(s.clone(), req)
     });
+    let list = endpoint(nats, subjects.store_list_agents(), shutdown, grace, {
+        let s = s.clone();
+        move |req: ctxsync_proto::v1::ListAgentsRequest, _| list_agents(s.clone(), req)
+    });
     let mut servers = vec![
+        list.await?,
         register.await?,
         rotate.await?,
         authenticate.await?,
@@ -490,6 +498,27 @@ async fn agent_state(store: Store, req: GetAgentStateRequest) -> GetAgentStateRe
     reply(result, |state| GetAgentStateReply {
         state: Some(state),
         error: None,
+    })
+}
+
+async fn list_agents(
+    store: Store,
+    req: ctxsync_proto::v1::ListAgentsRequest,
+) -> ctxsync_proto::v1::ListAgentsReply {
+    let result = async {
+        let after = match req.after_agent_id.as_str() {
+            "" => None,
+            id => Some(db::parse_agent_id(id)?),
+        };
+        store.list_agents(&req.tenant, req.limit, after).await
+    }
+    .await;
+    reply(result, |(states, next)| {
+        ctxsync_proto::v1::ListAgentsReply {
+            states,
+            next_after_agent_id: next.map(|id| id.to_string()).unwrap_or_default(),
+            error: None,
+        }
     })
 }
 
