@@ -33,12 +33,13 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use ctxsync_proto::v1::{
-    AgentListReply, AgentState, AgentSummary, EventTicketReply, Freshness, PageEvent,
+    AgentListReply, AgentState, AgentSummary, ChatProjection, EventTicketReply, Freshness,
+    GateDecision, PageEvent,
 };
 use futures::StreamExt;
 
 use crate::auth::{Caller, TenantKeys};
-use crate::core::projection;
+use crate::core::projection::{self, Readiness};
 use crate::core::source::ReadError;
 use crate::http::{caller, error};
 use crate::nats::events::PageFeed;
@@ -175,6 +176,18 @@ pub fn summary(state: &AgentState) -> AgentSummary {
     }
 }
 
+/// The projection `GET /api/v1/agents/{agent_id}/context` answers for `state`.
+pub fn context(agent_id: &str, state: &AgentState) -> ChatProjection {
+    let mut projected = projection::build(agent_id, state);
+    let decision = match Readiness::of(state) {
+        Readiness::Legacy => GateDecision::Legacy,
+        Readiness::Ready => GateDecision::Ready,
+        _ => GateDecision::NotFirstTurn,
+    };
+    projection::finish(&mut projected, decision, 0);
+    projected
+}
+
 #[derive(serde::Deserialize)]
 struct ListQuery {
     #[serde(default)]
@@ -305,6 +318,7 @@ async fn events(State(page): State<Page>, Query(query): Query<EventsQuery>) -> R
                     revision: state.revision,
                     committed_at: update.committed_at.map(to_timestamp),
                     summary: Some(summary(&state)),
+                    projection: Some(context(agent_id, &state)),
                 };
                 let data = serde_json::to_string(&event).unwrap_or_default();
                 return Some((Event::default().event("agent").data(data), receiver));
