@@ -118,7 +118,7 @@ function renderAgents() {
 
 // ---- one agent ----
 function section(title, items, empty) {
-  return [el("h2", { text: title + " (" + items.length + ")" }), items.length ? items : el("p", { class: "muted", text: empty })];
+  return [el("h2", { text: title + " (" + items.length + ")" }), ...(items.length ? items : [el("p", { class: "muted", text: empty })])];
 }
 
 function schemaText(json) {
@@ -155,7 +155,7 @@ function renderAgent(p, origin) {
   body.dataset.stale = String(!!p.stale);
   body.dataset.tools = String(c.tools || 0);
   body.dataset.withheld = String(c.tools_withheld || 0);
-  body.replaceChildren(
+  body.replaceChildren(...[
     el("dl", { class: "facts" },
       el("dt", { text: "Phase" }), el("dd", {}, badge(phase, PHASES), p.stale ? el("span", { class: "badge FRESHNESS_STALE", text: "stale report" }) : null),
       el("dt", { text: "Agent id" }), el("dd", { text: p.agent_id }),
@@ -168,7 +168,7 @@ function renderAgent(p, origin) {
     section("Failed servers", failed, "none"),
     section("Invalid config files", invalid, "none"),
     section("Instruction files", files, "none"),
-    section("Skills", skills, "none"));
+    section("Skills", skills, "none")].flat(2).filter(Boolean));
   window.ctxsyncPage.renders.push({ agentId: p.agent_id, origin, phase, stale: !!p.stale, tools: c.tools || 0, withheld: c.tools_withheld || 0, at: Date.now() });
 }
 
