@@ -286,6 +286,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, St
             nats::AgentLister::new(nats.client.clone(), &subjects, config.store_timeout),
             page_reader,
             page_feed,
+            shutdown.clone(),
         ))),
         readiness,
         shutdown,

@@ -65,16 +65,25 @@ pub struct Page {
     pub lister: AgentLister,
     pub reader: StoreReader,
     pub feed: PageFeed,
+    /// Ends every stream: a shutdown is not held up by open pages.
+    shutdown: tokio_util::sync::CancellationToken,
     tickets: Arc<Mutex<HashMap<String, (String, Instant)>>>,
 }
 
 impl Page {
-    pub fn new(keys: TenantKeys, lister: AgentLister, reader: StoreReader, feed: PageFeed) -> Self {
+    pub fn new(
+        keys: TenantKeys,
+        lister: AgentLister,
+        reader: StoreReader,
+        feed: PageFeed,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> Self {
         Self {
             keys,
             lister,
             reader,
             feed,
+            shutdown,
             tickets: Arc::default(),
         }
     }
@@ -282,26 +291,40 @@ async fn events(State(page): State<Page>, Query(query): Query<EventsQuery>) -> R
     let receiver = page.feed.subscribe();
     let deadline = tokio::time::Instant::now() + STREAM_MAX_AGE;
     let reader = page.reader.clone();
+    let shutdown = page.shutdown.clone();
     // The first message says the stream is live: the page re-reads what it
     // shows, so nothing committed before the subscription is missed.
     let hello = futures::stream::once(async {
         Ok::<_, Infallible>(Event::default().event("ready").data("{}"))
     });
-    let changes = futures::stream::unfold(receiver, move |mut receiver| {
-        let (tenant, reader) = (tenant.clone(), reader.clone());
+    // Each commit publishes two events (discovery and snapshot): the stream
+    // sends an agent once per revision, newest only.
+    let sent: HashMap<String, u64> = HashMap::new();
+    let changes = futures::stream::unfold((receiver, sent), move |(mut receiver, mut sent)| {
+        let (tenant, reader, shutdown) = (tenant.clone(), reader.clone(), shutdown.clone());
         async move {
             loop {
-                let next = tokio::time::timeout_at(deadline, receiver.recv()).await;
+                let next = tokio::select! {
+                    () = shutdown.cancelled() => return None,
+                    next = tokio::time::timeout_at(deadline, receiver.recv()) => next,
+                };
                 let change = match next {
                     Err(_) => return None,
                     Ok(Err(tokio::sync::broadcast::error::RecvError::Closed)) => return None,
                     // Events were missed: the page re-reads everything.
                     Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => {
-                        return Some((Event::default().event("resync").data("{}"), receiver));
+                        sent.clear();
+                        return Some((
+                            Event::default().event("resync").data("{}"),
+                            (receiver, sent),
+                        ));
                     }
                     Ok(Ok(change)) => change,
                 };
                 let (agent_id, update) = &*change;
+                if sent.get(agent_id).is_some_and(|&r| r >= update.revision) {
+                    continue;
+                }
                 let state = match &update.state {
                     Some(state) => state.clone(),
                     // Too large to carry: read it (the read says whose it is).
@@ -313,6 +336,10 @@ async fn events(State(page): State<Page>, Query(query): Query<EventsQuery>) -> R
                 if state.agent.as_ref().is_none_or(|a| a.tenant != tenant) {
                     continue;
                 }
+                if sent.len() >= MAX_TICKETS {
+                    sent.clear();
+                }
+                sent.insert(agent_id.clone(), state.revision);
                 let event = PageEvent {
                     agent_id: agent_id.clone(),
                     revision: state.revision,
@@ -321,7 +348,7 @@ async fn events(State(page): State<Page>, Query(query): Query<EventsQuery>) -> R
                     projection: Some(context(agent_id, &state)),
                 };
                 let data = serde_json::to_string(&event).unwrap_or_default();
-                return Some((Event::default().event("agent").data(data), receiver));
+                return Some((Event::default().event("agent").data(data), (receiver, sent)));
             }
         }
     })

@@ -225,4 +225,17 @@ async fn a_tenant_lists_and_follows_only_its_own_agents() {
         other_agent.as_str(),
         "tenant B's stream carries nothing of tenant A's before its own: {event}"
     );
+
+    // A shutdown ends the open streams instead of waiting for them.
+    let mut h = h;
+    h.gate_shutdown.cancel();
+    let gate = h.gate.take().unwrap();
+    tokio::time::timeout(TIMEOUT, gate.join())
+        .await
+        .expect("the gate stops with streams open");
+    tokio::time::timeout(TIMEOUT, async {
+        while let Ok(Some(_)) = stream_a.response.chunk().await {}
+    })
+    .await
+    .expect("the stream ends");
 }
