@@ -7,7 +7,6 @@ mod common;
 use common::*;
 use ctxsync_proto::v1::store_error::Code;
 use ctxsync_proto::v1::*;
-use testkit::report::complete;
 
 async fn list(h: &StoreHarness, tenant: &str, limit: u32, after: &str) -> ListAgentsReply {
     ctxsync_runtime::rpc::request(
