@@ -382,13 +382,13 @@ async fn serve_all(
         move |req: ctxsync_proto::v1::ListAgentsRequest, _| list_agents(s.clone(), req)
     });
     let mut servers = vec![
-        list.await?,
         register.await?,
         rotate.await?,
         authenticate.await?,
         startup.await?,
         push.await?,
         get.await?,
+        list.await?,
     ];
     servers.extend(tenant_keys::serve(nats, subjects, &s, shutdown, grace).await?);
     Ok(servers)
