@@ -178,6 +178,8 @@ async function openAgent(id) {
   $("agent-error").textContent = "";
   const seen = state.eventsFor;
   try {
+    // The agent's name and workspace come from its line in the list.
+    if (!state.agents.has(id)) await loadAgents();
     const projection = await api("/api/v1/agents/" + encodeURIComponent(id) + "/context");
     if (state.current === id && state.eventsFor === seen) renderAgent(projection, "read");
   } catch (e) {
