@@ -191,6 +191,17 @@ async fn a_tenant_lists_and_follows_only_its_own_agents() {
         .collect();
     assert_eq!(ids, [other_agent.as_str()], "{theirs}");
     assert_eq!(theirs["agents"][0]["freshness"], "FRESHNESS_NO_REPORT");
+    let url = h.url("/api/v1/agents?q=no-such-agent");
+    let none: Value = reqwest::Client::new()
+        .get(url)
+        .header("authorization", bearer(TEST_TENANT_KEY))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(none["agents"], serde_json::json!([]), "search: {none}");
 
     // Both tenants follow; a commit of tenant A's agent reaches A's stream
     // with its line and projection, and B's stream sees only B's agent.

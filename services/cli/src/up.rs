@@ -178,6 +178,10 @@ pub async fn run(args: UpArgs, shutdown: Shutdown) -> anyhow::Result<()> {
         gate.http_addr()
     );
     println!(
+        "  context page    http://{}/ui/  (enter a tenant key)",
+        gate.http_addr()
+    );
+    println!(
         "  catalog         http://{}  (NATS {}.catalog.prepare.<tenant>, .call.<tenant>)",
         catalog.http_addr(),
         args.subject_prefix
