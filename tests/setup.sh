@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepares a machine to run the test suite: checks (and on Debian installs)
 # nats-server and PostgreSQL, starts Postgres if it is installed but stopped,
-# installs the reference MCP servers, and makes a Docker engine and the local
+# installs the reference MCP servers, Chromium and playwright-core for the
+# context page's browser tests, and makes a Docker engine and the local
 # images of the compose test available. Safe to run again.
 set -euo pipefail
 
@@ -46,6 +47,7 @@ fi
 
 bash "$here/mcp-servers/install.sh"
 if ! $demo_only; then
+    bash "$here/browser/install.sh"
     bash "$here/deploy/install-tools.sh"
     bash "$here/docker/setup.sh"
 fi

@@ -95,6 +95,10 @@ impl Subjects {
     pub fn store_get_agent_state(&self) -> String {
         self.join("store.agent.get")
     }
+    /// snapshot-store: one page of a tenant's agents with their states (request/reply; chat-gate's page).
+    pub fn store_list_agents(&self) -> String {
+        self.join("store.agent.list")
+    }
     /// snapshot-store: issue a tenant key (request/reply; operators only).
     pub fn store_tenant_key_create(&self) -> String {
         self.join("store.tenant_key.create")

@@ -45,7 +45,7 @@ pub fn routes(gate: Gate, keys: TenantKeys) -> Router {
 }
 
 /// The caller, or the answer refusing it (before the body is looked at).
-async fn caller(keys: &TenantKeys, headers: &HeaderMap) -> Result<Caller, Response> {
+pub(crate) async fn caller(keys: &TenantKeys, headers: &HeaderMap) -> Result<Caller, Response> {
     let header = headers
         .get(header::AUTHORIZATION)
         .map(|v| v.to_str().unwrap_or("?"));
@@ -76,7 +76,7 @@ async fn caller(keys: &TenantKeys, headers: &HeaderMap) -> Result<Caller, Respon
     })
 }
 
-fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+pub(crate) fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
     let error = HttpErrorReply {
         error: Some(HttpError {
             code: code.to_owned(),

@@ -21,6 +21,7 @@ pub mod auth;
 pub mod core;
 pub mod http;
 pub mod nats;
+pub mod page;
 pub mod series;
 
 use std::net::SocketAddr;
@@ -229,6 +230,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, St
     let settings = config.settings()?;
     let nats = ctxsync_runtime::nats::connect(&config.common, "chat-gate").await?;
     let store = nats::StoreReader::new(&nats, &subjects, settings.store_timeout);
+    let page_reader = store.clone();
     let mut gate = Gate::new(settings, Arc::new(store), shutdown.clone()).with_announcer(
         nats::announcer(nats.client.clone(), subjects.gate_turn_waited()),
     );
@@ -260,6 +262,8 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, St
         }),
     ];
 
+    // The context page's live streams (`page`), fed with the applied events.
+    let page_feed: nats::events::PageFeed = tokio::sync::broadcast::channel(1024).0;
     let server = nats::TurnServer::start(
         &nats,
         nats::TurnServing {
@@ -268,7 +272,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, St
             grace: config.common.shutdown_grace,
         },
         gate.clone(),
-        nats::events::apply_events(gate.clone(), discovery, snapshots),
+        nats::events::apply_events(gate.clone(), discovery, snapshots, page_feed.clone()),
         shutdown.clone(),
     )
     .await?;
@@ -277,7 +281,13 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, St
     let http = HttpServer::start(
         config.common.http_addr,
         http_limits,
-        http::routes(gate.clone(), keys),
+        http::routes(gate.clone(), keys.clone()).merge(page::routes(page::Page::new(
+            keys,
+            nats::AgentLister::new(nats.client.clone(), &subjects, config.store_timeout),
+            page_reader,
+            page_feed,
+            shutdown.clone(),
+        ))),
         readiness,
         shutdown,
     )

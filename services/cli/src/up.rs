@@ -158,6 +158,10 @@ pub async fn run(args: UpArgs, shutdown: Shutdown) -> anyhow::Result<()> {
     );
     let subjects = Subjects::new(&args.subject_prefix)?;
     println!(
+        "  context page    http://{}/ui/  (enter a tenant key)",
+        gate.http_addr()
+    );
+    println!(
         "  catalog         http://{}  (NATS {}, {})",
         catalog.http_addr(),
         subjects.catalog_prepare("<tenant>"),

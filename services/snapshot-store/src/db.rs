@@ -36,6 +36,8 @@ pub enum StoreError {
     KeyExists,
     #[error("invalid agent id {0:?}")]
     InvalidAgentId(String),
+    #[error("a list of agents needs a tenant")]
+    MissingTenant,
     #[error(transparent)]
     Invalid(#[from] ValidationError),
     #[error("an agent named {name:?} already exists in {tenant}/{workspace}")]
@@ -53,6 +55,10 @@ pub enum StoreError {
     #[error("the request's deadline passed before it committed: nothing was written")]
     DeadlineExceeded,
 }
+
+/// Agents in one page of a list when the request names no limit, and at most.
+const LIST_AGENTS_DEFAULT: u32 = 50;
+const LIST_AGENTS_MAX: u32 = 200;
 
 /// How many superseded runs are remembered per agent (oldest forgotten first).
 /// A run older than that could take the agent back with a late startup only
@@ -596,6 +602,61 @@ impl Store {
             discovery_changed,
             snapshot_committed,
         })
+    }
+
+    /// One page of a tenant's agents (ordered by id, after `after`), each
+    /// read like [`Self::agent_state`] but with instruction files' content
+    /// left out; and the id to continue after when there may be more.
+    pub async fn list_agents(
+        &self,
+        tenant: &str,
+        limit: u32,
+        after: Option<Uuid>,
+    ) -> Result<(Vec<AgentState>, Option<Uuid>), StoreError> {
+        if tenant.is_empty() {
+            return Err(StoreError::MissingTenant);
+        }
+        let limit = match limit {
+            0 => LIST_AGENTS_DEFAULT,
+            n => n.min(LIST_AGENTS_MAX),
+        };
+        let ids: Vec<Uuid> = sqlx::query_scalar(
+            "SELECT agent_id FROM snapshot.agents
+             WHERE tenant = $1 AND ($2::uuid IS NULL OR agent_id > $2)
+             ORDER BY agent_id LIMIT $3",
+        )
+        .bind(tenant)
+        .bind(after)
+        .bind(i64::from(limit) + 1)
+        .fetch_all(&self.pool)
+        .await?;
+        let more = ids.len() > limit as usize;
+        let mut states = Vec::with_capacity(ids.len().min(limit as usize));
+        for id in ids.into_iter().take(limit as usize) {
+            let mut state = match read_state(&self.pool, id).await {
+                Ok(state) => state,
+                // Deleted between the two reads: not listed.
+                Err(StoreError::NotFound(_)) => continue,
+                Err(error) => return Err(error),
+            };
+            for resource in &mut state.resources {
+                if let Some(ctxsync_proto::v1::context_resource::Body::InstructionFile(file)) =
+                    resource.body.as_mut()
+                {
+                    file.content.clear();
+                }
+            }
+            states.push(state);
+        }
+        let next = if more {
+            states
+                .last()
+                .and_then(|s| s.agent.as_ref())
+                .and_then(|a| Uuid::parse_str(&a.agent_id).ok())
+        } else {
+            None
+        };
+        Ok((states, next))
     }
 
     /// The agent row, its snapshot and resources, in one statement (one consistent read).

@@ -22,7 +22,9 @@ pub(crate) fn error_reply(error: &StoreError) -> ProtoError {
         StoreError::NotFound(_)
         | StoreError::KeyNotFound(_)
         | StoreError::NoSuchAgentName { .. } => Code::NotFound,
-        StoreError::InvalidAgentId(_) | StoreError::Invalid(_) => Code::InvalidArgument,
+        StoreError::InvalidAgentId(_) | StoreError::Invalid(_) | StoreError::MissingTenant => {
+            Code::InvalidArgument
+        }
         StoreError::AlreadyExists { .. } | StoreError::KeyExists => Code::AlreadyExists,
         StoreError::DeadlineExceeded => Code::DeadlineExceeded,
         StoreError::Database(_) | StoreError::Corrupt(_) => Code::Internal,
@@ -56,6 +58,7 @@ impl_reply!(
     UpdateStartupReply,
     StorePushReply,
     GetAgentStateReply,
+    ctxsync_proto::v1::ListAgentsReply,
     ctxsync_proto::v1::RotateAgentTokenReply,
     ctxsync_proto::v1::CreateTenantKeyReply,
     ctxsync_proto::v1::ListTenantKeysReply,

@@ -270,6 +270,10 @@ async fn serve_all(
         let s = s.clone();
         move |req: GetAgentStateRequest, _| agent_state(s.clone(), req)
     });
+    let list = endpoint(nats, subjects.store_list_agents(), shutdown, grace, {
+        let s = s.clone();
+        move |req: ctxsync_proto::v1::ListAgentsRequest, _| list_agents(s.clone(), req)
+    });
     let mut servers = vec![
         register.await?,
         rotate.await?,
@@ -277,6 +281,7 @@ async fn serve_all(
         startup.await?,
         push.await?,
         get.await?,
+        list.await?,
     ];
     servers.extend(tenant_keys::serve(nats, subjects, &s, shutdown, grace).await?);
     Ok(servers)
@@ -386,6 +391,27 @@ async fn agent_state(store: Store, req: GetAgentStateRequest) -> GetAgentStateRe
     reply(result, |state| GetAgentStateReply {
         state: Some(state),
         error: None,
+    })
+}
+
+async fn list_agents(
+    store: Store,
+    req: ctxsync_proto::v1::ListAgentsRequest,
+) -> ctxsync_proto::v1::ListAgentsReply {
+    let result = async {
+        let after = match req.after_agent_id.as_str() {
+            "" => None,
+            id => Some(db::parse_agent_id(id)?),
+        };
+        store.list_agents(&req.tenant, req.limit, after).await
+    }
+    .await;
+    reply(result, |(states, next)| {
+        ctxsync_proto::v1::ListAgentsReply {
+            states,
+            next_after_agent_id: next.map(|id| id.to_string()).unwrap_or_default(),
+            error: None,
+        }
     })
 }
 

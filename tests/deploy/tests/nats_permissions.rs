@@ -109,6 +109,7 @@ fn needs(s: &Subjects) -> BTreeMap<&'static str, Needs> {
             Needs {
                 publish: vec![
                     s.store_get_agent_state(),
+                    s.store_list_agents(),
                     s.store_tenant_key_verify(),
                     s.catalog_prepare("demo"),
                     s.gate_turn_waited(),

@@ -23,16 +23,29 @@ fn timestamp_to_system(ts: Option<&pbjson_types::Timestamp>) -> Option<SystemTim
     SystemTime::UNIX_EPOCH.checked_add(Duration::new(seconds, nanos))
 }
 
+/// Every applied event, as the context page's live stream sees it: the
+/// agent and what the event said (its state when it carried one).
+pub type PageFeed = tokio::sync::broadcast::Sender<std::sync::Arc<(String, EventUpdate)>>;
+
+/// Hands an event to the page's streams, if any page is open.
+fn feed_page(feed: &PageFeed, agent_id: &str, update: &EventUpdate) {
+    if feed.receiver_count() > 0 {
+        let _ = feed.send(std::sync::Arc::new((agent_id.to_owned(), update.clone())));
+    }
+}
+
 /// The store's events as one stream, each applied to its agent's view as it
-/// is yielded. The turn server polls it ahead of the turns (see
+/// is yielded (and handed to the page's streams, `feed`). The turn server polls it ahead of the turns (see
 /// [`super::turns`]), so a turn sent after an event was published is
 /// answered with the event applied.
 pub fn apply_events(
     gate: Gate,
     discovery: async_nats::Subscriber,
     snapshots: async_nats::Subscriber,
+    feed: PageFeed,
 ) -> BoxStream<'static, ()> {
     let on_discovery = gate.clone();
+    let discovery_feed = feed.clone();
     let discovery = discovery.map(move |message| {
         let trace = ctxsync_runtime::trace::TraceContext::from_nats(message.headers.as_ref());
         let _span = continue_trace(tracing::info_span!("gate.discovery"), trace.as_ref()).entered();
@@ -49,10 +62,9 @@ pub fn apply_events(
                     "discovery event: updating the agent's view"
                 );
                 let committed_at = timestamp_to_system(event.committed_at.as_ref());
-                on_discovery.apply_event(
-                    &event.agent_id,
-                    EventUpdate::new(event.revision, event.state, committed_at),
-                );
+                let update = EventUpdate::new(event.revision, event.state, committed_at);
+                feed_page(&discovery_feed, &event.agent_id, &update);
+                on_discovery.apply_event(&event.agent_id, update);
             }
             Err(error) => {
                 tracing::warn!(subject = %message.subject, %error, "malformed discovery event ignored")
@@ -63,16 +75,15 @@ pub fn apply_events(
         // Most commits are of agents nobody asks about: skip decoding their
         // states (the subject ends with the agent id).
         let agent_id = message.subject.rsplit('.').next().unwrap_or_default();
-        if !gate.watches().is_watched(agent_id) {
+        if !gate.watches().is_watched(agent_id) && feed.receiver_count() == 0 {
             return;
         }
         match SnapshotCommitted::decode(message.payload) {
             Ok(event) => {
                 let committed_at = timestamp_to_system(event.committed_at.as_ref());
-                gate.apply_event(
-                    &event.agent_id,
-                    EventUpdate::new(event.revision, event.state, committed_at),
-                )
+                let update = EventUpdate::new(event.revision, event.state, committed_at);
+                feed_page(&feed, &event.agent_id, &update);
+                gate.apply_event(&event.agent_id, update)
             }
             Err(error) => {
                 tracing::warn!(subject = %message.subject, %error, "malformed snapshot event ignored")

@@ -2,11 +2,13 @@
 //! catalog, the store's events applied to the views, the wait announcements,
 //! and the turn server that answers `<prefix>.gate.turn.<tenant>`.
 
+pub mod agents;
 pub mod catalog;
 pub mod events;
 pub mod store;
 pub mod turns;
 
+pub use agents::AgentLister;
 pub use catalog::CatalogClient;
 pub use store::StoreReader;
 pub use turns::{TurnServer, TurnServing};

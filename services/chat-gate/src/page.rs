@@ -1,0 +1,363 @@
+//! The context page: what each agent of a tenant offers a chat, live.
+//!
+//! `GET /ui/` serves the page (HTML, CSS and JS compiled into the binary: no
+//! build step, nothing loaded from elsewhere). The page asks for a tenant key,
+//! keeps it in the browser's session storage and sends it as a bearer token
+//! to the JSON APIs; the tenant is always the key's:
+//! * `GET /api/v1/agents?q=&after=&limit=` — the tenant's agents
+//!   (`AgentListReply`), each summarised from its committed state with the
+//!   same projection a first turn gets;
+//! * `GET /api/v1/agents/{agent_id}/context` (in [`crate::http`]) — one
+//!   agent's projection;
+//! * `POST /api/v1/events/ticket` — a single-use ticket, valid
+//!   [`TICKET_TTL`], for
+//! * `GET /api/v1/events?ticket=…` — server-sent events (`event: agent`, a
+//!   `PageEvent`) for the tenant's agents, fed by the store events the gate
+//!   applies to its views (the ones that wake waiting chats); no polling.
+//!   An EventSource cannot send headers and a key never goes in a URL, hence
+//!   the ticket. A stream ends after [`STREAM_MAX_AGE`] (the page gets a new
+//!   ticket), so a revoked key stops streaming within the key cache's time.
+//!
+//! Nothing secret is rendered: the projection holds sanitized errors and no
+//! MCP config content, and the key is never echoed.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use axum::Router;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use ctxsync_proto::v1::{
+    AgentListReply, AgentState, AgentSummary, ChatProjection, EventTicketReply, Freshness,
+    GateDecision, PageEvent,
+};
+use futures::StreamExt;
+
+use crate::auth::{Caller, TenantKeys};
+use crate::core::projection::{self, Readiness};
+use crate::core::source::ReadError;
+use crate::http::{caller, error};
+use crate::nats::events::PageFeed;
+use crate::nats::{AgentLister, StoreReader};
+
+/// How long an event-stream ticket can be redeemed.
+pub const TICKET_TTL: Duration = Duration::from_secs(30);
+/// Tickets outstanding at most (past it the oldest go).
+const MAX_TICKETS: usize = 10_000;
+/// How long one event stream lasts before the page asks for a new ticket.
+pub const STREAM_MAX_AGE: Duration = crate::auth::KEY_CACHE_TTL;
+/// Agents of one list answer at most.
+const MAX_LIST: u32 = 200;
+
+const INDEX_HTML: &str = include_str!("../ui/index.html");
+const APP_JS: &str = include_str!("../ui/app.js");
+const STYLE_CSS: &str = include_str!("../ui/style.css");
+
+/// What the page's handlers share.
+#[derive(Clone)]
+pub struct Page {
+    pub keys: TenantKeys,
+    pub lister: AgentLister,
+    pub reader: StoreReader,
+    pub feed: PageFeed,
+    /// Ends every stream: a shutdown is not held up by open pages.
+    shutdown: tokio_util::sync::CancellationToken,
+    tickets: Arc<Mutex<HashMap<String, (String, Instant)>>>,
+}
+
+impl Page {
+    pub fn new(
+        keys: TenantKeys,
+        lister: AgentLister,
+        reader: StoreReader,
+        feed: PageFeed,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> Self {
+        Self {
+            keys,
+            lister,
+            reader,
+            feed,
+            shutdown,
+            tickets: Arc::default(),
+        }
+    }
+
+    fn issue_ticket(&self, caller: &Caller) -> String {
+        let ticket = format!(
+            "cxt_{}{}",
+            uuid::Uuid::new_v4().simple(),
+            uuid::Uuid::new_v4().simple()
+        );
+        let mut tickets = self.tickets.lock().expect("ticket lock");
+        tickets.retain(|_, (_, at)| at.elapsed() < TICKET_TTL);
+        if tickets.len() >= MAX_TICKETS
+            && let Some(oldest) = tickets
+                .iter()
+                .min_by_key(|(_, (_, at))| *at)
+                .map(|(t, _)| t.clone())
+        {
+            tickets.remove(&oldest);
+        }
+        tickets.insert(ticket.clone(), (caller.tenant.clone(), Instant::now()));
+        ticket
+    }
+
+    /// The tenant of a ticket, once: a redeemed or expired ticket is gone.
+    fn redeem(&self, ticket: &str) -> Option<String> {
+        let mut tickets = self.tickets.lock().expect("ticket lock");
+        let (tenant, at) = tickets.remove(ticket)?;
+        (at.elapsed() < TICKET_TTL).then_some(tenant)
+    }
+}
+
+pub fn routes(page: Page) -> Router {
+    Router::new()
+        .route(
+            "/ui",
+            get(|| async { axum::response::Redirect::permanent("/ui/") }),
+        )
+        .route(
+            "/ui/",
+            get(|| async { asset("text/html; charset=utf-8", INDEX_HTML) }),
+        )
+        .route(
+            "/ui/app.js",
+            get(|| async { asset("text/javascript; charset=utf-8", APP_JS) }),
+        )
+        .route(
+            "/ui/style.css",
+            get(|| async { asset("text/css; charset=utf-8", STYLE_CSS) }),
+        )
+        .route("/api/v1/agents", get(list))
+        .route("/api/v1/events/ticket", post(ticket))
+        .route("/api/v1/events", get(events))
+        .with_state(page)
+}
+
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    let mut response = body.into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    // Nothing from elsewhere, no inline scripts, no framing.
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+        ),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    response
+}
+
+/// An agent's line in the list, from its committed state (the projection a
+/// first turn would get decides phase, freshness and counts).
+pub fn summary(state: &AgentState) -> AgentSummary {
+    let agent = state.agent.clone().unwrap_or_default();
+    let projected = projection::build(&agent.agent_id, state);
+    let freshness = if state.snapshot.is_none() {
+        Freshness::NoReport
+    } else if agent.agent_run_id.is_empty() {
+        Freshness::Legacy
+    } else if projected.stale {
+        Freshness::Stale
+    } else {
+        Freshness::Current
+    };
+    AgentSummary {
+        agent_id: agent.agent_id,
+        name: agent.name,
+        workspace: agent.workspace,
+        phase: projected.phase,
+        freshness: freshness as i32,
+        last_report_at: state.snapshot.as_ref().and_then(|s| s.received_at),
+        counts: projected.counts,
+        revision: state.revision,
+    }
+}
+
+/// The projection `GET /api/v1/agents/{agent_id}/context` answers for `state`.
+pub fn context(agent_id: &str, state: &AgentState) -> ChatProjection {
+    let mut projected = projection::build(agent_id, state);
+    let decision = match Readiness::of(state) {
+        Readiness::Legacy => GateDecision::Legacy,
+        Readiness::Ready => GateDecision::Ready,
+        _ => GateDecision::NotFirstTurn,
+    };
+    projection::finish(&mut projected, decision, 0);
+    projected
+}
+
+#[derive(serde::Deserialize)]
+struct ListQuery {
+    #[serde(default)]
+    q: String,
+    #[serde(default)]
+    after: String,
+    #[serde(default)]
+    limit: u32,
+}
+
+async fn list(
+    State(page): State<Page>,
+    headers: HeaderMap,
+    Query(query): Query<ListQuery>,
+) -> Response {
+    let caller = match caller(&page.keys, &headers).await {
+        Ok(caller) => caller,
+        Err(refused) => return refused,
+    };
+    let limit = match query.limit {
+        0 => 50,
+        n => n.min(MAX_LIST),
+    };
+    match page.lister.list(&caller.tenant, limit, &query.after).await {
+        Ok((states, next)) => {
+            let needle = query.q.to_lowercase();
+            let agents = states
+                .iter()
+                .filter(|s| s.agent.as_ref().is_some_and(|a| a.tenant == caller.tenant))
+                .map(summary)
+                .filter(|s| {
+                    needle.is_empty()
+                        || s.name.to_lowercase().contains(&needle)
+                        || s.workspace.to_lowercase().contains(&needle)
+                        || s.agent_id.contains(&needle)
+                })
+                .collect();
+            axum::Json(AgentListReply {
+                agents,
+                next_after_agent_id: next,
+            })
+            .into_response()
+        }
+        Err(ReadError::Invalid(message)) => error(StatusCode::BAD_REQUEST, "invalid", message),
+        Err(ReadError::NotFound(message)) => error(StatusCode::NOT_FOUND, "not_found", message),
+        Err(ReadError::Unavailable(message)) => {
+            error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+        }
+    }
+}
+
+async fn ticket(State(page): State<Page>, headers: HeaderMap) -> Response {
+    let caller = match caller(&page.keys, &headers).await {
+        Ok(caller) => caller,
+        Err(refused) => return refused,
+    };
+    let mut response = axum::Json(EventTicketReply {
+        ticket: page.issue_ticket(&caller),
+        expires_in_seconds: TICKET_TTL.as_secs() as u32,
+    })
+    .into_response();
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+#[derive(serde::Deserialize)]
+struct EventsQuery {
+    #[serde(default)]
+    ticket: String,
+}
+
+fn to_timestamp(at: SystemTime) -> pbjson_types::Timestamp {
+    let since = at
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    pbjson_types::Timestamp {
+        seconds: since.as_secs() as i64,
+        nanos: since.subsec_nanos() as i32,
+    }
+}
+
+async fn events(State(page): State<Page>, Query(query): Query<EventsQuery>) -> Response {
+    let Some(tenant) = page.redeem(&query.ticket) else {
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "unauthenticated",
+            "unknown, used or expired event ticket: get one with POST /api/v1/events/ticket",
+        );
+    };
+    let receiver = page.feed.subscribe();
+    let deadline = tokio::time::Instant::now() + STREAM_MAX_AGE;
+    let reader = page.reader.clone();
+    let shutdown = page.shutdown.clone();
+    // The first message says the stream is live: the page re-reads what it
+    // shows, so nothing committed before the subscription is missed.
+    let hello = futures::stream::once(async {
+        Ok::<_, Infallible>(Event::default().event("ready").data("{}"))
+    });
+    // Each commit publishes two events (discovery and snapshot): the stream
+    // sends an agent once per revision, newest only.
+    let sent: HashMap<String, u64> = HashMap::new();
+    let changes = futures::stream::unfold((receiver, sent), move |(mut receiver, mut sent)| {
+        let (tenant, reader, shutdown) = (tenant.clone(), reader.clone(), shutdown.clone());
+        async move {
+            loop {
+                let next = tokio::select! {
+                    () = shutdown.cancelled() => return None,
+                    next = tokio::time::timeout_at(deadline, receiver.recv()) => next,
+                };
+                let change = match next {
+                    Err(_) => return None,
+                    Ok(Err(tokio::sync::broadcast::error::RecvError::Closed)) => return None,
+                    // Events were missed: the page re-reads everything.
+                    Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => {
+                        sent.clear();
+                        return Some((
+                            Event::default().event("resync").data("{}"),
+                            (receiver, sent),
+                        ));
+                    }
+                    Ok(Ok(change)) => change,
+                };
+                let (agent_id, update) = &*change;
+                if sent.get(agent_id).is_some_and(|&r| r >= update.revision) {
+                    continue;
+                }
+                let state = match &update.state {
+                    Some(state) => state.clone(),
+                    // Too large to carry: read it (the read says whose it is).
+                    None => match reader.read(agent_id).await {
+                        Ok(state) => state,
+                        Err(_) => continue,
+                    },
+                };
+                if state.agent.as_ref().is_none_or(|a| a.tenant != tenant) {
+                    continue;
+                }
+                if sent.len() >= MAX_TICKETS {
+                    sent.clear();
+                }
+                sent.insert(agent_id.clone(), state.revision);
+                let event = PageEvent {
+                    agent_id: agent_id.clone(),
+                    revision: state.revision,
+                    committed_at: update.committed_at.map(to_timestamp),
+                    summary: Some(summary(&state)),
+                    projection: Some(context(agent_id, &state)),
+                };
+                let data = serde_json::to_string(&event).unwrap_or_default();
+                return Some((Event::default().event("agent").data(data), (receiver, sent)));
+            }
+        }
+    })
+    .map(Ok::<_, Infallible>);
+    let mut response = Sse::new(hello.chain(changes))
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response();
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}

@@ -1,0 +1,252 @@
+//! The context page's APIs without a browser (the browser test is
+//! `tests/e2e/tests/context_page.rs`): the page itself, refusals without a
+//! key or ticket, a tenant's list holding only its agents, and the event
+//! stream carrying a commit to its tenant only. Real store, gate and
+//! nats-server.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+use testkit::chat::TEST_TENANT_KEY;
+use testkit::report::complete;
+
+fn bearer(key: &str) -> String {
+    format!("Bearer {key}")
+}
+
+async fn ticket(h: &Harness, key: &str) -> String {
+    let response = reqwest::Client::new()
+        .post(h.url("/api/v1/events/ticket"))
+        .header("authorization", bearer(key))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let body: Value = response.json().await.unwrap();
+    body["ticket"].as_str().unwrap().to_owned()
+}
+
+/// An open event stream, read one server-sent event at a time.
+struct Stream {
+    response: reqwest::Response,
+    buffer: String,
+}
+
+impl Stream {
+    async fn open(h: &Harness, ticket: &str) -> Self {
+        let response = reqwest::Client::new()
+            .get(h.url(&format!("/api/v1/events?ticket={ticket}")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let mut stream = Self {
+            response,
+            buffer: String::new(),
+        };
+        let (name, _) = stream.next().await;
+        assert_eq!(name, "ready", "the stream says it is live first");
+        stream
+    }
+
+    /// The next event (keep-alive comments skipped), bounded.
+    async fn next(&mut self) -> (String, Value) {
+        tokio::time::timeout(TIMEOUT, async {
+            loop {
+                if let Some(end) = self.buffer.find("\n\n") {
+                    let block: String = self.buffer.drain(..end + 2).collect();
+                    let mut name = String::new();
+                    let mut data = String::new();
+                    for line in block.lines() {
+                        if let Some(v) = line.strip_prefix("event:") {
+                            name = v.trim().to_owned();
+                        } else if let Some(v) = line.strip_prefix("data:") {
+                            data.push_str(v.trim_start());
+                        }
+                    }
+                    if name.is_empty() {
+                        continue;
+                    }
+                    return (name, serde_json::from_str(&data).unwrap());
+                }
+                let chunk = self.response.chunk().await.unwrap().expect("stream open");
+                self.buffer.push_str(&String::from_utf8_lossy(&chunk));
+            }
+        })
+        .await
+        .expect("an event within the deadline")
+    }
+}
+
+#[tokio::test]
+async fn the_page_is_served_and_its_apis_refuse_callers_without_a_key_or_ticket() {
+    let h = Harness::spawn().await;
+    let http = reqwest::Client::new();
+
+    // The page holds no data: it is served to anyone, and loads nothing from elsewhere.
+    let page = http.get(h.url("/ui/")).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    let csp = page.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(csp.contains("default-src 'self'"), "{csp}");
+    let html = page.text().await.unwrap();
+    assert!(
+        html.contains("Tenant key") && !html.contains("http"),
+        "{html}"
+    );
+    for asset in ["/ui/app.js", "/ui/style.css"] {
+        let body = http
+            .get(h.url(asset))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            !body.contains("https://"),
+            "{asset} loads nothing from elsewhere"
+        );
+    }
+
+    for (method, path) in [
+        (reqwest::Method::GET, "/api/v1/agents"),
+        (reqwest::Method::POST, "/api/v1/events/ticket"),
+    ] {
+        let response = http.request(method, h.url(path)).send().await.unwrap();
+        assert_eq!(response.status(), 401, "{path}");
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "unauthenticated", "{body}");
+    }
+    let key = testkit::store::new_tenant_key();
+    let response = http
+        .get(h.url("/api/v1/agents"))
+        .header("authorization", bearer(&key))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 401, "a key nobody issued");
+
+    // A stream needs a ticket, and a ticket opens one stream.
+    for query in ["", "?ticket=", "?ticket=cxt_guess"] {
+        let response = http
+            .get(h.url(&format!("/api/v1/events{query}")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 401, "{query}");
+    }
+    let once = ticket(&h, TEST_TENANT_KEY).await;
+    let _stream = Stream::open(&h, &once).await;
+    let again = http
+        .get(h.url(&format!("/api/v1/events?ticket={once}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 401, "a ticket is single-use");
+}
+
+#[tokio::test]
+async fn a_tenant_lists_and_follows_only_its_own_agents() {
+    let h = Harness::spawn().await;
+    let agent = h
+        .agent_reporting(complete(RUN_A, 1, vec![server("ws", &["t", "u"])]))
+        .await;
+    let (other_key, _) = h.api.create_tenant_key("globex").await;
+    let other_api = h.api.clone().in_tenant("globex");
+    let other_agent = other_api.register("b", "b").await;
+
+    let list = |key: String| {
+        let url = h.url("/api/v1/agents");
+        async move {
+            let response = reqwest::Client::new()
+                .get(url)
+                .header("authorization", bearer(&key))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 200);
+            response.json::<Value>().await.unwrap()
+        }
+    };
+    let mine = list(TEST_TENANT_KEY.to_owned()).await;
+    let agents = mine["agents"].as_array().unwrap();
+    assert_eq!(agents.len(), 1, "{mine}");
+    assert_eq!(agents[0]["agent_id"], agent.as_str());
+    assert_eq!(agents[0]["phase"], "PHASE_COMPLETE");
+    assert_eq!(agents[0]["freshness"], "FRESHNESS_CURRENT");
+    assert_eq!(agents[0]["counts"]["servers_ok"], 1);
+    assert_eq!(agents[0]["counts"]["tools"], 2);
+    let theirs = list(other_key.clone()).await;
+    let ids: Vec<&str> = theirs["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["agent_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [other_agent.as_str()], "{theirs}");
+    assert_eq!(theirs["agents"][0]["freshness"], "FRESHNESS_NO_REPORT");
+    let url = h.url("/api/v1/agents?q=no-such-agent");
+    let none: Value = reqwest::Client::new()
+        .get(url)
+        .header("authorization", bearer(TEST_TENANT_KEY))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(none["agents"], serde_json::json!([]), "search: {none}");
+
+    // Both tenants follow; a commit of tenant A's agent reaches A's stream
+    // with its line and projection, and B's stream sees only B's agent.
+    let mut stream_a = Stream::open(&h, &ticket(&h, TEST_TENANT_KEY).await).await;
+    let mut stream_b = Stream::open(&h, &ticket(&h, &other_key).await).await;
+    h.startup(&agent, RUN_B).await;
+    let (name, event) = stream_a.next().await;
+    assert_eq!(name, "agent");
+    assert_eq!(event["agent_id"], agent.as_str(), "{event}");
+    assert_eq!(event["summary"]["freshness"], "FRESHNESS_STALE", "{event}");
+    assert_eq!(
+        event["projection"]["counts"]["tools_withheld"], 2,
+        "{event}"
+    );
+    assert!(event["committed_at"].is_string(), "{event}");
+    h.push_ok(&agent, complete(RUN_B, 1, vec![server("ws", &["t"])]))
+        .await;
+    let (_, event) = stream_a.next().await;
+    assert_eq!(
+        event["summary"]["freshness"], "FRESHNESS_CURRENT",
+        "{event}"
+    );
+    assert_eq!(event["projection"]["counts"]["tools"], 1, "{event}");
+
+    other_api.startup(&other_agent, RUN_A).await;
+    let (name, event) = tokio::time::timeout(Duration::from_secs(10), stream_b.next())
+        .await
+        .unwrap();
+    assert_eq!(name, "agent");
+    assert_eq!(
+        event["agent_id"],
+        other_agent.as_str(),
+        "tenant B's stream carries nothing of tenant A's before its own: {event}"
+    );
+
+    // A shutdown ends the open streams instead of waiting for them.
+    let mut h = h;
+    h.gate_shutdown.cancel();
+    let gate = h.gate.take().unwrap();
+    tokio::time::timeout(TIMEOUT, gate.join())
+        .await
+        .expect("the gate stops with streams open");
+    tokio::time::timeout(TIMEOUT, async {
+        while let Ok(Some(_)) = stream_a.response.chunk().await {}
+    })
+    .await
+    .expect("the stream ends");
+}

@@ -1,0 +1,142 @@
+// Drives the context page in the system Chromium for
+// tests/e2e/tests/context_page.rs, one command at a time: each stdin line is
+// a JSON command, each answer one stdout line `OK <json>` or `ERR <message>`.
+// Waits end on the page's state within the command's deadline, never on a sleep.
+//
+// Every response body the page received and every server-sent event message
+// (Chrome DevTools protocol) is kept, so the test can search the traffic.
+import { createRequire } from "node:module";
+import readline from "node:readline";
+
+const require = createRequire(process.env.CTXSYNC_BROWSER_DIR + "/");
+const { chromium } = require("playwright-core");
+
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+  headless: true,
+  args: ["--no-sandbox", "--disable-dev-shm-usage"],
+});
+let context, page;
+const traffic = [];
+const requests = [];
+
+async function newPage(viewport) {
+  if (context) await context.close();
+  context = await browser.newContext({ viewport });
+  page = await context.newPage();
+  const cdp = await context.newCDPSession(page);
+  await cdp.send("Network.enable");
+  cdp.on("Network.eventSourceMessageReceived", (e) => traffic.push(e.data));
+  page.on("request", (r) => requests.push(r.url() + "\n" + JSON.stringify(r.headers())));
+  page.on("response", async (r) => {
+    const type = r.headers()["content-type"] || "";
+    if (type.includes("event-stream")) return;
+    try { traffic.push(await r.text()); } catch (_) { /* a redirect, or gone */ }
+  });
+}
+
+const deadline = (cmd) => cmd.timeout_ms || 30000;
+
+async function agentState(predicate, cmd) {
+  await page.waitForFunction(predicate, cmd, { timeout: deadline(cmd), polling: "raf" });
+  return page.evaluate(() => window.ctxsyncPage.renders);
+}
+
+const commands = {
+  async open(cmd) {
+    await newPage(cmd.viewport || { width: 1280, height: 800 });
+    await page.goto(cmd.url);
+    return {};
+  },
+  async wait_login(cmd) {
+    await page.locator("#login").waitFor({ state: "visible", timeout: deadline(cmd) });
+    return { focused: await page.evaluate(() => document.activeElement && document.activeElement.id) };
+  },
+  // Types the key with the keyboard and submits with Enter.
+  async login(cmd) {
+    await page.locator("#key").focus();
+    await page.keyboard.type(cmd.key);
+    await page.keyboard.press("Enter");
+    await page.locator("#login").waitFor({ state: "hidden", timeout: deadline(cmd) });
+    await page.waitForFunction(() => window.ctxsyncPage.live, null, { timeout: deadline(cmd) });
+    return {};
+  },
+  async wait_row(cmd) {
+    const row = page.locator(`tr[data-agent-id="${cmd.agent_id}"]`);
+    await row.waitFor({ state: "visible", timeout: deadline(cmd) });
+    return { text: await row.innerText() };
+  },
+  // Reaches the agent's link with Tab and opens it with Enter.
+  async open_agent(cmd) {
+    const link = page.locator(`tr[data-agent-id="${cmd.agent_id}"] a`);
+    await page.locator("#search").focus();
+    for (let i = 0; i < 50; i++) {
+      if (await link.evaluate((a) => a === document.activeElement)) break;
+      await page.keyboard.press("Tab");
+    }
+    if (!(await link.evaluate((a) => a === document.activeElement))) throw new Error("the agent's link is not reachable with Tab");
+    await page.keyboard.press("Enter");
+    await page.locator("#agent").waitFor({ state: "visible", timeout: deadline(cmd) });
+    return {};
+  },
+  async goto_hash(cmd) {
+    await page.evaluate((h) => { location.hash = h; }, cmd.hash);
+    return {};
+  },
+  async wait_phase(cmd) {
+    const renders = await agentState((c) => {
+      const b = document.getElementById("agent-body");
+      return b && b.dataset.phase === c.phase && b.dataset.stale === String(c.stale) && Number(b.dataset.tools) >= (c.min_tools || 0);
+    }, cmd);
+    return { renders };
+  },
+  async wait_text(cmd) {
+    await page.locator(cmd.selector).filter({ hasText: cmd.text }).first().waitFor({ state: "visible", timeout: deadline(cmd) });
+    return {};
+  },
+  async expand_first_tool() {
+    const tool = page.locator("details.tool").first();
+    await tool.locator("summary").focus();
+    await page.keyboard.press("Enter");
+    return { schema: await tool.locator("pre").innerText() };
+  },
+  async renders() {
+    return { renders: await page.evaluate(() => window.ctxsyncPage.renders) };
+  },
+  async screenshot(cmd) {
+    await page.screenshot({ path: cmd.path, fullPage: true });
+    return { path: cmd.path };
+  },
+  // Whether `needle` is anywhere in the page's text, its HTML, the storage
+  // outside the key, the requests, or the traffic received so far.
+  async search(cmd) {
+    const html = await page.content();
+    const text = await page.evaluate(() => document.body.innerText);
+    return {
+      in_page: html.includes(cmd.needle) || text.includes(cmd.needle),
+      in_traffic: traffic.some((t) => t.includes(cmd.needle)),
+      in_requests: requests.some((r) => r.includes(cmd.needle)),
+      traffic_items: traffic.length,
+    };
+  },
+  async close() {
+    await browser.close();
+    return {};
+  },
+};
+
+const lines = readline.createInterface({ input: process.stdin });
+console.log("OK " + JSON.stringify({ ready: true }));
+for await (const line of lines) {
+  if (!line.trim()) continue;
+  let cmd;
+  try {
+    cmd = JSON.parse(line);
+    const result = await commands[cmd.op](cmd);
+    console.log("OK " + JSON.stringify(result));
+    if (cmd.op === "close") break;
+  } catch (e) {
+    console.log("ERR " + (cmd && cmd.op) + ": " + String(e && e.message || e).split("\n")[0]);
+  }
+}
+process.exit(0);
