@@ -247,9 +247,17 @@ struct Operation {
     summary: &'static str,
     security: &'static str,
     request: Option<&'static str>,
+    /// Path and query parameters: (name, where, description).
+    parameters: &'static [(&'static str, &'static str, &'static str)],
     answer: &'static str,
+    /// `application/json`, or `text/event-stream` whose events carry `answer`.
+    media: &'static str,
     refusals: &'static [(u16, &'static str)],
 }
+
+const JSON: &str = "application/json";
+const EVENT_STREAM: &str = "text/event-stream";
+const AGENT_ID: &[(&str, &str, &str)] = &[("agent_id", "path", "the agent's id (a UUID)")];
 
 const AGENT_REFUSALS: &[(u16, &str)] = &[
     (400, "malformed or invalid, naming the field or limit"),
@@ -281,7 +289,9 @@ const OPERATIONS: &[Operation] = &[
         summary: "agent-ingest: a workspace agent process announces its run",
         security: "agentToken",
         request: Some("ctxsync.v1.StartupRequest"),
+        parameters: &[],
         answer: "ctxsync.v1.StartupResponse",
+        media: JSON,
         refusals: AGENT_REFUSALS,
     },
     Operation {
@@ -290,7 +300,9 @@ const OPERATIONS: &[Operation] = &[
         summary: "agent-ingest: a workspace agent pushes its discovery report",
         security: "agentToken",
         request: Some("ctxsync.v1.PushContextStateRequest"),
+        parameters: &[],
         answer: "ctxsync.v1.PushContextStateResponse",
+        media: JSON,
         refusals: AGENT_REFUSALS,
     },
     Operation {
@@ -299,7 +311,9 @@ const OPERATIONS: &[Operation] = &[
         summary: "chat-gate: may this turn run, and with which context (a first turn waits for discovery)",
         security: "tenantKey",
         request: Some("ctxsync.v1.TurnRequest"),
+        parameters: &[],
         answer: "ctxsync.v1.TurnReply",
+        media: JSON,
         refusals: CHAT_REFUSALS,
     },
     Operation {
@@ -308,7 +322,62 @@ const OPERATIONS: &[Operation] = &[
         summary: "chat-gate: the agent's current projection, without waiting",
         security: "tenantKey",
         request: None,
+        parameters: AGENT_ID,
         answer: "ctxsync.v1.ChatProjection",
+        media: JSON,
+        refusals: CHAT_REFUSALS,
+    },
+    Operation {
+        method: "get",
+        path: "/api/v1/agents",
+        summary: "chat-gate (context page): the key's tenant's agents, a page at a time",
+        security: "tenantKey",
+        request: None,
+        parameters: &[
+            (
+                "q",
+                "query",
+                "only agents whose name, workspace or id contains this (case-insensitive)",
+            ),
+            (
+                "after",
+                "query",
+                "the `next_after_agent_id` of the previous page",
+            ),
+            (
+                "limit",
+                "query",
+                "agents per page: 50 by default, at most 200",
+            ),
+        ],
+        answer: "ctxsync.v1.AgentListReply",
+        media: JSON,
+        refusals: CHAT_REFUSALS,
+    },
+    Operation {
+        method: "post",
+        path: "/api/v1/events/ticket",
+        summary: "chat-gate (context page): a single-use ticket (30 s) for the event stream, which cannot send headers",
+        security: "tenantKey",
+        request: None,
+        parameters: &[],
+        answer: "ctxsync.v1.EventTicketReply",
+        media: JSON,
+        refusals: CHAT_REFUSALS,
+    },
+    Operation {
+        method: "get",
+        path: "/api/v1/events",
+        summary: "chat-gate (context page): server-sent `agent` events, one per committed change of the ticket's tenant's agents",
+        security: "ticket",
+        request: None,
+        parameters: &[(
+            "ticket",
+            "query",
+            "a ticket from POST /api/v1/events/ticket",
+        )],
+        answer: "ctxsync.v1.PageEvent",
+        media: EVENT_STREAM,
         refusals: CHAT_REFUSALS,
     },
 ];
@@ -326,13 +395,21 @@ pub fn document() -> Value {
     for operation in OPERATIONS {
         roots.push(operation.answer);
         let mut responses = Map::new();
-        responses.insert(
-            "200".into(),
+        let answer = if operation.media == EVENT_STREAM {
+            json!({
+                "description": "a stream whose `agent` events carry this message in their data",
+                "content": { EVENT_STREAM: {
+                    "schema": { "type": "string" },
+                    "x-event-data": reference(operation.answer),
+                } },
+            })
+        } else {
             json!({
                 "description": "the answer",
-                "content": { "application/json": { "schema": reference(operation.answer) } },
-            }),
-        );
+                "content": { JSON: { "schema": reference(operation.answer) } },
+            })
+        };
+        responses.insert("200".into(), answer);
         for (status, why) in operation.refusals {
             responses.insert(
                 status.to_string(),
@@ -342,9 +419,14 @@ pub fn document() -> Value {
                 }),
             );
         }
+        let security = if operation.security == "ticket" {
+            json!([])
+        } else {
+            json!([{ operation.security: [] }])
+        };
         let mut entry = json!({
             "summary": operation.summary,
-            "security": [{ operation.security: [] }],
+            "security": security,
             "responses": responses,
         });
         if let Some(request) = operation.request {
@@ -356,11 +438,19 @@ pub fn document() -> Value {
             }
             entry["requestBody"] = json!({ "required": true, "content": content });
         }
-        if operation.path.contains("{agent_id}") {
-            entry["parameters"] = json!([{
-                "name": "agent_id", "in": "path", "required": true,
-                "schema": { "type": "string", "format": "uuid" },
-            }]);
+        if !operation.parameters.is_empty() {
+            let parameters: Vec<Value> = operation
+                .parameters
+                .iter()
+                .map(|(name, place, description)| {
+                    json!({
+                        "name": name, "in": place, "description": description,
+                        "required": *place == "path" || *name == "ticket",
+                        "schema": { "type": "string" },
+                    })
+                })
+                .collect();
+            entry["parameters"] = Value::Array(parameters);
         }
         paths
             .entry(operation.path)
@@ -375,6 +465,14 @@ pub fn document() -> Value {
             "responses": { "200": { "description": "ok", "content": { media: { "schema": schema } } } },
         }})
     };
+    paths.insert(
+        "/ui/".into(),
+        operator(
+            "chat-gate: the context page (HTML, no external resources; asks for a tenant key)",
+            "text/html",
+            json!({ "type": "string" }),
+        ),
+    );
     paths.insert(
         "/healthz".into(),
         operator(

@@ -139,6 +139,66 @@ async fn every_http_answer_fits_the_openapi_document() {
     .await;
     assert_eq!(unknown.0, 404);
     fits(&document, ERROR_SCHEMA, &unknown);
+    let agents = send(
+        http.get(format!("{gate}/api/v1/agents?q=open"))
+            .bearer_auth(TEST_TENANT_KEY),
+    )
+    .await;
+    assert_eq!(agents.0, 200, "{:?}", agents.1);
+    assert_eq!(agents.1["agents"][0]["agent_id"], agent_id.as_str());
+    fits(&document, "ctxsync.v1.AgentListReply", &agents);
+    let ticket = send(
+        http.post(format!("{gate}/api/v1/events/ticket"))
+            .bearer_auth(TEST_TENANT_KEY),
+    )
+    .await;
+    assert_eq!(ticket.0, 200, "{:?}", ticket.1);
+    fits(&document, "ctxsync.v1.EventTicketReply", &ticket);
+    // The stream's `agent` events carry a PageEvent: a commit shows up as one.
+    let mut stream = http
+        .get(format!(
+            "{gate}/api/v1/events?ticket={}",
+            ticket.1["ticket"].as_str().expect("a ticket")
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    let again = complete(&run_id, 2, vec![server("docs", &["search", "fetch"])]);
+    let pushed = send(
+        http.post(format!("{ingest}/api/v1/agent/context-state"))
+            .bearer_auth(&token)
+            .json(&serde_json::to_value(&again).unwrap()),
+    )
+    .await;
+    assert_eq!(pushed.0, 200, "{:?}", pushed.1);
+    let event = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut text = String::new();
+        loop {
+            let chunk = stream
+                .chunk()
+                .await
+                .unwrap()
+                .expect("the stream stays open");
+            text.push_str(&String::from_utf8_lossy(&chunk));
+            if let Some(at) = text.find("event: agent\ndata: ") {
+                let data = &text[at + "event: agent\ndata: ".len()..];
+                if let Some(end) = data.find('\n') {
+                    break serde_json::from_str::<Value>(&data[..end]).unwrap();
+                }
+            }
+        }
+    })
+    .await
+    .expect("an agent event within 10 s of the commit");
+    assert_eq!(event["agent_id"], agent_id.as_str());
+    fits(&document, "ctxsync.v1.PageEvent", &(200, event));
+    drop(stream);
+
+    let no_ticket = send(http.get(format!("{gate}/api/v1/events?ticket=nope"))).await;
+    assert_eq!(no_ticket.0, 401, "{:?}", no_ticket.1);
+    fits(&document, ERROR_SCHEMA, &no_ticket);
+
     let no_key = send(http.post(format!("{gate}/api/v1/gate")).json(&json!({}))).await;
     assert_eq!(no_key.0, 401);
     fits(&document, ERROR_SCHEMA, &no_key);
