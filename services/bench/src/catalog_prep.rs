@@ -14,7 +14,6 @@ use ctxsync_proto::v1::{
     catalog_pin::Source,
 };
 use ctxsync_runtime::rpc;
-use serde::Serialize;
 
 use crate::env::Env;
 use crate::stats::Latency;
@@ -23,7 +22,7 @@ use crate::steps::{BenchError, Progress, Sizes, Step};
 const TENANT: &str = "bench";
 const PREPARE_TIMEOUT: Duration = Duration::from_secs(120);
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default)]
 pub struct CatalogPreparation {
     /// Set when the section did not run, and why.
     pub skipped: Option<String>,

@@ -17,7 +17,6 @@ use ctxsync_stack::deps::{self, Dependency};
 use ctxsync_stack::{Stack, StackBuilder};
 use futures::StreamExt;
 use rand::RngCore;
-use serde::Serialize;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
@@ -30,7 +29,7 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(300);
 pub const BENCH_TENANT: &str = "bench";
 
 /// Where the bench ran, for the report.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
 pub struct Environment {
     pub build: &'static str,
     pub cores: usize,

@@ -5,7 +5,6 @@
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -16,7 +15,7 @@ use crate::steps::{BenchError, Sizes, Step};
 const WARMUP: usize = 50;
 const PAYLOAD: &[u8] = &[b'x'; 128];
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default)]
 pub struct Floors {
     pub nats_pub_sub: Latency,
     pub nats_request_reply: Latency,
@@ -25,7 +24,7 @@ pub struct Floors {
     pub store_read: Latency,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default)]
 pub struct PostgresFloor {
     pub single_client: Latency,
     /// For the breakdown: from the snapshot upsert (where snapshot-store takes

@@ -19,7 +19,7 @@ async fn main() -> anyhow::Result<()> {
     let progress = ctxsync_bench::Progress::default();
     let report = Box::pin(ctxsync_bench::run(&args, &progress)).await?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        println!("{}", report.render_json());
     } else {
         print!("{}", report.render());
     }

@@ -9,13 +9,12 @@ use ctxsync_proto::v1::{
     Skill, StartupRequest, StartupResponse, context_resource::Body, mcp_discovery::Phase,
 };
 use prost::Message;
-use serde::Serialize;
 
 use crate::env::{BenchAgent, Env};
 use crate::stats::Latency;
 use crate::steps::{BenchError, Sizes, Step};
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default)]
 pub struct PushThroughput {
     pub agents: usize,
     pub pushes: u64,

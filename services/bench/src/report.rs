@@ -1,9 +1,9 @@
-//! The bench's results: JSON for machines, a table for people, and every
-//! ratio against its target (README, Benchmark).
+//! The bench's results: JSON for machines (a `BenchReport` message), a table
+//! for people, and every ratio against its target (README, Benchmark).
 
 use std::fmt::Write as _;
 
-use serde::Serialize;
+use ctxsync_proto::v1;
 
 use crate::catalog_prep::CatalogPreparation;
 use crate::env::Environment;
@@ -37,7 +37,7 @@ const EXPECTED_METRICS: &[(&str, &str)] = &[
     ("ctxsync_catalog_preparations_total", "catalog preparations"),
 ];
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
 pub struct Target {
     pub name: String,
     pub ratio: f64,
@@ -45,7 +45,7 @@ pub struct Target {
     pub met: bool,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default)]
 pub struct MetricsSeen {
     /// Every `ctxsync_*` family the process's /metrics rendered after the run.
     pub families: Vec<String>,
@@ -53,7 +53,7 @@ pub struct MetricsSeen {
     pub missing: Vec<String>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
 pub struct Report {
     pub mode: &'static str,
     pub environment: Environment,
@@ -105,6 +105,23 @@ fn at_least(name: String, ratio: f64, limit: f64) -> Target {
         ratio,
         target: format!("≥ {limit}×"),
         met: ratio >= limit,
+    }
+}
+
+/// A count of chats, agents or samples as its 32-bit field (a JSON number).
+fn count(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+impl Latency {
+    fn to_proto(&self) -> v1::BenchLatency {
+        v1::BenchLatency {
+            samples: count(self.samples),
+            p50_us: self.p50_us,
+            p99_us: self.p99_us,
+            max_us: self.max_us,
+            mean_us: self.mean_us,
+        }
     }
 }
 
@@ -212,6 +229,114 @@ impl Report {
                 .all(|c| c.correct == c.chats * c.rounds && c.wrong.is_empty())
             && self.gate_ready.correct == self.gate_ready.asked
             && self.polling.wake_latency.samples == self.polling.rounds;
+    }
+
+    /// The report as its proto message, in the one JSON convention.
+    pub fn render_json(&self) -> String {
+        serde_json::to_string_pretty(&self.to_proto()).expect("the report serializes")
+    }
+
+    pub fn to_proto(&self) -> v1::BenchReport {
+        let e = &self.environment;
+        let f = &self.floors;
+        let g = &self.gate_ready;
+        let p = &self.push;
+        let c = &self.catalog;
+        let pl = &self.polling;
+        let m = &self.memory;
+        v1::BenchReport {
+            mode: self.mode.to_owned(),
+            environment: Some(v1::BenchEnvironment {
+                build: e.build.to_owned(),
+                cores: count(e.cores),
+                nats: e.nats.clone(),
+                postgres: e.postgres.clone(),
+                subject_prefix: e.subject_prefix.clone(),
+                database: e.database.clone(),
+            }),
+            floors: Some(v1::BenchFloors {
+                nats_pub_sub: Some(f.nats_pub_sub.to_proto()),
+                nats_request_reply: Some(f.nats_request_reply.to_proto()),
+                postgres: Some(v1::BenchPostgresFloor {
+                    single_client: Some(f.postgres.single_client.to_proto()),
+                    upsert_to_commit: Some(f.postgres.upsert_to_commit.to_proto()),
+                    clients: count(f.postgres.clients),
+                    transactions: f.postgres.transactions,
+                    per_second: f.postgres.per_second,
+                }),
+                store_read: Some(f.store_read.to_proto()),
+            }),
+            wake: self
+                .wake
+                .iter()
+                .map(|case| v1::BenchWakeCase {
+                    chats: count(case.chats),
+                    agents: count(case.agents),
+                    rounds: count(case.rounds),
+                    waiting_at_commit: count(case.waiting_at_commit),
+                    answered: count(case.answered),
+                    correct: count(case.correct),
+                    wrong: case.wrong.clone(),
+                    latency: Some(case.latency.to_proto()),
+                    event_latency: Some(case.event_latency.to_proto()),
+                    event_to_answer: Some(case.event_to_answer.to_proto()),
+                    rss_before_bytes: case.rss_before_bytes,
+                    rss_waiting_bytes: case.rss_waiting_bytes,
+                    gate_watches: count(case.gate_watches),
+                    note: case.note.clone(),
+                })
+                .collect(),
+            gate_ready: Some(v1::BenchGateReady {
+                asked: count(g.asked),
+                correct: count(g.correct),
+                wrong: g.wrong.clone(),
+                latency: Some(g.latency.to_proto()),
+            }),
+            push: Some(v1::BenchPush {
+                agents: count(p.agents),
+                pushes: p.pushes,
+                per_second: p.per_second,
+                latency: Some(p.latency.to_proto()),
+            }),
+            catalog: Some(v1::BenchCatalog {
+                skipped: c.skipped.clone(),
+                servers: c.servers.clone(),
+                note: c.note.clone(),
+                live_ms: c.live_ms,
+                live_service_ms: c.live_service_ms,
+                max_concurrent_starts: count(c.max_concurrent_starts),
+                warm: Some(c.warm.to_proto()),
+                warm_all_pinned: c.warm_all_pinned,
+            }),
+            polling: Some(v1::BenchPolling {
+                rounds: count(pl.rounds),
+                interval_ms: pl.interval_ms,
+                polling_latency: Some(pl.polling_latency.to_proto()),
+                wake_latency: Some(pl.wake_latency.to_proto()),
+            }),
+            memory: Some(v1::BenchMemory {
+                chats: count(m.chats),
+                waiting_in_gate: count(m.waiting_in_gate),
+                rss_delta_bytes: m.rss_delta_bytes,
+                bytes_per_chat: m.bytes_per_chat,
+                note: m.note.clone(),
+            }),
+            targets: self
+                .targets
+                .iter()
+                .map(|t| v1::BenchTarget {
+                    name: t.name.clone(),
+                    ratio: t.ratio,
+                    target: t.target.clone(),
+                    met: t.met,
+                })
+                .collect(),
+            all_answers_correct: self.all_answers_correct,
+            metrics: Some(v1::BenchMetrics {
+                families: self.metrics.families.clone(),
+                missing: self.metrics.missing.clone(),
+            }),
+        }
     }
 
     /// The table for people.
@@ -439,5 +564,80 @@ impl Report {
             );
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::Value;
+
+    use super::*;
+    use crate::wake::WakeCase;
+
+    fn report() -> Report {
+        let mut report = Report::new(
+            true,
+            Environment {
+                build: "debug",
+                cores: 2,
+                nats: "nats://127.0.0.1:4222 (given)".into(),
+                postgres: "postgres://postgres@127.0.0.1:5432/postgres (given)".into(),
+                subject_prefix: "bench0123abcd".into(),
+                database: "ctxsync_bench_0123abcd".into(),
+            },
+        );
+        let micros =
+            |us: &[u64]| Latency::of(us.iter().map(|&u| Duration::from_micros(u)).collect());
+        report.floors.nats_pub_sub = micros(&[100, 120, 300]);
+        report.floors.nats_request_reply = micros(&[150]);
+        report.floors.postgres.clients = 8;
+        report.floors.postgres.transactions = 5_000_000_000;
+        report.floors.postgres.per_second = 1234.5;
+        let mut case = WakeCase::default();
+        (case.chats, case.agents, case.rounds) = (1, 1, 3);
+        (case.answered, case.correct) = (3, 3);
+        case.latency = micros(&[200, 250, 400]);
+        case.rss_before_bytes = Some(10 << 20);
+        report.wake = vec![case];
+        report.push.pushes = 42;
+        report.push.per_second = 700.0;
+        report.catalog.skipped = Some("no reference MCP server installed".into());
+        report.memory.rss_delta_bytes = -4096;
+        report.evaluate();
+        report
+    }
+
+    #[test]
+    fn json_is_a_bench_report_in_the_one_json_convention() {
+        let report = report();
+        let text = report.render_json();
+        let json: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(json["mode"], "quick");
+        // Counts of 32 bits and doubles are numbers; 64-bit integers are strings.
+        assert_eq!(json["environment"]["cores"], 2);
+        assert_eq!(json["floors"]["nats_pub_sub"]["samples"], 3);
+        assert_eq!(json["floors"]["nats_pub_sub"]["p50_us"], 120.0);
+        assert_eq!(json["floors"]["postgres"]["per_second"], 1234.5);
+        assert_eq!(json["floors"]["postgres"]["transactions"], "5000000000");
+        assert_eq!(json["push"]["pushes"], "42");
+        assert_eq!(json["memory"]["rss_delta_bytes"], "-4096");
+        assert_eq!(json["wake"][0]["rss_before_bytes"], "10485760");
+        // Every field is present with its default; an unset optional is left out.
+        assert_eq!(json["floors"]["store_read"]["samples"], 0);
+        assert_eq!(json["wake"][0]["wrong"], Value::Array(Vec::new()));
+        assert!(json["wake"][0].get("rss_waiting_bytes").is_none(), "{json}");
+        assert!(json["wake"][0].get("note").is_none(), "{json}");
+        assert_eq!(
+            json["catalog"]["skipped"],
+            "no reference MCP server installed"
+        );
+        assert_eq!(json["targets"].as_array().map(Vec::len), Some(5));
+        assert_eq!(json["targets"][0]["met"], true);
+        assert_eq!(json["all_answers_correct"], true);
+        // pbjson reads back the message it wrote.
+        let parsed: v1::BenchReport = serde_json::from_str(&text).unwrap();
+        assert_eq!(parsed, report.to_proto());
     }
 }

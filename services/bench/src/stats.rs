@@ -2,10 +2,8 @@
 
 use std::time::Duration;
 
-use serde::Serialize;
-
 /// A latency distribution, in microseconds.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default)]
 pub struct Latency {
     pub samples: usize,
     pub p50_us: f64,

@@ -12,7 +12,6 @@ use ctxsync_proto::v1::{
 use ctxsync_runtime::rpc;
 use futures::StreamExt;
 use prost::Message;
-use serde::Serialize;
 
 use crate::env::{BenchAgent, CALL_TIMEOUT, Env, rss_bytes, run_id};
 use crate::push::{push_request, resources, server};
@@ -24,7 +23,7 @@ const STALL: Duration = Duration::from_millis(1500);
 /// At most this many wrong answers are quoted in the report.
 const QUOTED_ERRORS: usize = 5;
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default)]
 pub struct WakeCase {
     pub chats: usize,
     pub agents: usize,
@@ -48,15 +47,12 @@ pub struct WakeCase {
     /// Agents the gate watched while the chats waited.
     pub gate_watches: usize,
     pub note: Option<String>,
-    #[serde(skip)]
     samples: Vec<Duration>,
-    #[serde(skip)]
     event_samples: Vec<Duration>,
-    #[serde(skip)]
     after_event_samples: Vec<Duration>,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default)]
 pub struct Memory {
     pub chats: usize,
     pub waiting_in_gate: usize,
@@ -67,7 +63,7 @@ pub struct Memory {
     pub note: String,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default)]
 pub struct Polling {
     pub rounds: usize,
     pub interval_ms: u64,
@@ -500,7 +496,7 @@ pub async fn gate_ready(
     Ok((Latency::of(reads), ready))
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default)]
 pub struct GateReady {
     pub asked: usize,
     pub correct: usize,

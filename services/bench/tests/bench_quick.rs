@@ -1,9 +1,11 @@
 //! `ctxsync-bench --quick --json`, run as the real binary against a real
 //! nats-server and Postgres, so the benchmark cannot rot: every section must
-//! report sane numbers and every chat the right answer.
+//! report sane numbers and every chat the right answer. The output is a
+//! `BenchReport` in the one JSON convention (64-bit integers as strings).
 
 use std::process::Command;
 
+use ctxsync_proto::v1::BenchReport;
 use serde_json::Value;
 use sqlx::Connection;
 use testkit::NatsServer;
@@ -13,6 +15,7 @@ fn admin_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
 }
 
+/// The number at `path`; a 64-bit integer field is a JSON string of digits.
 fn number(value: &Value, path: &str) -> f64 {
     let mut current = value;
     for key in path.split('.') {
@@ -23,6 +26,7 @@ fn number(value: &Value, path: &str) -> f64 {
     }
     current
         .as_f64()
+        .or_else(|| current.as_str()?.parse::<i64>().ok().map(|n| n as f64))
         .unwrap_or_else(|| panic!("{path} is not a number: {current}"))
 }
 
@@ -70,6 +74,9 @@ async fn quick_bench_reports_every_section_with_sane_numbers() {
         )
     });
 
+    let message: BenchReport = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not a BenchReport ({e})"));
+    assert_eq!(message.mode, "quick");
     assert_eq!(report["mode"], "quick");
     for floor in [
         "floors.nats_pub_sub",
@@ -102,6 +109,7 @@ async fn quick_bench_reports_every_section_with_sane_numbers() {
     );
     assert_latency(&report, "gate_ready.latency");
 
+    assert!(report["push"]["pushes"].is_string(), "{}", report["push"]);
     assert!(number(&report, "push.pushes") > 0.0);
     assert!(number(&report, "push.per_second") > 0.0);
     assert_latency(&report, "push.latency");
