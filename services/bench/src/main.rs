@@ -11,9 +11,19 @@ struct Cli {
     args: ctxsync_bench::BenchArgs,
 }
 
+/// An error is one line and exit code 1, never a backtrace.
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let Cli { args } = ctxsync_runtime::args::parse::<Cli>();
+async fn main() -> std::process::ExitCode {
+    match run(ctxsync_runtime::args::parse::<Cli>()).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(Cli { args }: Cli) -> anyhow::Result<()> {
     // sqlx's slow-statement warnings (CREATE/DROP DATABASE) would break the progress line.
     ctxsync_runtime::telemetry::init(ctxsync_runtime::LogFormat::Text, "warn,sqlx=error")?;
     let progress = ctxsync_bench::Progress::default();
