@@ -585,7 +585,7 @@ mod tests {
                 nats: "nats://127.0.0.1:4222 (given)".into(),
                 postgres: "postgres://postgres@127.0.0.1:5432/postgres (given)".into(),
                 subject_prefix: "bench0123abcd".into(),
-                database: "ctxsync_bench_0123abcd".into(),
+                database: "bench-db-0123abcd".into(),
             },
         );
         let micros =

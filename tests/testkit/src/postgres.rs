@@ -13,24 +13,6 @@ fn admin_url() -> String {
     std::env::var("CTXSYNC_TEST_DATABASE_URL").unwrap_or_else(|_| DEFAULT_ADMIN_URL.to_owned())
 }
 
-/// `base` with its database name replaced by `name`.
-fn with_database(base: &str, name: &str) -> String {
-    let (without_query, query) = match base.split_once('?') {
-        Some((b, q)) => (b, Some(q)),
-        None => (base, None),
-    };
-    let scheme_end = without_query.find("://").map_or(0, |i| i + 3);
-    let path_start = without_query[scheme_end..]
-        .find('/')
-        .map_or(without_query.len(), |i| scheme_end + i);
-    let mut url = format!("{}/{name}", &without_query[..path_start]);
-    if let Some(q) = query {
-        url.push('?');
-        url.push_str(q);
-    }
-    url
-}
-
 impl TestDatabase {
     /// Creates an empty database (migrations are the service's to apply).
     pub async fn create() -> Self {
@@ -51,7 +33,7 @@ impl TestDatabase {
             .await
             .unwrap_or_else(|error| panic!("cannot create test database {name}: {error}"));
         let _ = admin.close().await;
-        let url = with_database(&admin_url, &name);
+        let url = ctxsync_stack::deps::with_database(&admin_url, &name);
         Self {
             admin_url,
             name,
@@ -90,24 +72,5 @@ impl Drop for TestDatabase {
             });
         });
         let _ = dropped.join();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn database_name_is_replaced() {
-        assert_eq!(
-            super::with_database("postgres://u@h:5432/postgres", "x"),
-            "postgres://u@h:5432/x"
-        );
-        assert_eq!(
-            super::with_database("postgres://u@h/postgres?sslmode=disable", "x"),
-            "postgres://u@h/x?sslmode=disable"
-        );
-        assert_eq!(
-            super::with_database("postgres://u@h", "x"),
-            "postgres://u@h/x"
-        );
     }
 }
