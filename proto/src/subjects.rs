@@ -175,6 +175,15 @@ impl Subjects {
     pub fn catalog_session_end(&self, tenant: &str) -> String {
         self.join(&format!("catalog.session.end.{tenant}"))
     }
+    /// catalog: the state of `tenant`'s catalog servers and its latency
+    /// aggregates (request/reply); counts and durations, never content.
+    pub fn catalog_status(&self, tenant: &str) -> String {
+        self.join(&format!("catalog.status.{tenant}"))
+    }
+    /// catalog: the status subjects of every tenant, for subscribing.
+    pub fn catalog_status_all(&self) -> String {
+        self.join("catalog.status.*")
+    }
     /// catalog: the preparation subjects of every tenant, for subscribing.
     pub fn catalog_prepare_all(&self) -> String {
         self.join("catalog.prepare.*")
@@ -188,13 +197,14 @@ impl Subjects {
         self.join("catalog.session.end.*")
     }
     /// catalog: the tenant a request subject names (`<prefix>.catalog.<op>.<tenant>`
-    /// of [`Subjects::catalog_prepare`], [`Subjects::catalog_call`] or
-    /// [`Subjects::catalog_session_end`]); `None` for any other subject.
+    /// of [`Subjects::catalog_prepare`], [`Subjects::catalog_call`],
+    /// [`Subjects::catalog_session_end`] or [`Subjects::catalog_status`]);
+    /// `None` for any other subject.
     pub fn catalog_tenant<'a>(&self, subject: &'a str) -> Option<&'a str> {
         let rest = subject
             .strip_prefix(self.prefix.as_str())?
             .strip_prefix(".catalog.")?;
-        ["prepare.", "call.", "session.end."]
+        ["prepare.", "call.", "session.end.", "status."]
             .iter()
             .find_map(|op| rest.strip_prefix(op))
             .filter(|tenant| !tenant.is_empty() && !tenant.contains('.'))
@@ -220,6 +230,7 @@ mod tests {
             subjects.catalog_prepare("acme"),
             subjects.catalog_call("acme"),
             subjects.catalog_session_end("acme"),
+            subjects.catalog_status("acme"),
         ] {
             assert_eq!(subjects.catalog_tenant(&subject), Some("acme"), "{subject}");
         }

@@ -285,6 +285,90 @@ pub async fn report(pool: &PgPool, since: Duration) -> Result<Report, sqlx::Erro
     })
 }
 
+/// First preparations of one bucket of a [`tenant_series`] window.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SetupBucket {
+    pub start: DateTime<Utc>,
+    pub setup: Stats,
+}
+
+/// One tenant's aggregates over a window, for the context page's charts.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TenantSeries {
+    pub window_start: DateTime<Utc>,
+    pub bucket: Duration,
+    /// Every bucket of the window, oldest first; empty ones have count 0.
+    pub setup: Vec<SetupBucket>,
+    pub gate_waits: Vec<GateWaits>,
+}
+
+/// Buckets of a [`tenant_series`] window.
+pub const SERIES_BUCKETS: u32 = 12;
+
+/// `tenant`'s first-preparation percentiles per twelfth of the window since
+/// `now - window`, and its gate waits by outcome over the window.
+pub async fn tenant_series(
+    pool: &PgPool,
+    tenant: &str,
+    window: Duration,
+) -> Result<TenantSeries, sqlx::Error> {
+    let bucket = (window / SERIES_BUCKETS).max(Duration::from_secs(1));
+    let now = Utc::now();
+    let window_start = now
+        - chrono::Duration::from_std(bucket * SERIES_BUCKETS)
+            .unwrap_or_else(|_| chrono::Duration::days(36500));
+    let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT floor(extract(epoch FROM occurred_at - $3) / $4)::int8 AS bucket, {} \
+         FROM catalog.events WHERE kind = $1 AND tenant = $2 AND occurred_at >= $3 \
+         AND NOT coalesce((payload->>'follow_up')::boolean, false) \
+         GROUP BY 1 ORDER BY 1",
+        aggregates("(payload->>'duration_ms')::float8")
+    )))
+    .bind(kinds::SESSION_PREPARED)
+    .bind(tenant)
+    .bind(window_start)
+    .bind(bucket.as_secs_f64())
+    .fetch_all(pool)
+    .await?;
+    let step = chrono::Duration::from_std(bucket).unwrap_or_else(|_| chrono::Duration::days(1));
+    let mut setup: Vec<SetupBucket> = (0..SERIES_BUCKETS)
+        .map(|n| SetupBucket {
+            start: window_start + step * n as i32,
+            setup: Stats::default(),
+        })
+        .collect();
+    for row in rows {
+        let index = row.try_get::<i64, _>("bucket")?;
+        // An event of the last instant lands one past the end: it belongs to the last.
+        let index = (index.max(0) as usize).min(setup.len() - 1);
+        setup[index].setup = stats_of(&row)?;
+    }
+    let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT coalesce(payload->>'outcome', 'unknown') AS outcome, {} \
+         FROM catalog.events WHERE kind = $1 AND tenant = $2 AND occurred_at >= $3 \
+         GROUP BY 1 ORDER BY 1",
+        aggregates("(payload->>'wait_ms')::float8")
+    )))
+    .bind(GATE_WAIT_KIND)
+    .bind(tenant)
+    .bind(window_start)
+    .fetch_all(pool)
+    .await?;
+    let mut gate_waits = Vec::new();
+    for row in rows {
+        gate_waits.push(GateWaits {
+            outcome: row.try_get("outcome")?,
+            wait: stats_of(&row)?,
+        });
+    }
+    Ok(TenantSeries {
+        window_start,
+        bucket,
+        setup,
+        gate_waits,
+    })
+}
+
 async fn counts(
     pool: &PgPool,
     query: &'static str,
@@ -521,7 +605,7 @@ impl Report {
 }
 
 impl Stats {
-    fn to_proto(&self) -> v1::LatencyStats {
+    pub fn to_proto(&self) -> v1::LatencyStats {
         v1::LatencyStats {
             count: self.count,
             p50_ms: self.p50_ms,

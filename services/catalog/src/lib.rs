@@ -36,6 +36,7 @@ pub mod series;
 mod service;
 mod sessions;
 pub mod settings;
+mod status;
 pub mod store;
 pub mod tools;
 mod warmup;

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant, SystemTime};
 use ctxsync_proto::subjects::{CATALOG_QUEUE_GROUP, Subjects};
 use ctxsync_proto::v1::{
     CatalogCallReply, CatalogCallRequest, CatalogEndSessionReply, CatalogEndSessionRequest,
-    CatalogPrepareReply, CatalogPrepareRequest,
+    CatalogPrepareReply, CatalogPrepareRequest, CatalogStatusReply, CatalogStatusRequest,
 };
 use ctxsync_runtime::{HttpServer, Readiness, Shutdown, db, http, nats, rpc};
 use prost::Message;
@@ -22,6 +22,7 @@ use crate::prepare::Prepare;
 use crate::request::{codes, error, tenant_of};
 use crate::sessions::{self, Sessions};
 use crate::settings::Config;
+use crate::status::Status;
 use crate::store;
 use crate::warmup::{Warmup, WarmupStatus};
 
@@ -219,8 +220,16 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
         settings.connect_timeout,
     ));
     let end_session = Arc::new(EndSession::new(sessions.clone()));
+    let (warmup_tx, warmup) = watch::channel(WarmupStatus::default());
+    let status = Arc::new(Status::new(
+        current.clone(),
+        discovery.clone(),
+        warmup.clone(),
+        pool.clone(),
+    ));
 
     let client = connection.client.clone();
+    let status_client = client.clone();
     let servers = vec![
         serve_command(
             &connection,
@@ -288,6 +297,32 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
             },
         )
         .await?,
+        serve_command(
+            &connection,
+            subjects.catalog_status_all(),
+            &subjects,
+            &shutdown,
+            grace,
+            |message| CatalogStatusReply {
+                error: error(codes::REQUEST_INVALID, message),
+                ..Default::default()
+            },
+            |request: &mut CatalogStatusRequest| &mut request.tenant,
+            {
+                let client = status_client;
+                move |request| {
+                    let (status, client) = (status.clone(), client.clone());
+                    async move {
+                        let reply = status.handle(request).await;
+                        fit_reply(&client, reply, |message| CatalogStatusReply {
+                            error: error(codes::REPLY_TOO_LARGE, message),
+                            ..Default::default()
+                        })
+                    }
+                }
+            },
+        )
+        .await?,
     ];
     // Gate waits, for the latency report: one replica stores each.
     let gate_waits = nats::subscribe(
@@ -317,13 +352,13 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
 
     // Only now, with the port bound and the subscriptions up: no server
     // startup competes with becoming ready, and readiness never waits on one.
-    let (warmup_task, warmup) = Warmup::new(
+    let warmup_task = Warmup::new(
         current.clone(),
         discovery.clone(),
         events.clone(),
         settings.warmup,
     )
-    .spawn(shutdown.clone(), ready_instant);
+    .spawn(shutdown.clone(), ready_instant, warmup_tx);
     let reaper = sessions::spawn_reaper(
         sessions.clone(),
         settings.session_idle_timeout,

@@ -25,6 +25,8 @@ pub struct WarmupStatus {
     pub rounds: u32,
     /// Servers (`tenant/server`) discovered by the warm-up.
     pub discovered: Vec<String>,
+    /// Servers whose latest warm-up attempt failed (retried next round).
+    pub failing: Vec<String>,
     /// Servers still failing after the last round.
     pub abandoned: Vec<String>,
     /// The warm-up has ended (or was disabled, or stopped by shutdown).
@@ -81,13 +83,14 @@ impl Warmup {
     }
 
     /// Runs the warm-up in the background until it ends or shutdown.
+    /// Reports its progress on `status_tx`.
     pub fn spawn(
         self,
         shutdown: ctxsync_runtime::Shutdown,
         ready_at: Instant,
-    ) -> (JoinHandle<()>, watch::Receiver<WarmupStatus>) {
-        let (status_tx, status) = watch::channel(WarmupStatus::default());
-        let task = tokio::spawn(async move {
+        status_tx: watch::Sender<WarmupStatus>,
+    ) -> JoinHandle<()> {
+        tokio::spawn(async move {
             if self.settings.enabled {
                 tokio::select! {
                     _ = shutdown.cancelled() => tracing::info!("warm-up stopped by shutdown"),
@@ -95,8 +98,7 @@ impl Warmup {
                 }
             }
             status_tx.send_modify(|s| s.finished = true);
-        });
-        (task, status)
+        })
     }
 
     async fn warm(&self, status: &watch::Sender<WarmupStatus>, ready_at: Instant) {
@@ -137,7 +139,11 @@ impl Warmup {
                             "mcp_discovery_warmup_discovered"
                         );
                         self.record_handshake(&server, live.duration).await;
-                        status.send_modify(|s| s.discovered.push(label(&server)));
+                        let label = label(&server);
+                        status.send_modify(|s| {
+                            s.failing.retain(|l| *l != label);
+                            s.discovered.push(label);
+                        });
                     }
                     Err(failure) => {
                         metrics::counter!("ctxsync_catalog_warmup_servers_total", "outcome" => "failed")
@@ -147,6 +153,12 @@ impl Warmup {
                             error_kind = failure.kind, error = %failure.message,
                             "mcp_discovery_warmup_failed"
                         );
+                        let label = label(&server);
+                        status.send_modify(|s| {
+                            if !s.failing.contains(&label) {
+                                s.failing.push(label);
+                            }
+                        });
                         failed.push(server);
                     }
                 }

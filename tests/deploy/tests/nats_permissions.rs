@@ -112,6 +112,7 @@ fn needs(s: &Subjects) -> BTreeMap<&'static str, Needs> {
                     s.store_list_agents(),
                     s.store_tenant_key_verify(),
                     s.catalog_prepare("demo"),
+                    s.catalog_status("demo"),
                     s.gate_turn_waited(),
                 ],
                 subscribe: vec![
@@ -134,6 +135,7 @@ fn needs(s: &Subjects) -> BTreeMap<&'static str, Needs> {
                     s.catalog_prepare_all(),
                     s.catalog_call_all(),
                     s.catalog_session_end_all(),
+                    s.catalog_status_all(),
                     s.gate_turn_waited(),
                 ],
                 responds: true,
