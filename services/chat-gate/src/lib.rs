@@ -234,10 +234,11 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, St
     let mut gate = Gate::new(settings, Arc::new(store), shutdown.clone()).with_announcer(
         nats::announcer(nats.client.clone(), subjects.gate_turn_waited()),
     );
-    if config.catalog {
-        let catalog =
-            nats::CatalogClient::new(nats.client.clone(), &subjects, config.catalog_timeout);
-        gate = gate.with_catalog(Arc::new(catalog));
+    let page_catalog = config
+        .catalog
+        .then(|| nats::CatalogClient::new(nats.client.clone(), &subjects, config.catalog_timeout));
+    if let Some(catalog) = &page_catalog {
+        gate = gate.with_catalog(Arc::new(catalog.clone()));
     }
 
     let keys = auth::TenantKeys::new(nats.client.clone(), &subjects, config.store_timeout);
@@ -281,13 +282,19 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, St
     let http = HttpServer::start(
         config.common.http_addr,
         http_limits,
-        http::routes(gate.clone(), keys.clone()).merge(page::routes(page::Page::new(
-            keys,
-            nats::AgentLister::new(nats.client.clone(), &subjects, config.store_timeout),
-            page_reader,
-            page_feed,
-            shutdown.clone(),
-        ))),
+        http::routes(gate.clone(), keys.clone()).merge(page::routes({
+            let page = page::Page::new(
+                keys,
+                nats::AgentLister::new(nats.client.clone(), &subjects, config.store_timeout),
+                page_reader,
+                page_feed,
+                shutdown.clone(),
+            );
+            match page_catalog {
+                Some(catalog) => page.with_catalog(catalog),
+                None => page,
+            }
+        })),
         readiness,
         shutdown,
     )

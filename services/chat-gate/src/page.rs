@@ -18,6 +18,10 @@
 //!   the ticket. A stream ends after [`STREAM_MAX_AGE`] (the page gets a new
 //!   ticket), so a revoked key stops streaming within the key cache's time.
 //!
+//! * `GET /api/v1/catalog?window_seconds=` — the tenant's catalog servers
+//!   (pin source from memory, warm-up state) and its latency aggregates
+//!   (`CatalogStatusReply`), asked of the catalog on `catalog.status.<tenant>`.
+//!
 //! Nothing secret is rendered: the projection holds sanitized errors and no
 //! MCP config content, and the key is never echoed.
 
@@ -43,7 +47,7 @@ use crate::core::projection::{self, Readiness};
 use crate::core::source::ReadError;
 use crate::http::{caller, error};
 use crate::nats::events::PageFeed;
-use crate::nats::{AgentLister, StoreReader};
+use crate::nats::{AgentLister, CatalogClient, StoreReader};
 
 /// How long an event-stream ticket can be redeemed.
 pub const TICKET_TTL: Duration = Duration::from_secs(30);
@@ -65,6 +69,8 @@ pub struct Page {
     pub lister: AgentLister,
     pub reader: StoreReader,
     pub feed: PageFeed,
+    /// The catalog, when the gate prepares catalogs.
+    pub catalog: Option<CatalogClient>,
     /// Ends every stream: a shutdown is not held up by open pages.
     shutdown: tokio_util::sync::CancellationToken,
     tickets: Arc<Mutex<HashMap<String, (String, Instant)>>>,
@@ -83,9 +89,15 @@ impl Page {
             lister,
             reader,
             feed,
+            catalog: None,
             shutdown,
             tickets: Arc::default(),
         }
+    }
+
+    pub fn with_catalog(mut self, catalog: CatalogClient) -> Self {
+        self.catalog = Some(catalog);
+        self
     }
 
     fn issue_ticket(&self, caller: &Caller) -> String {
@@ -135,6 +147,7 @@ pub fn routes(page: Page) -> Router {
             get(|| async { asset("text/css; charset=utf-8", STYLE_CSS) }),
         )
         .route("/api/v1/agents", get(list))
+        .route("/api/v1/catalog", get(catalog_status))
         .route("/api/v1/events/ticket", post(ticket))
         .route("/api/v1/events", get(events))
         .with_state(page)
@@ -244,6 +257,51 @@ async fn list(
         Err(ReadError::NotFound(message)) => error(StatusCode::NOT_FOUND, "not_found", message),
         Err(ReadError::Unavailable(message)) => {
             error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+        }
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct CatalogQuery {
+    #[serde(default)]
+    window_seconds: u64,
+}
+
+async fn catalog_status(
+    State(page): State<Page>,
+    headers: HeaderMap,
+    Query(query): Query<CatalogQuery>,
+) -> Response {
+    let caller = match caller(&page.keys, &headers).await {
+        Ok(caller) => caller,
+        Err(refused) => return refused,
+    };
+    let Some(catalog) = &page.catalog else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "this gate does not use a catalog",
+        );
+    };
+    match catalog.status(&caller.tenant, query.window_seconds).await {
+        Ok(reply) => match &reply.error {
+            None => axum::Json(reply).into_response(),
+            Some(failure) => {
+                tracing::warn!(code = %failure.code, tenant = %caller.tenant, "catalog status failed");
+                error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    format!("{}: {}", failure.code, failure.message),
+                )
+            }
+        },
+        Err(failure) => {
+            tracing::warn!(error = %failure, tenant = %caller.tenant, "catalog did not answer a status request");
+            error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                format!("the catalog did not answer: {failure}"),
+            )
         }
     }
 }

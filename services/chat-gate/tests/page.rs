@@ -1,8 +1,9 @@
 //! The context page's APIs without a browser (the browser test is
 //! `tests/e2e/tests/context_page.rs`): the page itself, refusals without a
 //! key or ticket, a tenant's list holding only its agents, and the event
-//! stream carrying a commit to its tenant only. Real store, gate and
-//! nats-server.
+//! stream carrying a commit to its tenant only, the catalog view's answer
+//! holding the tenant's own servers and aggregates. Real store, gate,
+//! catalog and nats-server.
 
 mod common;
 
@@ -116,6 +117,7 @@ async fn the_page_is_served_and_its_apis_refuse_callers_without_a_key_or_ticket(
 
     for (method, path) in [
         (reqwest::Method::GET, "/api/v1/agents"),
+        (reqwest::Method::GET, "/api/v1/catalog"),
         (reqwest::Method::POST, "/api/v1/events/ticket"),
     ] {
         let response = http.request(method, h.url(path)).send().await.unwrap();
@@ -249,4 +251,115 @@ async fn a_tenant_lists_and_follows_only_its_own_agents() {
     })
     .await
     .expect("the stream ends");
+}
+
+#[tokio::test]
+async fn the_catalog_view_lists_the_tenants_servers_with_warmup_state_and_its_gate_waits() {
+    let h = Harness::spawn_with(with_catalog).await;
+    let fixture = mcp_fixture::fixture_binary();
+    let stdio =
+        |args: &[&str]| serde_json::json!({ "stdio": { "command": fixture, "args": args } });
+    let yaml = serde_json::json!({
+        "tenants": [
+            { "id": "acme", "servers": [
+                { "id": "notes", "transport": stdio(&["--mode", "normal"]) },
+                { "id": "broken", "transport": stdio(&["--mode", "crash"]) },
+            ]},
+            { "id": "globex", "servers": [
+                { "id": "ledger", "transport": stdio(&["--mode", "normal"]) },
+            ]},
+        ]
+    });
+    let (catalog, _stop) = h
+        .start_catalog_with(yaml, |settings| {
+            settings.warmup.enabled = true;
+            settings.warmup.attempts = 1;
+        })
+        .await;
+    let mut warmup = catalog.warmup();
+    tokio::time::timeout(Duration::from_secs(60), warmup.wait_for(|s| s.finished))
+        .await
+        .expect("the warm-up finishes in time")
+        .expect("warm-up status open");
+    let (other_key, _) = h.api.create_tenant_key("globex").await;
+
+    // A first turn of acme: one preparation and one gate wait.
+    let agent = h
+        .agent_reporting(complete(RUN_A, 1, vec![server("ws", &["t"])]))
+        .await;
+    h.turn("chat-1", &agent, true).await;
+
+    let status = |key: String| {
+        let url = h.url("/api/v1/catalog");
+        async move {
+            let response = reqwest::Client::new()
+                .get(url)
+                .header("authorization", bearer(&key))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 200);
+            response.json::<Value>().await.unwrap()
+        }
+    };
+    // The catalog stores the gate's wait as it arrives: wait for it, bounded.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mine = loop {
+        let mine = status(TEST_TENANT_KEY.to_owned()).await;
+        if mine["gate_waits"].as_array().is_some_and(|w| !w.is_empty()) {
+            break mine;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the gate wait is counted: {mine}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let servers: Vec<(&str, &str)> = mine["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["server_id"].as_str().unwrap(),
+                s["warmup"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        servers,
+        [
+            ("notes", "WARMUP_DISCOVERED"),
+            ("broken", "WARMUP_ABANDONED")
+        ],
+        "{mine}"
+    );
+    assert_eq!(mine["servers"][0]["remembered"], true, "{mine}");
+    assert_eq!(mine["servers"][0]["tool_count"], 2, "{mine}");
+    assert_eq!(mine["gate_waits"][0]["wait"]["count"], "1", "{mine}");
+    let setups: u64 = mine["setup"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| {
+            b["setup"]["count"]
+                .as_str()
+                .map_or(0, |n| n.parse().unwrap())
+        })
+        .sum();
+    assert_eq!(setups, 1, "one first preparation: {mine}");
+
+    // Another tenant's key sees its own server and none of acme's waits.
+    let theirs = status(other_key).await;
+    let servers: Vec<&str> = theirs["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["server_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(servers, ["ledger"], "{theirs}");
+    assert!(
+        theirs["gate_waits"].as_array().is_none_or(|w| w.is_empty()),
+        "{theirs}"
+    );
 }

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use ctxsync_proto::subjects::Subjects;
 use ctxsync_proto::v1::{
-    CatalogPrepareReply, CatalogPrepareRequest, CatalogSection, catalog_section::Status,
+    CatalogPrepareReply, CatalogPrepareRequest, CatalogSection, CatalogStatusReply,
+    CatalogStatusRequest, catalog_section::Status,
 };
 use ctxsync_runtime::rpc;
 use futures::FutureExt;
@@ -58,6 +59,28 @@ impl CatalogClient {
                 failed(format!("the catalog did not answer: {error}"))
             }
         }
+    }
+}
+
+impl CatalogClient {
+    /// The tenant's catalog servers and latency aggregates, for the context page.
+    pub async fn status(
+        &self,
+        tenant: &str,
+        window_seconds: u64,
+    ) -> Result<CatalogStatusReply, rpc::RpcError> {
+        let request = CatalogStatusRequest {
+            tenant: tenant.to_owned(),
+            window_seconds,
+        };
+        rpc::request(
+            &self.client,
+            self.subjects.catalog_status(tenant),
+            &request,
+            None,
+            self.timeout,
+        )
+        .await
     }
 }
 

@@ -319,8 +319,18 @@ impl Harness {
     /// A catalog service on this test's NATS, prefix and database, serving
     /// `config` (the catalog's YAML as JSON), without warm-up.
     pub async fn start_catalog(&self, config: serde_json::Value) -> (catalog::Running, Shutdown) {
+        self.start_catalog_with(config, |settings| settings.warmup.enabled = false)
+            .await
+    }
+
+    /// A catalog with its settings changed from the defaults.
+    pub async fn start_catalog_with(
+        &self,
+        config: serde_json::Value,
+        configure: impl FnOnce(&mut catalog::Settings),
+    ) -> (catalog::Running, Shutdown) {
         let mut settings = catalog::Settings::default();
-        settings.warmup.enabled = false;
+        configure(&mut settings);
         let servers = catalog::config::CatalogConfig::from_yaml(&config.to_string()).unwrap();
         let Started { running, shutdown } = self
             .builder()
