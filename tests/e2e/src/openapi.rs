@@ -267,6 +267,16 @@ const AGENT_REFUSALS: &[(u16, &str)] = &[
     (503, "the store did not answer in time; retry (Retry-After)"),
 ];
 
+const CATALOG_REFUSALS: &[(u16, &str)] = &[
+    (400, "malformed query"),
+    (401, "missing, unknown or revoked tenant key"),
+    (404, "this gate does not use a catalog"),
+    (
+        503,
+        "the catalog did not answer in time or failed; retry (Retry-After)",
+    ),
+];
+
 const CHAT_REFUSALS: &[(u16, &str)] = &[
     (400, "malformed or invalid, naming the field"),
     (401, "missing, unknown or revoked tenant key"),
@@ -353,6 +363,21 @@ const OPERATIONS: &[Operation] = &[
         answer: "ctxsync.v1.AgentListReply",
         media: JSON,
         refusals: CHAT_REFUSALS,
+    },
+    Operation {
+        method: "get",
+        path: "/api/v1/catalog",
+        summary: "chat-gate (context page): the key's tenant's catalog servers (memory, warm-up state) and its latency aggregates",
+        security: "tenantKey",
+        request: None,
+        parameters: &[(
+            "window_seconds",
+            "query",
+            "the latency window: the last 24 hours by default, at most 90 days",
+        )],
+        answer: "ctxsync.v1.CatalogStatusReply",
+        media: JSON,
+        refusals: CATALOG_REFUSALS,
     },
     Operation {
         method: "post",

@@ -53,7 +53,16 @@ async fn every_http_answer_fits_the_openapi_document() {
     let test = TestStack::private().await;
     let shutdown = ctxsync_runtime::Shutdown::new();
     let stack = testkit::stack::start(
-        test.builder().store(|_| {}).ingest(|_| {}).gate(|_| {}),
+        test.builder()
+            .store(|_| {})
+            .ingest(|_| {})
+            .gate(|_| {})
+            // A catalog with no servers: its status answer costs no MCP start.
+            .catalog(
+                catalog::config::CatalogConfig { tenants: vec![] },
+                catalog::Settings::default(),
+                |_| {},
+            ),
         &shutdown,
     )
     .await;
@@ -147,6 +156,19 @@ async fn every_http_answer_fits_the_openapi_document() {
     assert_eq!(agents.0, 200, "{:?}", agents.1);
     assert_eq!(agents.1["agents"][0]["agent_id"], agent_id.as_str());
     fits(&document, "ctxsync.v1.AgentListReply", &agents);
+    let status = send(
+        http.get(format!("{gate}/api/v1/catalog"))
+            .bearer_auth(TEST_TENANT_KEY),
+    )
+    .await;
+    assert_eq!(status.0, 200, "{:?}", status.1);
+    assert_eq!(
+        status.1["setup"].as_array().map(Vec::len),
+        Some(12),
+        "{:#}",
+        status.1
+    );
+    fits(&document, "ctxsync.v1.CatalogStatusReply", &status);
     let ticket = send(
         http.post(format!("{gate}/api/v1/events/ticket"))
             .bearer_auth(TEST_TENANT_KEY),
