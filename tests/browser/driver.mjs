@@ -94,6 +94,18 @@ const commands = {
     await page.locator(cmd.selector).filter({ hasText: cmd.text }).first().waitFor({ state: "visible", timeout: deadline(cmd) });
     return {};
   },
+  // The catalog view: a configured server's row and both charts drawn.
+  async wait_catalog(cmd) {
+    const row = page.locator(`#catalog tr[data-server-id="${cmd.server_id}"]`);
+    await row.waitFor({ state: "visible", timeout: deadline(cmd) });
+    const charts = page.locator("#catalog svg[data-chart][role=img]");
+    await page.waitForFunction(() => document.querySelectorAll("#catalog svg[data-chart]").length === 2, null, { timeout: deadline(cmd) });
+    return {
+      row: await row.innerText(),
+      warmup: await row.getAttribute("data-warmup"),
+      charts: await charts.evaluateAll((svgs) => svgs.map((s) => ({ chart: s.dataset.chart, label: s.getAttribute("aria-label"), title: s.querySelector("title") && s.querySelector("title").textContent }))),
+    };
+  },
   async expand_first_tool() {
     const tool = page.locator("details.tool").first();
     await tool.locator("summary").focus();

@@ -59,7 +59,7 @@ async function api(path, options) {
 }
 
 function show(section) {
-  for (const id of ["login", "agents", "agent"]) $(id).hidden = id !== section;
+  for (const id of ["login", "agents", "agent", "catalog"]) $(id).hidden = id !== section;
   $("forget").hidden = section === "login";
 }
 
@@ -189,6 +189,115 @@ async function openAgent(id) {
   }
 }
 
+// ---- the catalog ----
+const WARMUP = { WARMUP_PENDING: "not tried yet", WARMUP_DISCOVERED: "discovered", WARMUP_FAILING: "failing, retried", WARMUP_ABANDONED: "abandoned", WARMUP_UNSPECIFIED: "unknown" };
+const TRANSPORTS = { MCP_TRANSPORT_STDIO: "stdio", MCP_TRANSPORT_STREAMABLE_HTTP: "streamable HTTP" };
+const SVG = "http://www.w3.org/2000/svg";
+const ms = (v) => v === undefined || v === null ? "-" : (v >= 1000 ? (v / 1000).toFixed(2) + " s" : v.toFixed(1) + " ms");
+const hour = (ts) => new Date(ts).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+
+function svg(tag, attrs, ...children) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [name, value] of Object.entries(attrs || {})) {
+    if (name === "text") node.textContent = value;
+    else node.setAttribute(name, String(value));
+  }
+  node.append(...children);
+  return node;
+}
+
+// A chart and its data as a table (for screen readers and exact values).
+function chart(id, label, drawing, head, rows) {
+  const table = el("table", {},
+    el("thead", {}, el("tr", {}, head.map((h) => el("th", { scope: "col", text: h })))),
+    el("tbody", {}, rows.map((r) => el("tr", {}, r.map((c) => el("td", { text: c }))))));
+  $(id).replaceChildren(drawing,
+    el("details", {}, el("summary", { text: "Data as a table" }), table));
+  drawing.setAttribute("role", "img");
+  drawing.setAttribute("aria-label", label);
+  drawing.prepend(svg("title", { text: label }));
+}
+
+function setupChart(buckets) {
+  const W = 600, H = 220, L = 56, B = 28, T = 12, R = 12;
+  const points = buckets.map((b) => ({ start: b.start, s: b.setup || {} }));
+  const max = Math.max(1, ...points.flatMap((p) => [p.s.p50_ms || 0, p.s.p90_ms || 0]));
+  const x = (i) => L + (points.length < 2 ? 0 : i * (W - L - R) / (points.length - 1));
+  const y = (v) => T + (H - T - B) * (1 - v / max);
+  const line = (field) => {
+    const parts = [];
+    let pen = "M";
+    points.forEach((p, i) => {
+      const v = p.s[field];
+      if (v === undefined || v === null) { pen = "M"; return; }
+      parts.push(pen + x(i).toFixed(1) + " " + y(v).toFixed(1));
+      pen = "L";
+    });
+    return parts.join(" ");
+  };
+  const dots = (field) => points.flatMap((p, i) => p.s[field] === undefined || p.s[field] === null ? [] :
+    [svg("circle", { cx: x(i).toFixed(1), cy: y(p.s[field]).toFixed(1), r: 3, class: field.replace("_ms", "") })]);
+  const drawing = svg("svg", { viewBox: `0 0 ${W} ${H}`, "data-chart": "setup" },
+    svg("line", { class: "axis", x1: L, y1: H - B, x2: W - R, y2: H - B }),
+    svg("line", { class: "axis", x1: L, y1: T, x2: L, y2: H - B }),
+    svg("text", { x: L - 6, y: T + 8, "text-anchor": "end", text: ms(max) }),
+    svg("text", { x: L - 6, y: H - B, "text-anchor": "end", text: "0" }),
+    ...points.filter((_, i) => i % 3 === 0).map((p) => svg("text", { x: x(points.indexOf(p)), y: H - 8, "text-anchor": "middle", text: hour(p.start) })),
+    svg("path", { class: "p50", d: line("p50_ms") }), ...dots("p50_ms"),
+    svg("path", { class: "p90", d: line("p90_ms") }), ...dots("p90_ms"),
+    svg("text", { x: W - R, y: T + 8, "text-anchor": "end", text: "— p50   - - p90" }));
+  const prepared = points.reduce((n, p) => n + Number(p.s.count || 0), 0);
+  chart("setup-chart", `First-turn setup p50 and p90 per period: ${prepared} first preparations`, drawing,
+    ["from", "preparations", "p50", "p90"],
+    points.map((p) => [hour(p.start), String(p.s.count || 0), ms(p.s.p50_ms), ms(p.s.p90_ms)]));
+}
+
+function waitsChart(waits) {
+  const W = 600, rowH = 28, L = 150, R = 90;
+  const rows = waits.map((g) => ({ outcome: g.outcome, w: g.wait || {} }));
+  const max = Math.max(1, ...rows.map((r) => Number(r.w.count || 0)));
+  const H = Math.max(1, rows.length) * rowH + 8;
+  const drawing = svg("svg", { viewBox: `0 0 ${W} ${H}`, "data-chart": "waits" },
+    ...rows.flatMap((r, i) => {
+      const n = Number(r.w.count || 0);
+      const top = 4 + i * rowH;
+      return [
+        svg("text", { x: L - 8, y: top + rowH / 2 + 4, "text-anchor": "end", text: r.outcome }),
+        svg("rect", { class: "bar", x: L, y: top + 4, height: rowH - 8, width: Math.max(2, (W - L - R) * n / max).toFixed(1) }),
+        svg("text", { x: L + Math.max(2, (W - L - R) * n / max) + 6, y: top + rowH / 2 + 4, text: `${n} · p50 ${ms(r.w.p50_ms)}` }),
+      ];
+    }),
+    ...(rows.length ? [] : [svg("text", { x: 8, y: 20, text: "no gate waits in this window" })]));
+  chart("waits-chart", `Gate waits by outcome: ${rows.map((r) => r.outcome + " " + (r.w.count || 0)).join(", ") || "none"}`, drawing,
+    ["outcome", "waits", "p50", "p90", "max"],
+    rows.map((r) => [r.outcome, String(r.w.count || 0), ms(r.w.p50_ms), ms(r.w.p90_ms), ms(r.w.max_ms)]));
+}
+
+async function openCatalog() {
+  state.current = null;
+  show("catalog");
+  $("catalog-error").textContent = "";
+  let reply;
+  try {
+    reply = await api("/api/v1/catalog");
+  } catch (e) {
+    if (e.status === 401) return;
+    $("catalog-error").textContent = e.status === 404 ? "This gate does not use a catalog." : "Cannot read the catalog: " + e.message;
+    return;
+  }
+  const servers = reply.servers || [];
+  $("catalog-rows").replaceChildren(...servers.map((s) => el("tr", { "data-server-id": s.server_id, "data-warmup": s.warmup || "WARMUP_UNSPECIFIED" },
+    el("td", { "data-label": "Server" }, el("code", { text: s.server_id })),
+    el("td", { "data-label": "Transport", text: TRANSPORTS[s.transport] || s.transport || "-" }),
+    el("td", { "data-label": "Next pin from", text: s.remembered ? "memory (no start)" : "live discovery" }),
+    el("td", { "data-label": "Tools", title: s.catalog_hash || "", text: s.remembered ? (s.tool_count || 0) : "-" }),
+    el("td", { "data-label": "Warm-up" }, badge(s.warmup || "WARMUP_UNSPECIFIED", WARMUP)))));
+  $("catalog-empty").hidden = servers.length > 0;
+  setupChart(reply.setup || []);
+  waitsChart(reply.gate_waits || []);
+  window.ctxsyncPage.catalog = { servers: servers.length, at: Date.now() };
+}
+
 // ---- live ----
 function closeEvents() {
   if (state.source) state.source.close();
@@ -249,7 +358,9 @@ function refresh() {
 function route() {
   if (!key()) return showLogin("");
   const match = location.hash.match(/^#agent\/([0-9a-fA-F-]{1,64})$/);
-  if (match) {
+  if (location.hash === "#catalog") {
+    openCatalog();
+  } else if (match) {
     openAgent(match[1]);
   } else {
     state.current = null;

@@ -8,7 +8,8 @@
 //! restarted agent's old tools as withheld until the new run completes; a
 //! failed server's and a broken config file's errors, with a planted secret
 //! marker nowhere in the page or its traffic; the key prompt without a key,
-//! and another tenant's agent as not found. Screenshots of each state go to
+//! another tenant's agent as not found, and the catalog view with a real
+//! catalog's configured server and its two charts. Screenshots of each state go to
 //! `target/context-page/`; one line `PAGE-SUMMARY` gives the measured times.
 
 use std::io::{BufRead, BufReader, Write};
@@ -205,12 +206,30 @@ async fn the_context_page_follows_an_agent_live_in_a_real_browser() {
     store_env.push(("DATABASE_URL", db.url().to_owned()));
     let mut store = Process::spawn("snapshot-store", "snapshot-store", &store_env);
     let mut ingest = Process::spawn("agent-ingest", "agent-ingest", &base(ingest_addr));
-    let mut gate_env = base(gate_addr);
-    gate_env.push(("CTXSYNC_GATE_CATALOG", "false".into()));
-    let mut gate = Process::spawn("chat-gate", "chat-gate", &gate_env);
+    let mut gate = Process::spawn("chat-gate", "chat-gate", &base(gate_addr));
+    // A catalog with one server of tenant A, for the catalog view.
+    let catalog_dir = tempfile::tempdir().unwrap();
+    let catalog_config = catalog_dir.path().join("catalog.yaml");
+    let fixture = mcp_fixture::fixture_binary();
+    std::fs::write(
+        &catalog_config,
+        json!({ "tenants": [{ "id": "acme", "servers": [
+            { "id": "notes", "transport": { "stdio": { "command": fixture, "args": ["--mode", "normal"] } } }
+        ]}]})
+        .to_string(),
+    )
+    .unwrap();
+    let mut catalog_env = base(addr());
+    catalog_env.push(("DATABASE_URL", db.url().to_owned()));
+    catalog_env.push((
+        "CTXSYNC_CATALOG_CONFIG",
+        catalog_config.display().to_string(),
+    ));
+    let mut catalog = Process::spawn("catalog", "catalog", &catalog_env);
     store.wait_ready(DEADLINE).await;
     ingest.wait_ready(DEADLINE).await;
     gate.wait_ready(DEADLINE).await;
+    catalog.wait_ready(DEADLINE).await;
 
     let key_a = cli(
         &nats,
@@ -394,6 +413,28 @@ async fn the_context_page_follows_an_agent_live_in_a_real_browser() {
     }
     let leaked = browser.run(json!({ "op": "search", "needle": secret }));
     assert_eq!(leaked["in_traffic"], false, "{leaked}");
+
+    // 8. Tenant A's catalog view: its configured server and the charts.
+    browser.run(json!({ "op": "open", "url": format!("{url}#catalog") }));
+    browser.run(json!({ "op": "wait_login" }));
+    browser.run(json!({ "op": "login", "key": key_a }));
+    let view = browser.run(json!({ "op": "wait_catalog", "server_id": "notes" }));
+    assert!(view["row"].as_str().unwrap().contains("notes"), "{view}");
+    let charts: Vec<&str> = view["charts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["chart"].as_str().unwrap())
+        .collect();
+    assert_eq!(charts, ["setup", "waits"], "{view}");
+    assert!(
+        view["charts"][0]["title"]
+            .as_str()
+            .unwrap()
+            .starts_with("First-turn setup"),
+        "{view}"
+    );
+    let shot_catalog = browser.screenshot(&out, "8-catalog");
     drop(browser);
 
     println!(
@@ -405,14 +446,15 @@ async fn the_context_page_follows_an_agent_live_in_a_real_browser() {
             &shot_complete,
             &shot_restarted,
             &shot_phone,
-            &shot_other_tenant
+            &shot_other_tenant,
+            &shot_catalog
         ]
         .iter()
         .map(|p| p.display().to_string())
         .collect::<Vec<_>>()
         .join(",")
     );
-    for process in [&mut agent, &mut gate, &mut ingest, &mut store] {
+    for process in [&mut agent, &mut gate, &mut catalog, &mut ingest, &mut store] {
         let status = process.terminate(Duration::from_secs(20)).await;
         assert!(status.success(), "{} exited with {status}", process.name());
     }
