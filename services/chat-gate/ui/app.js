@@ -245,7 +245,7 @@ function setupChart(buckets) {
     ...points.filter((_, i) => i % 3 === 0).map((p) => svg("text", { x: x(points.indexOf(p)), y: H - 8, "text-anchor": "middle", text: hour(p.start) })),
     svg("path", { class: "p50", d: line("p50_ms") }), ...dots("p50_ms"),
     svg("path", { class: "p90", d: line("p90_ms") }), ...dots("p90_ms"),
-    svg("text", { x: W - R, y: T + 8, "text-anchor": "end", text: "— p50   - - p90" }));
+    svg("text", { x: L + 8, y: T + 8, text: "— p50   - - p90" }));
   const prepared = points.reduce((n, p) => n + Number(p.s.count || 0), 0);
   chart("setup-chart", `First-turn setup p50 and p90 per period: ${prepared} first preparations`, drawing,
     ["from", "preparations", "p50", "p90"],

@@ -414,7 +414,40 @@ async fn the_context_page_follows_an_agent_live_in_a_real_browser() {
     let leaked = browser.run(json!({ "op": "search", "needle": secret }));
     assert_eq!(leaked["in_traffic"], false, "{leaked}");
 
-    // 8. Tenant A's catalog view: its configured server and the charts.
+    // 8. Tenant A's catalog view after a first turn: its configured server,
+    //    the setup chart and the gate wait the turn recorded.
+    let http = reqwest::Client::new();
+    let turn = http
+        .post(format!("http://{gate_addr}/api/v1/gate"))
+        .bearer_auth(&key_a)
+        .json(&json!({ "chat_id": "chat-catalog", "agent_id": agent_id, "first_turn": true }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(turn.status(), 200);
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let status: Value = http
+            .get(format!("http://{gate_addr}/api/v1/catalog"))
+            .bearer_auth(&key_a)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if status["gate_waits"]
+            .as_array()
+            .is_some_and(|w| !w.is_empty())
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the catalog counts the turn's wait: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     browser.run(json!({ "op": "open", "url": format!("{url}#catalog") }));
     browser.run(json!({ "op": "wait_login" }));
     browser.run(json!({ "op": "login", "key": key_a }));
@@ -434,6 +467,8 @@ async fn the_context_page_follows_an_agent_live_in_a_real_browser() {
             .starts_with("First-turn setup"),
         "{view}"
     );
+    let waits = view["charts"][1]["label"].as_str().unwrap();
+    assert!(waits.contains(" 1") && !waits.ends_with("none"), "{view}");
     let shot_catalog = browser.screenshot(&out, "8-catalog");
     drop(browser);
 
