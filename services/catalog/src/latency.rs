@@ -318,7 +318,7 @@ pub async fn tenant_series(
         - chrono::Duration::from_std(bucket * SERIES_BUCKETS)
             .unwrap_or_else(|_| chrono::Duration::days(36500));
     let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "SELECT floor(extract(epoch FROM occurred_at - $3) / $4)::int8 AS bucket, {} \
+        "SELECT least(floor(extract(epoch FROM occurred_at - $3) / $4)::int8, $5) AS bucket, {} \
          FROM catalog.events WHERE kind = $1 AND tenant = $2 AND occurred_at >= $3 \
          AND NOT coalesce((payload->>'follow_up')::boolean, false) \
          GROUP BY 1 ORDER BY 1",
@@ -328,6 +328,8 @@ pub async fn tenant_series(
     .bind(tenant)
     .bind(window_start)
     .bind(bucket.as_secs_f64())
+    // An event of the window's last instant belongs to the last bucket.
+    .bind(i64::from(SERIES_BUCKETS) - 1)
     .fetch_all(pool)
     .await?;
     let step = chrono::Duration::from_std(bucket).unwrap_or_else(|_| chrono::Duration::days(1));
@@ -339,7 +341,6 @@ pub async fn tenant_series(
         .collect();
     for row in rows {
         let index = row.try_get::<i64, _>("bucket")?;
-        // An event of the last instant lands one past the end: it belongs to the last.
         let index = (index.max(0) as usize).min(setup.len() - 1);
         setup[index].setup = stats_of(&row)?;
     }
