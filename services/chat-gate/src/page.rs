@@ -31,6 +31,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use axum::Router;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -220,14 +221,30 @@ struct ListQuery {
     limit: u32,
 }
 
+/// A query string that does not parse is refused like every other bad
+/// request (an `HttpErrorReply`), once the caller is known.
+fn parsed<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, Box<Response>> {
+    query.map(|Query(query)| query).map_err(|rejection| {
+        Box::new(error(
+            StatusCode::BAD_REQUEST,
+            "invalid",
+            format!("invalid query string: {}", rejection.body_text()),
+        ))
+    })
+}
+
 async fn list(
     State(page): State<Page>,
     headers: HeaderMap,
-    Query(query): Query<ListQuery>,
+    query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Response {
     let caller = match caller(&page.keys, &headers).await {
         Ok(caller) => caller,
         Err(refused) => return refused,
+    };
+    let query = match parsed(query) {
+        Ok(query) => query,
+        Err(refused) => return *refused,
     };
     let limit = match query.limit {
         0 => 50,
@@ -270,11 +287,15 @@ struct CatalogQuery {
 async fn catalog_status(
     State(page): State<Page>,
     headers: HeaderMap,
-    Query(query): Query<CatalogQuery>,
+    query: Result<Query<CatalogQuery>, QueryRejection>,
 ) -> Response {
     let caller = match caller(&page.keys, &headers).await {
         Ok(caller) => caller,
         Err(refused) => return refused,
+    };
+    let query = match parsed(query) {
+        Ok(query) => query,
+        Err(refused) => return *refused,
     };
     let Some(catalog) = &page.catalog else {
         return error(
@@ -338,7 +359,14 @@ fn to_timestamp(at: SystemTime) -> pbjson_types::Timestamp {
     }
 }
 
-async fn events(State(page): State<Page>, Query(query): Query<EventsQuery>) -> Response {
+async fn events(
+    State(page): State<Page>,
+    query: Result<Query<EventsQuery>, QueryRejection>,
+) -> Response {
+    let query = match parsed(query) {
+        Ok(query) => query,
+        Err(refused) => return *refused,
+    };
     let Some(tenant) = page.redeem(&query.ticket) else {
         return error(
             StatusCode::UNAUTHORIZED,

@@ -134,6 +134,36 @@ async fn the_page_is_served_and_its_apis_refuse_callers_without_a_key_or_ticket(
         .unwrap();
     assert_eq!(response.status(), 401, "a key nobody issued");
 
+    // A query that does not parse: without a key still 401 (nothing is told
+    // before the caller is known), with one a 400 in the one JSON convention.
+    let bad_limit = http
+        .get(h.url("/api/v1/agents?limit=many"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad_limit.status(), 401);
+    for path in [
+        "/api/v1/agents?limit=many",
+        "/api/v1/catalog?window_seconds=-1",
+    ] {
+        let response = http
+            .get(h.url(path))
+            .header("authorization", bearer(TEST_TENANT_KEY))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 400, "{path}");
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "invalid", "{path}: {body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("invalid query string: "),
+            "{path}: {body}"
+        );
+    }
+
     // A stream needs a ticket, and a ticket opens one stream.
     for query in ["", "?ticket=", "?ticket=cxt_guess"] {
         let response = http
