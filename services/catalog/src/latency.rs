@@ -248,22 +248,7 @@ pub async fn report(pool: &PgPool, since: Duration) -> Result<Report, sqlx::Erro
     )
     .await?;
 
-    let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "SELECT coalesce(payload->>'outcome', 'unknown') AS outcome, {} \
-         FROM catalog.events WHERE kind = $1 AND occurred_at >= $2 GROUP BY 1 ORDER BY 1",
-        aggregates("(payload->>'wait_ms')::float8")
-    )))
-    .bind(GATE_WAIT_KIND)
-    .bind(window_start)
-    .fetch_all(pool)
-    .await?;
-    let mut gate_waits = Vec::new();
-    for row in rows {
-        gate_waits.push(GateWaits {
-            outcome: row.try_get("outcome")?,
-            wait: stats_of(&row)?,
-        });
-    }
+    let gate_waits = gate_waits(pool, None, window_start).await?;
 
     Ok(Report {
         window_start,
@@ -344,30 +329,42 @@ pub async fn tenant_series(
         let index = (index.max(0) as usize).min(setup.len() - 1);
         setup[index].setup = stats_of(&row)?;
     }
-    let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "SELECT coalesce(payload->>'outcome', 'unknown') AS outcome, {} \
-         FROM catalog.events WHERE kind = $1 AND tenant = $2 AND occurred_at >= $3 \
-         GROUP BY 1 ORDER BY 1",
-        aggregates("(payload->>'wait_ms')::float8")
-    )))
-    .bind(GATE_WAIT_KIND)
-    .bind(tenant)
-    .bind(window_start)
-    .fetch_all(pool)
-    .await?;
-    let mut gate_waits = Vec::new();
-    for row in rows {
-        gate_waits.push(GateWaits {
-            outcome: row.try_get("outcome")?,
-            wait: stats_of(&row)?,
-        });
-    }
+    let gate_waits = gate_waits(pool, Some(tenant), window_start).await?;
     Ok(TenantSeries {
         window_start,
         bucket,
         setup,
         gate_waits,
     })
+}
+
+/// chat-gate's first-turn waits by outcome since `since`: every tenant's,
+/// or one's.
+async fn gate_waits(
+    pool: &PgPool,
+    tenant: Option<&str>,
+    since: DateTime<Utc>,
+) -> Result<Vec<GateWaits>, sqlx::Error> {
+    let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT coalesce(payload->>'outcome', 'unknown') AS outcome, {} \
+         FROM catalog.events \
+         WHERE kind = $1 AND occurred_at >= $2 AND ($3::text IS NULL OR tenant = $3) \
+         GROUP BY 1 ORDER BY 1",
+        aggregates("(payload->>'wait_ms')::float8")
+    )))
+    .bind(GATE_WAIT_KIND)
+    .bind(since)
+    .bind(tenant)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(GateWaits {
+                outcome: row.try_get("outcome")?,
+                wait: stats_of(row)?,
+            })
+        })
+        .collect()
 }
 
 async fn counts(
