@@ -24,20 +24,6 @@ async fn list(h: &StoreHarness, tenant: &str, limit: u32, after: &str) -> ListAg
     .unwrap()
 }
 
-fn instruction(path: &str, content: &str) -> ContextResource {
-    ContextResource {
-        source: format!("instruction_file:{path}"),
-        kind: ResourceKind::InstructionFile as i32,
-        status: ResourceStatus::Ok as i32,
-        body: Some(context_resource::Body::InstructionFile(InstructionFile {
-            path: path.into(),
-            content: content.into(),
-            truncated: false,
-        })),
-        ..Default::default()
-    }
-}
-
 #[tokio::test]
 async fn a_tenants_agents_are_listed_in_pages_without_instruction_contents() {
     let h = StoreHarness::spawn().await;

@@ -18,13 +18,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
-use ctxsync_mcp::TransportSpec;
 use ctxsync_proto::subjects::Subjects;
-use ctxsync_proto::v1::{DiscoveryChanged, discovery_changed::Cause, mcp_discovery::Phase};
-use futures::StreamExt;
-use prost::Message;
+use ctxsync_proto::v1::{discovery_changed::Cause, mcp_discovery::Phase};
 use serde_json::{Value, json};
 use testkit::{NatsServer, Process, TestDatabase, workspace_binary};
+
+use e2e::workspace::{event_where, stdio_entry};
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
@@ -109,32 +108,6 @@ impl Drop for Browser {
         let _ = writeln!(self.stdin, "{}", json!({ "op": "close" }));
         let _ = self.child.wait();
     }
-}
-
-async fn event_where(
-    events: &mut async_nats::Subscriber,
-    matches: impl Fn(&DiscoveryChanged) -> bool,
-) -> DiscoveryChanged {
-    loop {
-        let message = tokio::time::timeout(DEADLINE, events.next())
-            .await
-            .expect("a discovery event within the deadline")
-            .expect("subscription open");
-        let event = DiscoveryChanged::decode(message.payload).unwrap();
-        if matches(&event) {
-            return event;
-        }
-    }
-}
-
-fn stdio_entry(spec: &ctxsync_mcp::ServerSpec) -> Value {
-    let TransportSpec::Stdio {
-        command, args, env, ..
-    } = &spec.transport
-    else {
-        panic!("a stdio server");
-    };
-    json!({ "command": command, "args": args, "env": env })
 }
 
 /// A good server starting slowly (discovery stays PENDING for a while), a
@@ -293,7 +266,7 @@ async fn the_context_page_follows_an_agent_live_in_a_real_browser() {
     let client = async_nats::connect(nats.url()).await.unwrap();
     let mut events = testkit::subscribe(&client, subjects.discovery_changed(&agent_id)).await;
     let mut agent = Process::spawn("workspace-agent", "workspace-agent", &agent_env);
-    let run_1 = event_where(&mut events, |e| e.cause() == Cause::Startup)
+    let run_1 = event_where(&mut events, DEADLINE, |e| e.cause() == Cause::Startup)
         .await
         .agent_run_id;
     browser.run(json!({ "op": "wait_row", "agent_id": agent_id }));
@@ -304,7 +277,7 @@ async fn the_context_page_follows_an_agent_live_in_a_real_browser() {
     browser.run(json!({ "op": "open_agent", "agent_id": agent_id }));
     browser.run(json!({ "op": "wait_phase", "phase": "PHASE_PENDING", "stale": false }));
     let shot_pending = browser.screenshot(&out, "3-agent-pending");
-    let complete = event_where(&mut events, |e| e.phase() == Phase::Complete).await;
+    let complete = event_where(&mut events, DEADLINE, |e| e.phase() == Phase::Complete).await;
     assert_eq!(complete.snapshot_agent_run_id, run_1);
     let done = browser.run(json!({
         "op": "wait_phase", "phase": "PHASE_COMPLETE", "stale": false, "min_tools": 2
@@ -345,11 +318,11 @@ async fn the_context_page_follows_an_agent_live_in_a_real_browser() {
         .unwrap()
         .len();
     let mut agent = Process::spawn("workspace-agent", "workspace-agent", &agent_env);
-    let run_2 = event_where(&mut events, |e| e.cause() == Cause::Startup)
+    let run_2 = event_where(&mut events, DEADLINE, |e| e.cause() == Cause::Startup)
         .await
         .agent_run_id;
     assert_ne!(run_1, run_2);
-    event_where(&mut events, |e| {
+    event_where(&mut events, DEADLINE, |e| {
         e.snapshot_agent_run_id == run_2 && e.phase() == Phase::Complete
     })
     .await;

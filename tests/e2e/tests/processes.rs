@@ -7,46 +7,14 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use ctxsync_mcp::TransportSpec;
-use ctxsync_proto::v1::{DiscoveryChanged, discovery_changed::Cause, mcp_discovery::Phase};
-use futures::StreamExt;
-use prost::Message;
+use ctxsync_proto::v1::{discovery_changed::Cause, mcp_discovery::Phase};
 use serde_json::{Value, json};
 use testkit::stack::{BinaryService, TestStack};
 use testkit::{Process, workspace_binary};
 
+use e2e::workspace::{event_where, stdio_entry};
+
 const DEADLINE: Duration = Duration::from_secs(60);
-
-async fn next_event(events: &mut async_nats::Subscriber) -> DiscoveryChanged {
-    let message = tokio::time::timeout(DEADLINE, events.next())
-        .await
-        .expect("a discovery event within the deadline")
-        .expect("subscription open");
-    DiscoveryChanged::decode(message.payload).unwrap()
-}
-
-/// Events until one matches.
-async fn event_where(
-    events: &mut async_nats::Subscriber,
-    matches: impl Fn(&DiscoveryChanged) -> bool,
-) -> DiscoveryChanged {
-    loop {
-        let event = next_event(events).await;
-        if matches(&event) {
-            return event;
-        }
-    }
-}
-
-fn stdio_entry(spec: &ctxsync_mcp::ServerSpec) -> Value {
-    let TransportSpec::Stdio {
-        command, args, env, ..
-    } = &spec.transport
-    else {
-        panic!("a stdio server");
-    };
-    json!({ "command": command, "args": args, "env": env })
-}
 
 /// A workspace with an instruction file, the real npm memory server, and our
 /// fixture starting slowly, so discovery stays PENDING for a while.
@@ -182,16 +150,16 @@ async fn first_turn_waits_for_discovery_and_a_restart_withholds_old_tools_until_
     // 1. A first turn asked while discovery is pending is answered with the
     //    tools right after discovery completes.
     let mut agent = Process::spawn("workspace-agent", "workspace-agent", &agent_env);
-    let startup = event_where(&mut events, |e| e.cause() == Cause::Startup).await;
+    let startup = event_where(&mut events, DEADLINE, |e| e.cause() == Cause::Startup).await;
     let run_1 = startup.agent_run_id.clone();
-    event_where(&mut events, |e| e.phase() == Phase::Pending).await;
+    event_where(&mut events, DEADLINE, |e| e.phase() == Phase::Pending).await;
     let turn = tokio::spawn(first_turn(
         http.clone(),
         gate_addr,
         "chat-1",
         agent_id.clone(),
     ));
-    event_where(&mut events, |e| e.phase() == Phase::Complete).await;
+    event_where(&mut events, DEADLINE, |e| e.phase() == Phase::Complete).await;
     let completed_at = Instant::now();
     let answer = turn.await.unwrap();
     let answered_after = completed_at.elapsed();
@@ -217,7 +185,7 @@ async fn first_turn_waits_for_discovery_and_a_restart_withholds_old_tools_until_
     //    first turn waits until the new run completes.
     agent.kill();
     let mut agent = Process::spawn("workspace-agent", "workspace-agent", &agent_env);
-    let restart = event_where(&mut events, |e| e.cause() == Cause::Startup).await;
+    let restart = event_where(&mut events, DEADLINE, |e| e.cause() == Cause::Startup).await;
     let run_2 = restart.agent_run_id.clone();
     assert_ne!(run_1, run_2);
     let context: Value = http
@@ -254,7 +222,7 @@ async fn first_turn_waits_for_discovery_and_a_restart_withholds_old_tools_until_
         "chat-2",
         agent_id.clone(),
     ));
-    event_where(&mut events, |e| {
+    event_where(&mut events, DEADLINE, |e| {
         e.snapshot_agent_run_id == run_2 && e.phase() == Phase::Complete
     })
     .await;
