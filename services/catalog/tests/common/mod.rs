@@ -81,6 +81,7 @@ pub fn settings() -> Settings {
             retry_interval: Duration::from_millis(100),
             attempts: 3,
         },
+        memory: catalog::MemorySettings::default(),
     }
 }
 
