@@ -428,22 +428,30 @@ impl Bucket {
             Err(error) if error.kind() == jetstream::context::KeyValueErrorKind::GetBucket => {}
             Err(error) => return Err(error.to_string()),
         }
-        let config = kv::Config {
-            bucket: name.to_owned(),
-            history: 1,
+        // The bucket's stream, made directly: `create_key_value` first asks
+        // for the account's info, which async-nats cannot parse from
+        // nats-server 2.9. The stream is what a key-value bucket is: one
+        // subject per key, the last value kept, rollups allowed.
+        let config = jetstream::stream::Config {
+            name: format!("KV_{name}"),
+            subjects: vec![format!("$KV.{name}.>")],
+            max_messages_per_subject: 1,
             max_age,
+            duplicate_window: max_age.min(Duration::from_secs(120)),
             num_replicas: self.settings.replicas,
+            storage: jetstream::stream::StorageType::File,
+            discard: jetstream::stream::DiscardPolicy::New,
+            allow_rollup: true,
+            deny_delete: true,
+            allow_direct: true,
             ..Default::default()
         };
-        match self.js.create_key_value(config).await {
-            Ok(store) => Ok(store),
-            // Another replica created it meanwhile.
-            Err(create) => self
-                .js
-                .get_key_value(name)
-                .await
-                .map_err(|_| create.to_string()),
+        match self.js.create_stream(config).await {
+            Ok(_) => {}
+            // Another replica created it meanwhile: the get below finds it.
+            Err(error) => tracing::debug!(bucket = name, %error, "bucket not created"),
         }
+        self.js.get_key_value(name).await.map_err(|e| e.to_string())
     }
 }
 

@@ -157,6 +157,18 @@ impl Running {
         self.discovery.memory().len()
     }
 
+    /// Whether the next preparation would pin `tenant`'s `server`, as
+    /// configured now, from memory (without starting it).
+    pub fn remembers(&self, tenant: &str, server: &str) -> bool {
+        self.config
+            .get()
+            .enabled_servers(tenant)
+            .unwrap_or_default()
+            .iter()
+            .find(|s| s.id() == server)
+            .is_some_and(|s| self.discovery.memory().reusable(&s.key).is_some())
+    }
+
     /// Replaces the server configuration (e.g. on SIGHUP). Sessions keep
     /// their pins; a changed server is a different memory entry, and entries
     /// of the old configuration stay (a change back finds them again).
