@@ -360,3 +360,197 @@ async fn two_replicas_started_together_start_each_server_once_during_warmup() {
         "one replica warms each server; the other pins it"
     );
 }
+
+#[tokio::test]
+async fn an_entry_of_another_release_is_pinned_until_the_warmup_discovers_it_first() {
+    let record = tempfile::tempdir().unwrap();
+    let tools_file = record.path().join("tools.json");
+    write_tools(&tools_file, &[("echo", "Echo")]);
+    let file = tools_file.display().to_string();
+    let old = fixture(
+        "old",
+        record.path(),
+        &["--mode", "changing-tools", "--tools-file", &file],
+    );
+    let new_record = tempfile::tempdir().unwrap();
+    let new = fixture("new", new_record.path(), &[]);
+    let servers = || tenants(vec![("acme", vec![new.clone(), old.clone()])]);
+    let mut first = Harness::start(servers(), settings()).await;
+    first.stop_catalog().await;
+
+    // Another release remembered `old` with a tool description that changed since.
+    let js = async_nats::jetstream::new(first.client.clone());
+    let store = js
+        .get_key_value(memory_bucket_name(first.subjects.prefix()))
+        .await
+        .unwrap();
+    let key = catalog::config::ServerKey::of("acme", &old);
+    let entry = ctxsync_proto::v1::CatalogMemoryEntry {
+        transport: ctxsync_proto::v1::McpTransport::Stdio as i32,
+        tools: vec![ctxsync_proto::v1::McpTool {
+            name: "echo".into(),
+            description: "Old echo".into(),
+            input_schema_json: r#"{"type":"object"}"#.into(),
+        }],
+        catalog_hash: "whatever".into(),
+        discovered_at_unix_ms: 1,
+        release: "0.0.0-previous".into(),
+    };
+    store
+        .put(
+            key.as_str(),
+            ctxsync_proto::Message::encode_to_vec(&entry).into(),
+        )
+        .await
+        .unwrap();
+
+    let mut settings = settings();
+    settings.warmup.enabled = true;
+    let prefix = first.subjects.prefix().to_owned();
+    let restarted = first.replica(&prefix, servers(), settings).await;
+    let mut status = restarted.running().warmup();
+    let status = tokio::time::timeout(Duration::from_secs(60), status.wait_for(|s| s.finished))
+        .await
+        .expect("the warm-up finishes")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        status.discovered,
+        ["acme/old", "acme/new"],
+        "another release's entry is re-discovered first"
+    );
+    assert_eq!(starts(record.path()), 1, "the warm-up started it once");
+    let reply = restarted.prepare("acme", "s1").await;
+    let pin = reply.pins.iter().find(|p| p.server_id == "old").unwrap();
+    assert_eq!(pin.source, PINNED);
+    assert_eq!(
+        pin.tools[0].description, "Echo",
+        "the re-discovered tools are pinned"
+    );
+    let stored = store.get(key.as_str()).await.unwrap().unwrap();
+    let stored =
+        <ctxsync_proto::v1::CatalogMemoryEntry as ctxsync_proto::Message>::decode(stored).unwrap();
+    assert_eq!(
+        stored.release,
+        env!("CARGO_PKG_VERSION"),
+        "this release wrote it back"
+    );
+    restarted.stop().await;
+    first.stop().await;
+}
+
+#[tokio::test]
+async fn a_session_pinned_from_another_release_answers_withdrawn_when_its_tools_changed() {
+    let record = tempfile::tempdir().unwrap();
+    let tools_file = record.path().join("tools.json");
+    write_tools(&tools_file, &[("echo", "Echo")]);
+    let file = tools_file.display().to_string();
+    let fx = fixture(
+        "fx",
+        record.path(),
+        &["--mode", "changing-tools", "--tools-file", &file],
+    );
+    let mut first = Harness::start(tenants(vec![("acme", vec![fx.clone()])]), settings()).await;
+    first.stop_catalog().await;
+    let js = async_nats::jetstream::new(first.client.clone());
+    let store = js
+        .get_key_value(memory_bucket_name(first.subjects.prefix()))
+        .await
+        .unwrap();
+    let entry = ctxsync_proto::v1::CatalogMemoryEntry {
+        transport: ctxsync_proto::v1::McpTransport::Stdio as i32,
+        tools: vec![ctxsync_proto::v1::McpTool {
+            name: "echo".into(),
+            description: "Old echo".into(),
+            input_schema_json: r#"{"type":"object"}"#.into(),
+        }],
+        catalog_hash: String::new(),
+        discovered_at_unix_ms: 1,
+        release: "0.0.0-previous".into(),
+    };
+    let key = catalog::config::ServerKey::of("acme", &fx);
+    store
+        .put(
+            key.as_str(),
+            ctxsync_proto::Message::encode_to_vec(&entry).into(),
+        )
+        .await
+        .unwrap();
+
+    // Warm-up off: the other release's entry is what the first chat pins.
+    let prefix = first.subjects.prefix().to_owned();
+    let restarted = first
+        .replica(&prefix, tenants(vec![("acme", vec![fx])]), settings())
+        .await;
+    let reply = restarted.prepare("acme", "s1").await;
+    assert_eq!(sources(&reply), [("fx".to_owned(), PINNED)]);
+    assert_eq!(reply.pins[0].tools[0].description, "Old echo");
+    assert_eq!(starts(record.path()), 0);
+    let call = restarted
+        .call(
+            "acme",
+            "s1",
+            "fx",
+            "echo",
+            serde_json::json!({"text": "hi"}),
+        )
+        .await;
+    assert_eq!(error_code(&call.error), "tool.withdrawn", "{call:?}");
+    restarted.stop().await;
+    first.stop().await;
+}
+
+#[tokio::test]
+async fn without_jetstream_the_catalog_serves_from_its_own_memory() {
+    // An account without JetStream: every bucket operation is refused.
+    let nats = testkit::NatsServer::start_with_config(
+        "accounts { NOJS: { users: [{user: nojs, password: nojs}] } }",
+    );
+    let url = nats.url().replace("nats://", "nats://nojs:nojs@");
+    let record = tempfile::tempdir().unwrap();
+    let servers = tenants(vec![("acme", vec![fixture("fx", record.path(), &[])])]);
+    let db = testkit::TestDatabase::create().await;
+    let prefix = testkit::unique_prefix();
+    let shutdown = ctxsync_runtime::Shutdown::new();
+    let builder = testkit::stack::StackBuilder::new(url.clone(), &prefix)
+        .database(db.url())
+        .catalog(servers, settings(), |_| {});
+    let started = tokio::time::timeout(
+        Duration::from_secs(20),
+        testkit::stack::start(builder, &shutdown),
+    )
+    .await
+    .expect("the catalog starts without waiting on the bucket");
+    let client = async_nats::ConnectOptions::with_user_and_password("nojs".into(), "nojs".into())
+        .connect(nats.url())
+        .await
+        .unwrap();
+    let subjects = ctxsync_proto::subjects::Subjects::new(&prefix).unwrap();
+    let prepare = async |session: &str| {
+        let request = ctxsync_proto::v1::CatalogPrepareRequest {
+            tenant: "acme".into(),
+            session_id: session.into(),
+        };
+        ctxsync_runtime::rpc::request::<_, ctxsync_proto::v1::CatalogPrepareReply>(
+            &client,
+            subjects.catalog_prepare("acme"),
+            &request,
+            None,
+            REQUEST_TIMEOUT,
+        )
+        .await
+    };
+    let first = prepare("s1").await.unwrap();
+    assert_eq!(sources(&first), [("fx".to_owned(), CONNECTED)]);
+    let second = prepare("s2").await.unwrap();
+    assert_eq!(
+        sources(&second),
+        [("fx".to_owned(), PINNED)],
+        "the in-process memory serves"
+    );
+    assert_eq!(starts(record.path()), 1);
+    let readyz = format!("http://{}/readyz", started.catalog().http_addr());
+    assert_eq!(reqwest::get(&readyz).await.unwrap().status(), 200);
+    shutdown.cancel();
+    started.stop().await;
+}
