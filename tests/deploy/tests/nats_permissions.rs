@@ -929,10 +929,12 @@ async fn the_catalog_shares_its_memory_within_its_permissions() {
             ctxsync_proto::v1::catalog_pin::Source::Pinned as i32
         );
         let readyz = format!("http://{}/readyz", stack.catalog().http_addr());
+        let ready = reqwest::get(&readyz).await.unwrap();
+        let code = ready.status();
+        let body = ready.text().await.unwrap();
         assert_eq!(
-            reqwest::get(&readyz).await.unwrap().status(),
-            200,
-            "jetstream {jetstream}: no permissions violation"
+            code, 200,
+            "jetstream {jetstream}: no permissions violation: {body}"
         );
         if jetstream {
             let (catalog_user, _) = server.connect("catalog").await;
