@@ -1,6 +1,6 @@
-//! The shared memory's JetStream side (design note: the catalog's shared
-//! memory): a key-value bucket holding one entry per server key, and a
-//! second bucket of warm-up claims.
+//! The shared memory's JetStream side: a key-value bucket holding one entry
+//! per server key, and a second bucket of warm-up claims
+//! (design note: the catalog's shared memory).
 //!
 //! * The memory bucket's key is the server key (already a SHA-256, so it
 //!   says nothing of the configuration); its value a `CatalogMemoryEntry`:

@@ -43,7 +43,7 @@ pub enum Error {
     #[error(transparent)]
     Bind(#[from] http::BindError),
     #[error(transparent)]
-    Settings(#[from] crate::ConfigError),
+    Settings(#[from] crate::config::ConfigError),
 }
 
 /// A warm-up claim outlives its attempt's handshake bound by this much
