@@ -296,11 +296,11 @@ mod tests {
 
     #[test]
     fn bucket_names_come_from_the_prefix_and_stay_apart() {
-        assert_eq!(memory_bucket_name("ctxsync"), "ctxsync_catalog_memory");
-        let dotted = memory_bucket_name("ctxsync.prod");
-        assert!(dotted.starts_with("ctxsync_prod_") && dotted.ends_with("_catalog_memory"));
-        assert_ne!(dotted, memory_bucket_name("ctxsync_prod"));
-        assert_ne!(dotted, memory_bucket_name("ctxsync-prod"));
+        assert_eq!(memory_bucket_name("acme"), "acme_catalog_memory");
+        let dotted = memory_bucket_name("acme.prod");
+        assert!(dotted.starts_with("acme_prod_") && dotted.ends_with("_catalog_memory"));
+        assert_ne!(dotted, memory_bucket_name("acme_prod"));
+        assert_ne!(dotted, memory_bucket_name("acme-prod"));
         for prefix in ["a.b.c", "é.x", "t1234"] {
             valid_memory_bucket(&memory_bucket_name(prefix)).unwrap();
         }

@@ -163,7 +163,8 @@ impl Warmup {
             for server in self.await_claimers(claimed, status).await {
                 tracing::info!(
                     tenant = %server.tenant, server = server.id(), round,
-                    "mcp_discovery_warmup_not_shared: its claimer found nothing in time"
+                    reason = "another replica claimed it and put nothing within the claim's lifetime",
+                    "mcp_discovery_warmup_not_shared"
                 );
                 failed.push(server);
             }

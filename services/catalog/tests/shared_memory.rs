@@ -554,3 +554,47 @@ async fn without_jetstream_the_catalog_serves_from_its_own_memory() {
     shutdown.cancel();
     started.stop().await;
 }
+
+#[tokio::test]
+async fn an_http_entry_expires_at_the_same_moment_on_every_replica() {
+    let web = mcp_fixture::HttpFixture::start(&[]).await;
+    let servers = || tenants(vec![("acme", vec![http("web", web.url())])]);
+    let mut short = settings();
+    short.discovery_reuse = Duration::from_millis(1500);
+    let a = Harness::start(servers(), short.clone()).await;
+    let mut on_b = short;
+    on_b.memory.bucket = Some(memory_bucket_name(a.subjects.prefix()));
+    let b = a.replica(&testkit::unique_prefix(), servers(), on_b).await;
+    assert_eq!(
+        sources(&a.prepare("acme", "a1").await),
+        [("web".to_owned(), CONNECTED)]
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || b
+            .running()
+            .remembers("acme", "web"))
+        .await,
+        "B received A's discovery"
+    );
+    assert_eq!(
+        sources(&b.prepare("acme", "b1").await),
+        [("web".to_owned(), PINNED)]
+    );
+    // The window runs from the discovery time in the entry: once A's entry
+    // is past it, so is B's.
+    assert!(
+        eventually(Duration::from_secs(10), || !a
+            .running()
+            .remembers("acme", "web"))
+        .await,
+        "A's entry expired"
+    );
+    assert!(!b.running().remembers("acme", "web"), "B's expired with it");
+    assert_eq!(
+        sources(&b.prepare("acme", "b2").await),
+        [("web".to_owned(), CONNECTED)]
+    );
+    b.stop().await;
+    a.stop().await;
+    web.stop().await;
+}
