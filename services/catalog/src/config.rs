@@ -119,6 +119,12 @@ impl ServerKey {
         Self(hex::encode(Sha256::digest(&bytes)))
     }
 
+    /// A key as the memory bucket names it: 64 lowercase hex digits.
+    pub fn from_hex(text: &str) -> Option<Self> {
+        (text.len() == 64 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+            .then(|| Self(text.to_owned()))
+    }
+
     pub fn as_str(&self) -> &str {
         &self.0
     }

@@ -1,6 +1,6 @@
 //! Live discovery: starting or opening a configured server and listing its
-//! tools. It alone writes the memory: a success replaces the server's entry,
-//! a failure forgets it. It bounds the stdio servers started at once for
+//! tools. It alone writes the memory, and so the shared memory bucket: a
+//! success replaces the server's entry (put), a failure forgets it (delete). It bounds the stdio servers started at once for
 //! users (preparations and calls; the warm-up runs on its own) and tracks the
 //! servers closing after a discovery, so shutdown can wait for them.
 
@@ -59,9 +59,9 @@ pub(crate) struct Discoverer {
 }
 
 impl Discoverer {
-    pub fn new(http_reuse: Duration, max_concurrent_starts: usize) -> Self {
+    pub fn new(memory: Memory, max_concurrent_starts: usize) -> Self {
         Self {
-            memory: Memory::new(http_reuse),
+            memory,
             starts: Semaphore::new(max_concurrent_starts.max(1)),
             closing: TaskTracker::new(),
         }

@@ -1,7 +1,8 @@
 //! The catalog: the MCP runtime for operator-configured servers.
 //!
 //! * It remembers the last successful discovery of every configured server,
-//!   keyed by the server's whole configuration ([`config::ServerKey`]).
+//!   keyed by the server's whole configuration ([`config::ServerKey`]), in
+//!   this process and in a JetStream key-value bucket its replicas share.
 //! * `<prefix>.catalog.prepare.<tenant>` pins every enabled server of the
 //!   tenant for a session, from memory without starting it where the rules
 //!   allow, else live; one Postgres transaction per preparation.
@@ -9,11 +10,13 @@
 //!   of one of its tools and compares its live catalog with the pin.
 //! * The tenant is the subject's (`Subjects::catalog_tenant`), so NATS permissions bind a
 //!   caller to its own tenant's sessions and tools.
-//! * Once serving, it warms its memory in the background, one server at a time.
+//! * Once serving, it warms its memory in the background, one server at a
+//!   time, each server claimed so that one replica warms it.
 //! * [`latency::report`] aggregates the stored events.
 //!
-//! One part per concern, each owning its data: [`memory`] and `discovery`
-//! (live discovery, which alone writes the memory), one type per command
+//! One part per concern, each owning its data: [`memory`] over `bucket` (the
+//! shared level) and `discovery` (live discovery, which alone writes the
+//! memory), one type per command
 //! (`prepare::Prepare`, `call::Call`, `end_session::EndSession`) over the
 //! `sessions` they share, `warmup`, and `events` (storing and publishing).
 //! `service` wires them to NATS. Modules import each other without cycles;
@@ -21,6 +24,7 @@
 //!
 //! The config file format is documented in the crate's README.md.
 
+mod bucket;
 mod call;
 pub mod config;
 mod discovery;
@@ -44,5 +48,5 @@ mod warmup;
 pub use config::{CatalogConfig, ConfigError};
 pub use request::{MAX_REQUEST_ID_BYTES, codes};
 pub use service::{Error, Reloader, Running, run, start};
-pub use settings::{CatalogArgs, Config, Settings, WarmupSettings};
+pub use settings::{CatalogArgs, Config, MemorySettings, Settings, WarmupSettings};
 pub use warmup::WarmupStatus;

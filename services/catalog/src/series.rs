@@ -56,10 +56,11 @@ pub const SERIES: &[Series] = &[
     ),
     Series::counter(
         "ctxsync_catalog_warmup_servers_total",
-        "Servers tried by the warm-up, by outcome (discovered, failed, abandoned).",
+        "Servers tried by the warm-up, by outcome (discovered, shared: found warm in the memory, failed, abandoned).",
     )
     .zeroed(&[
         &[("outcome", "discovered")],
+        &[("outcome", "shared")],
         &[("outcome", "failed")],
         &[("outcome", "abandoned")],
     ]),
@@ -79,6 +80,10 @@ pub const SERIES: &[Series] = &[
     Series::gauge(
         "ctxsync_catalog_memory_entries",
         "Server configurations whose last discovery is remembered.",
+    ),
+    Series::gauge(
+        "ctxsync_catalog_memory_shared",
+        "1 while the memory's key-value bucket works, 0 while the catalog serves from its own process's memory.",
     ),
     Series::counter(
         "ctxsync_catalog_replies_too_large_total",

@@ -13,15 +13,17 @@ use prost::Message;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::bucket::{Bucket, BucketSettings};
 use crate::call::Call;
 use crate::config::{CatalogConfig, Current};
 use crate::discovery::Discoverer;
 use crate::end_session::EndSession;
 use crate::events::Events;
+use crate::memory::Memory;
 use crate::prepare::Prepare;
 use crate::request::{codes, error, tenant_of};
 use crate::sessions::{self, Sessions};
-use crate::settings::Config;
+use crate::settings::{Config, memory_bucket_name};
 use crate::status::Status;
 use crate::store;
 use crate::warmup::{Warmup, WarmupStatus};
@@ -40,7 +42,13 @@ pub enum Error {
     Subscribe(#[from] nats::SubscribeError),
     #[error(transparent)]
     Bind(#[from] http::BindError),
+    #[error(transparent)]
+    Settings(#[from] crate::config::ConfigError),
 }
+
+/// A warm-up claim outlives its attempt's handshake bound by this much
+/// before it lapses (a dead replica's claim included).
+const CLAIM_MARGIN: Duration = Duration::from_secs(30);
 
 /// A reply NATS would refuse to carry becomes an error naming the limit
 /// (the requester would otherwise only see a timeout).
@@ -149,6 +157,18 @@ impl Running {
         self.discovery.memory().len()
     }
 
+    /// Whether the next preparation would pin `tenant`'s `server`, as
+    /// configured now, from memory (without starting it).
+    pub fn remembers(&self, tenant: &str, server: &str) -> bool {
+        self.config
+            .get()
+            .enabled_servers(tenant)
+            .unwrap_or_default()
+            .iter()
+            .find(|s| s.id() == server)
+            .is_some_and(|s| self.discovery.memory().reusable(&s.key).is_some())
+    }
+
     /// Replaces the server configuration (e.g. on SIGHUP). Sessions keep
     /// their pins; a changed server is a different memory entry, and entries
     /// of the old configuration stay (a change back finds them again).
@@ -188,6 +208,7 @@ impl Running {
 pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error> {
     // Before anything records: every series described and present from the start.
     ctxsync_runtime::metrics::init("catalog", env!("CARGO_PKG_VERSION"), crate::series::SERIES);
+    let started = SystemTime::now();
     let subjects = config.common.subjects()?;
     let http_limits = config.common.http.limits()?;
     let pool = db::connect(&config.database).await?;
@@ -196,10 +217,26 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
     let grace = config.common.shutdown_grace;
     let settings = config.settings;
     let current = Arc::new(Current::new(config.servers));
-    let discovery = Arc::new(Discoverer::new(
-        settings.discovery_reuse,
-        settings.max_concurrent_starts,
-    ));
+    // The shared memory is loaded before any subscription: a restarted
+    // replica's first preparation pins from it.
+    settings.memory.validate()?;
+    let bucket = Bucket::new(
+        connection.client.clone(),
+        BucketSettings {
+            name: settings
+                .memory
+                .bucket
+                .clone()
+                .unwrap_or_else(|| memory_bucket_name(subjects.prefix())),
+            replicas: settings.memory.replicas,
+            max_age: settings.memory.max_age,
+            claim_ttl: settings.warmup.connect_timeout + CLAIM_MARGIN,
+        },
+    );
+    let memory = Memory::shared(settings.discovery_reuse, bucket);
+    let sharing = memory.start_sharing(shutdown.clone()).await;
+    tracing::info!(remembered = memory.len(), "catalog memory loaded");
+    let discovery = Arc::new(Discoverer::new(memory, settings.max_concurrent_starts));
     let events = Arc::new(Events::new(
         pool.clone(),
         connection.client.clone(),
@@ -352,11 +389,14 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
 
     // Only now, with the port bound and the subscriptions up: no server
     // startup competes with becoming ready, and readiness never waits on one.
+    let claim_ttl = settings.warmup.connect_timeout + CLAIM_MARGIN;
     let warmup_task = Warmup::new(
         current.clone(),
         discovery.clone(),
         events.clone(),
         settings.warmup,
+        started,
+        claim_ttl,
     )
     .spawn(shutdown.clone(), ready_instant, warmup_tx);
     let reaper = sessions::spawn_reaper(
@@ -367,7 +407,10 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
     Ok(Running {
         http,
         servers,
-        tasks: vec![warmup_task, reaper, gate_waits],
+        tasks: [warmup_task, reaper, gate_waits]
+            .into_iter()
+            .chain(sharing)
+            .collect(),
         nats: connection,
         config: current,
         discovery,

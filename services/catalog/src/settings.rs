@@ -17,6 +17,100 @@ pub struct Settings {
     /// A session's transports are released after this long without a call.
     pub session_idle_timeout: Duration,
     pub warmup: WarmupSettings,
+    pub memory: MemorySettings,
+}
+
+/// The memory shared by the catalog's replicas (a JetStream key-value bucket).
+#[derive(Debug, Clone)]
+pub struct MemorySettings {
+    /// The bucket's name; `None` derives it from the subject prefix
+    /// (`<prefix>_catalog_memory`, see `memory_bucket_name`).
+    pub bucket: Option<String>,
+    /// Replicas of the bucket when the catalog creates it (1 to 5).
+    pub replicas: usize,
+    /// An entry nobody discovered again for this long ages out of the bucket.
+    pub max_age: Duration,
+}
+
+impl Default for MemorySettings {
+    fn default() -> Self {
+        Self {
+            bucket: None,
+            replicas: 1,
+            max_age: DEFAULT_MEMORY_MAX_AGE,
+        }
+    }
+}
+
+/// Seven days.
+pub const DEFAULT_MEMORY_MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
+/// The fewest replicas of a bucket, and the most JetStream keeps.
+pub const MEMORY_REPLICAS: std::ops::RangeInclusive<usize> = 1..=5;
+/// The shortest `max_age` of the memory bucket.
+pub const MIN_MEMORY_MAX_AGE: Duration = Duration::from_secs(60);
+
+/// The memory bucket of the subject prefix `prefix`: its characters outside
+/// `[A-Za-z0-9_-]` (the only ones a bucket name allows) become `_`, and then
+/// a short hash of the prefix keeps two prefixes apart.
+pub fn memory_bucket_name(prefix: &str) -> String {
+    let sanitized: String = prefix
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if sanitized == prefix {
+        format!("{prefix}_catalog_memory")
+    } else {
+        use sha2::Digest as _;
+        let digest = hex::encode(sha2::Sha256::digest(prefix.as_bytes()));
+        format!("{sanitized}_{}_catalog_memory", &digest[..8])
+    }
+}
+
+/// A bucket name the catalog can use (its claims bucket adds `_claims`).
+pub fn valid_memory_bucket(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 200 {
+        return Err("must be 1 to 200 characters".into());
+    }
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        return Err("may hold only the characters A-Z, a-z, 0-9, _ and -".into());
+    }
+    Ok(())
+}
+
+impl MemorySettings {
+    /// Checks the tunables; the errors name the env vars.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(name) = &self.bucket {
+            valid_memory_bucket(name).map_err(|reason| {
+                ConfigError::Invalid(format!("CTXSYNC_CATALOG_MEMORY_BUCKET {name:?} {reason}"))
+            })?;
+        }
+        if !MEMORY_REPLICAS.contains(&self.replicas) {
+            return Err(ConfigError::Invalid(format!(
+                "CTXSYNC_CATALOG_MEMORY_REPLICAS must be from {} to {}, not {}",
+                MEMORY_REPLICAS.start(),
+                MEMORY_REPLICAS.end(),
+                self.replicas
+            )));
+        }
+        if self.max_age < MIN_MEMORY_MAX_AGE {
+            return Err(ConfigError::Invalid(format!(
+                "CTXSYNC_CATALOG_MEMORY_MAX_AGE must be at least {}, not {}",
+                humantime::format_duration(MIN_MEMORY_MAX_AGE),
+                humantime::format_duration(self.max_age)
+            )));
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -43,6 +137,7 @@ impl Default for Settings {
                 retry_interval: Duration::from_secs(60),
                 attempts: 5,
             },
+            memory: MemorySettings::default(),
         }
     }
 }
@@ -118,6 +213,20 @@ pub struct CatalogArgs {
     /// Warm-up rounds in all; servers still failing after the last are abandoned.
     #[arg(long, env = "CTXSYNC_CATALOG_WARMUP_ATTEMPTS", default_value_t = 5)]
     pub warmup_attempts: u32,
+
+    /// The JetStream key-value bucket the replicas share their memory in
+    /// (default: `<prefix>_catalog_memory`, the subject prefix's characters
+    /// outside [A-Za-z0-9_-] made `_`).
+    #[arg(long, env = "CTXSYNC_CATALOG_MEMORY_BUCKET")]
+    pub memory_bucket: Option<String>,
+
+    /// Replicas of the memory bucket when the catalog creates it (1 to 5).
+    #[arg(long, env = "CTXSYNC_CATALOG_MEMORY_REPLICAS", default_value_t = 1)]
+    pub memory_replicas: usize,
+
+    /// A memory entry nobody discovered again for this long ages out of the bucket.
+    #[arg(long, env = "CTXSYNC_CATALOG_MEMORY_MAX_AGE", default_value = "7d", value_parser = humantime::parse_duration)]
+    pub memory_max_age: Duration,
 }
 
 impl CatalogArgs {
@@ -145,6 +254,12 @@ impl CatalogArgs {
                 "CTXSYNC_CATALOG_WARMUP_ATTEMPTS must be at least 1".into(),
             ));
         }
+        let memory = MemorySettings {
+            bucket: self.memory_bucket,
+            replicas: self.memory_replicas,
+            max_age: self.memory_max_age,
+        };
+        memory.validate()?;
         Ok(Config {
             common,
             database,
@@ -169,7 +284,55 @@ impl CatalogArgs {
                     retry_interval: Duration::from_secs(self.warmup_retry_seconds),
                     attempts: self.warmup_attempts,
                 },
+                memory,
             },
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bucket_names_come_from_the_prefix_and_stay_apart() {
+        assert_eq!(memory_bucket_name("acme"), "acme_catalog_memory");
+        let dotted = memory_bucket_name("acme.prod");
+        assert!(dotted.starts_with("acme_prod_") && dotted.ends_with("_catalog_memory"));
+        assert_ne!(dotted, memory_bucket_name("acme_prod"));
+        assert_ne!(dotted, memory_bucket_name("acme-prod"));
+        for prefix in ["a.b.c", "é.x", "t1234"] {
+            valid_memory_bucket(&memory_bucket_name(prefix)).unwrap();
+        }
+    }
+
+    #[test]
+    fn memory_settings_are_validated_by_name() {
+        let error = |memory: MemorySettings| memory.validate().unwrap_err().to_string();
+        let bad_name = error(MemorySettings {
+            bucket: Some("a.b".into()),
+            ..Default::default()
+        });
+        assert!(
+            bad_name.contains("CTXSYNC_CATALOG_MEMORY_BUCKET"),
+            "{bad_name}"
+        );
+        let replicas = error(MemorySettings {
+            replicas: 6,
+            ..Default::default()
+        });
+        assert!(
+            replicas.contains("CTXSYNC_CATALOG_MEMORY_REPLICAS"),
+            "{replicas}"
+        );
+        let max_age = error(MemorySettings {
+            max_age: Duration::from_secs(5),
+            ..Default::default()
+        });
+        assert!(
+            max_age.contains("CTXSYNC_CATALOG_MEMORY_MAX_AGE"),
+            "{max_age}"
+        );
+        MemorySettings::default().validate().unwrap();
     }
 }

@@ -5,13 +5,22 @@
 //! still failing as abandoned. No session state: it fills the memory, records
 //! each handshake it made (`mcp.server.connected`, cause `warmup`, for
 //! `ctxsync latency`), and nothing waits on it.
+//!
+//! Across replicas (design note: the catalog's shared memory) a server is
+//! warmed by one replica at a time: each attempt is claimed first in the
+//! claims bucket; a replica that finds the claim taken leaves the server for
+//! the end of its round and then pins what the claimer found. A server
+//! whose entry of this release was discovered since this replica started
+//! (less the handshake bound: replicas started together share one
+//! discovery) is not discovered again; entries of another release go first.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::bucket::Claim;
 use crate::config::{ConfiguredServer, Current};
 use crate::discovery::{Cause, Discoverer};
 use crate::events::{Events, ms};
@@ -44,6 +53,18 @@ pub(crate) struct Warmup {
     discovery: Arc<Discoverer>,
     events: Arc<Events>,
     settings: WarmupSettings,
+    /// Entries of this release discovered since then need no discovery.
+    warmed_since: SystemTime,
+    /// How long a claimed server is waited for at the end of a round.
+    claim_ttl: std::time::Duration,
+}
+
+/// What the warm-up did with one server in one round.
+enum Step {
+    Discovered,
+    Failed,
+    /// Another replica holds its claim: looked at again at the round's end.
+    Claimed,
 }
 
 impl Warmup {
@@ -52,12 +73,19 @@ impl Warmup {
         discovery: Arc<Discoverer>,
         events: Arc<Events>,
         settings: WarmupSettings,
+        started: SystemTime,
+        claim_ttl: std::time::Duration,
     ) -> Self {
+        let warmed_since = started
+            .checked_sub(settings.connect_timeout)
+            .unwrap_or(started);
         Self {
             config,
             discovery,
             events,
             settings,
+            warmed_since,
+            claim_ttl,
         }
     }
 
@@ -103,8 +131,11 @@ impl Warmup {
 
     async fn warm(&self, status: &watch::Sender<WarmupStatus>, ready_at: Instant) {
         let settings = &self.settings;
+        let memory = self.discovery.memory();
         // Keys are unique: tenant and server id are part of each.
         let mut pending: Vec<ConfiguredServer> = self.config.get().all_enabled_servers();
+        // Entries another release wrote are served only until re-discovered: first.
+        pending.sort_by_key(|s| !memory.reusable(&s.key).is_some_and(|r| r.is_foreign()));
         tracing::info!(
             servers = pending.len(),
             after_ready_ms = ready_at.elapsed().as_millis() as u64,
@@ -120,48 +151,22 @@ impl Warmup {
             status.send_modify(|s| s.rounds = round);
             metrics::counter!("ctxsync_catalog_warmup_rounds_total").increment(1);
             let mut failed = Vec::new();
+            let mut claimed = Vec::new();
             for server in pending {
-                // A chat may have discovered it meanwhile: the memory is fresh.
-                if self.discovery.memory().reusable(&server.key).is_some() {
-                    continue;
+                match self.warm_one(&server, round, status).await {
+                    Step::Discovered => {}
+                    Step::Failed => failed.push(server),
+                    Step::Claimed => claimed.push(server),
                 }
-                match self
-                    .discovery
-                    .discover(&server, settings.connect_timeout, Cause::Warmup)
-                    .await
-                {
-                    Ok(live) => {
-                        metrics::counter!("ctxsync_catalog_warmup_servers_total", "outcome" => "discovered")
-                        .increment(1);
-                        tracing::info!(
-                            tenant = %server.tenant, server = server.id(), round,
-                            tools = live.catalog.tools.len(), duration_ms = live.duration.as_millis() as u64,
-                            "mcp_discovery_warmup_discovered"
-                        );
-                        self.record_handshake(&server, live.duration).await;
-                        let label = label(&server);
-                        status.send_modify(|s| {
-                            s.failing.retain(|l| *l != label);
-                            s.discovered.push(label);
-                        });
-                    }
-                    Err(failure) => {
-                        metrics::counter!("ctxsync_catalog_warmup_servers_total", "outcome" => "failed")
-                        .increment(1);
-                        tracing::warn!(
-                            tenant = %server.tenant, server = server.id(), round,
-                            error_kind = failure.kind, error = %failure.message,
-                            "mcp_discovery_warmup_failed"
-                        );
-                        let label = label(&server);
-                        status.send_modify(|s| {
-                            if !s.failing.contains(&label) {
-                                s.failing.push(label);
-                            }
-                        });
-                        failed.push(server);
-                    }
-                }
+            }
+            // What other replicas were warming: pinned once they found it.
+            for server in self.await_claimers(claimed, status).await {
+                tracing::info!(
+                    tenant = %server.tenant, server = server.id(), round,
+                    reason = "another replica claimed it and put nothing within the claim's lifetime",
+                    "mcp_discovery_warmup_not_shared"
+                );
+                failed.push(server);
             }
             pending = failed;
         }
@@ -174,5 +179,126 @@ impl Warmup {
             );
         }
         status.send_modify(|s| s.abandoned = pending.iter().map(label).collect());
+    }
+
+    /// One server in one round: skipped when warm, else claimed and discovered.
+    async fn warm_one(
+        &self,
+        server: &ConfiguredServer,
+        round: u32,
+        status: &watch::Sender<WarmupStatus>,
+    ) -> Step {
+        let memory = self.discovery.memory();
+        // A chat or another replica may have discovered it meanwhile.
+        if memory.warmed_since(&server.key, self.warmed_since) {
+            self.shared(server, status);
+            return Step::Discovered;
+        }
+        let claim = match memory.bucket() {
+            Some(bucket) => bucket.claim(&server.key).await,
+            None => Claim::Unshared,
+        };
+        if claim == Claim::Taken {
+            return Step::Claimed;
+        }
+        let result = if memory.warmed_since(&server.key, self.warmed_since) {
+            // Discovered between the look and the claim.
+            None
+        } else {
+            Some(
+                self.discovery
+                    .discover(server, self.settings.connect_timeout, Cause::Warmup)
+                    .await,
+            )
+        };
+        if claim == Claim::Held
+            && let Some(bucket) = memory.bucket()
+        {
+            bucket.release(&server.key).await;
+        }
+        match result {
+            None => {
+                self.shared(server, status);
+                Step::Discovered
+            }
+            Some(Ok(live)) => {
+                metrics::counter!("ctxsync_catalog_warmup_servers_total", "outcome" => "discovered")
+                    .increment(1);
+                tracing::info!(
+                    tenant = %server.tenant, server = server.id(), round,
+                    tools = live.catalog.tools.len(), duration_ms = live.duration.as_millis() as u64,
+                    "mcp_discovery_warmup_discovered"
+                );
+                self.record_handshake(server, live.duration).await;
+                let label = label(server);
+                status.send_modify(|s| {
+                    s.failing.retain(|l| *l != label);
+                    s.discovered.push(label);
+                });
+                Step::Discovered
+            }
+            Some(Err(failure)) => {
+                metrics::counter!("ctxsync_catalog_warmup_servers_total", "outcome" => "failed")
+                    .increment(1);
+                tracing::warn!(
+                    tenant = %server.tenant, server = server.id(), round,
+                    error_kind = failure.kind, error = %failure.message,
+                    "mcp_discovery_warmup_failed"
+                );
+                let label = label(server);
+                status.send_modify(|s| {
+                    if !s.failing.contains(&label) {
+                        s.failing.push(label);
+                    }
+                });
+                Step::Failed
+            }
+        }
+    }
+
+    /// A server the memory holds warm without this replica starting it.
+    fn shared(&self, server: &ConfiguredServer, status: &watch::Sender<WarmupStatus>) {
+        metrics::counter!("ctxsync_catalog_warmup_servers_total", "outcome" => "shared")
+            .increment(1);
+        tracing::debug!(tenant = %server.tenant, server = server.id(), "mcp_discovery_warmup_shared");
+        let label = label(server);
+        status.send_modify(|s| {
+            s.failing.retain(|l| *l != label);
+            if !s.discovered.contains(&label) {
+                s.discovered.push(label);
+            }
+        });
+    }
+
+    /// Waits, at most a claim's lifetime, until the memory holds every
+    /// server another replica claimed; returns those it still lacks.
+    async fn await_claimers(
+        &self,
+        mut claimed: Vec<ConfiguredServer>,
+        status: &watch::Sender<WarmupStatus>,
+    ) -> Vec<ConfiguredServer> {
+        if claimed.is_empty() {
+            return claimed;
+        }
+        let memory = self.discovery.memory();
+        let mut changes = memory.changes();
+        let deadline = tokio::time::Instant::now() + self.claim_ttl;
+        loop {
+            changes.mark_unchanged();
+            claimed.retain(|s| {
+                let warm = memory.warmed_since(&s.key, self.warmed_since);
+                if warm {
+                    self.shared(s, status);
+                }
+                !warm
+            });
+            if claimed.is_empty() {
+                return claimed;
+            }
+            match tokio::time::timeout_at(deadline, changes.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) | Err(_) => return claimed,
+            }
+        }
     }
 }

@@ -619,7 +619,7 @@ fn nats_is_a_three_node_cluster_on_the_shared_config_with_lame_duck_shutdown() {
     let shared = deploy_checks::nats_conf::parse(&nats_conf_on_disk("nats.conf")).unwrap();
     assert!(
         shared["jetstream"].is_null(),
-        "JetStream is off: nothing uses it"
+        "JetStream is off: no store (the catalog serves from each replica's memory)"
     );
     assert!(
         shared["cluster"].is_null(),

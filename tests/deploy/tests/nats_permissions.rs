@@ -69,6 +69,31 @@ const RUNTIME_CLIENTS: [&str; 5] = [
     "ctxsync-cli",
 ];
 
+/// What the catalog's key-value buckets (its shared memory and warm-up
+/// claims) publish through async-nats: the JetStream API of their streams,
+/// flow control of its watch, and the buckets' own subjects.
+fn catalog_bucket_subjects(s: &Subjects) -> Vec<String> {
+    let memory = catalog::settings::memory_bucket_name(s.prefix());
+    let claims = format!("{memory}_claims");
+    let mut subjects = Vec::new();
+    for bucket in [&memory, &claims] {
+        subjects.push(format!("$JS.API.STREAM.INFO.KV_{bucket}"));
+        subjects.push(format!("$JS.API.STREAM.CREATE.KV_{bucket}"));
+        subjects.push(format!("$KV.{bucket}.0123abcd"));
+    }
+    subjects.extend([
+        // The watch: an ordered consumer, recreated (and the old one
+        // deleted) after a gap; a named create on newer servers.
+        format!("$JS.API.CONSUMER.CREATE.KV_{memory}"),
+        format!("$JS.API.CONSUMER.CREATE.KV_{memory}.w.$KV.{memory}.>"),
+        format!("$JS.API.CONSUMER.DELETE.KV_{memory}.w"),
+        format!("$JS.FC.KV_{memory}.w.1.2.3"),
+        // A refused claim reads who holds it.
+        format!("$JS.API.DIRECT.GET.KV_{claims}.$KV.{claims}.0123abcd"),
+    ]);
+    subjects
+}
+
 fn needs(s: &Subjects) -> BTreeMap<&'static str, Needs> {
     let mut needs = BTreeMap::from([
         (
@@ -127,10 +152,13 @@ fn needs(s: &Subjects) -> BTreeMap<&'static str, Needs> {
         (
             "catalog",
             Needs {
-                publish: vec![
+                publish: [
                     s.catalog_event("mcp.catalog.changed"),
                     s.catalog_events_all(),
-                ],
+                ]
+                .into_iter()
+                .chain(catalog_bucket_subjects(s))
+                .collect(),
                 subscribe: vec![
                     s.catalog_prepare_all(),
                     s.catalog_call_all(),
@@ -341,8 +369,13 @@ impl Drop for Server {
 
 impl Server {
     async fn start() -> Server {
+        Self::start_with(false).await
+    }
+
+    /// The deployment's config as it is (it keeps no JetStream store), or
+    /// with JetStream turned on.
+    async fn start_with(jetstream: bool) -> Server {
         let store = tempfile::tempdir().unwrap();
-        // The deployment's config as it is (it keeps no JetStream store).
         let config = config_path();
         let port = testkit::free_port();
         let monitor = testkit::free_port();
@@ -360,6 +393,9 @@ impl Server {
             ])
             .stdout(Stdio::null())
             .stderr(Stdio::null());
+        if jetstream {
+            command.arg("-js").arg("-sd").arg(store.path());
+        }
         let mut passwords = BTreeMap::new();
         for (user, variable, _) in users() {
             let password = format!("pw-{user}-{port}");
@@ -835,4 +871,89 @@ async fn max_payload_holds_the_largest_push() {
         max_payload >= largest + largest / 4,
         "nats.conf max_payload {max_payload} is too small for a {largest}-byte push"
     );
+}
+
+/// The catalog under its own user: as deployed (JetStream off) it is ready
+/// and serves from its process's memory; with JetStream on, its warm-up
+/// claims, discovers and puts into the bucket. No operation of either is
+/// refused (a refusal would fail `/readyz`).
+#[tokio::test]
+async fn the_catalog_shares_its_memory_within_its_permissions() {
+    for jetstream in [false, true] {
+        let server = Server::start_with(jetstream).await;
+        let db = testkit::TestDatabase::create().await;
+        let record = tempfile::tempdir().unwrap();
+        let yaml = format!(
+            "tenants: [{{id: demo, servers: [{{id: fx, transport: {{stdio: {{command: {:?}, args: [--record-dir, {:?}]}}}}}}]}}]",
+            mcp_fixture::fixture_binary().display().to_string(),
+            record.path().display().to_string(),
+        );
+        let servers = catalog::CatalogConfig::from_yaml(&yaml).unwrap();
+        let key = servers.enabled_servers("demo").unwrap()[0].key.clone();
+        let shutdown = ctxsync_runtime::Shutdown::new();
+        let builder = testkit::stack::StackBuilder::new(
+            server.url_for("catalog"),
+            Subjects::default().prefix(),
+        )
+        .database(db.url())
+        .catalog(servers, catalog::Settings::default(), |_| {});
+        let stack = testkit::stack::start(builder, &shutdown).await;
+        let mut warmup = stack.catalog().warmup();
+        let status = tokio::time::timeout(Duration::from_secs(30), warmup.wait_for(|s| s.finished))
+            .await
+            .expect("the warm-up finishes")
+            .unwrap()
+            .clone();
+        assert_eq!(
+            status.discovered,
+            ["demo/fx"],
+            "jetstream {jetstream}: {status:?}"
+        );
+
+        let (gate, _) = server.connect("chat-gate").await;
+        let reply: ctxsync_proto::v1::CatalogPrepareReply = ctxsync_runtime::rpc::request(
+            &gate,
+            Subjects::default().catalog_prepare("demo"),
+            &ctxsync_proto::v1::CatalogPrepareRequest {
+                tenant: "demo".into(),
+                session_id: format!("s-{jetstream}"),
+            },
+            None,
+            DEADLINE,
+        )
+        .await
+        .unwrap();
+        assert_eq!(reply.pins.len(), 1, "{reply:?}");
+        assert_eq!(
+            reply.pins[0].source,
+            ctxsync_proto::v1::catalog_pin::Source::Pinned as i32
+        );
+        let readyz = format!("http://{}/readyz", stack.catalog().http_addr());
+        let ready = reqwest::get(&readyz).await.unwrap();
+        let code = ready.status();
+        let body = ready.text().await.unwrap();
+        assert_eq!(
+            code, 200,
+            "jetstream {jetstream}: no permissions violation: {body}"
+        );
+        if jetstream {
+            let (catalog_user, _) = server.connect("catalog").await;
+            let bucket = async_nats::jetstream::new(catalog_user)
+                .get_key_value(catalog::settings::memory_bucket_name(
+                    Subjects::default().prefix(),
+                ))
+                .await
+                .expect("the catalog created its bucket");
+            let keys: Vec<String> = bucket
+                .keys()
+                .await
+                .unwrap()
+                .map(|key| key.unwrap())
+                .collect()
+                .await;
+            assert_eq!(keys, [key.as_str()], "the warm-up put its discovery");
+        }
+        shutdown.cancel();
+        stack.stop().await;
+    }
 }

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use catalog::config::{CatalogConfig, Limits, ServerConfig, TenantConfig};
@@ -81,12 +82,14 @@ pub fn settings() -> Settings {
             retry_interval: Duration::from_millis(100),
             attempts: 3,
         },
+        memory: catalog::MemorySettings::default(),
     }
 }
 
 pub struct Harness {
-    pub nats: NatsServer,
-    pub db: TestDatabase,
+    /// Shared with the replicas started by [`Harness::replica`].
+    pub nats: Arc<NatsServer>,
+    pub db: Arc<TestDatabase>,
     pub subjects: Subjects,
     pub client: async_nats::Client,
     pub pool: PgPool,
@@ -97,8 +100,19 @@ pub struct Harness {
 impl Harness {
     pub async fn start(servers: CatalogConfig, settings: Settings) -> Self {
         let TestStack { nats, db, prefix } = TestStack::private().await;
+        Self::start_on(Arc::new(nats), Arc::new(db), &prefix, servers, settings).await
+    }
+
+    /// A catalog on `nats` and `db` under `prefix`.
+    pub async fn start_on(
+        nats: Arc<NatsServer>,
+        db: Arc<TestDatabase>,
+        prefix: &str,
+        servers: CatalogConfig,
+        settings: Settings,
+    ) -> Self {
         let shutdown = Shutdown::new();
-        let builder = StackBuilder::new(nats.url(), &prefix)
+        let builder = StackBuilder::new(nats.url(), prefix)
             .database(db.url())
             .catalog(servers, settings, |_| {});
         let running = testkit::stack::start(builder, &shutdown)
@@ -111,11 +125,34 @@ impl Harness {
         Self {
             nats,
             db,
-            subjects: Subjects::new(&prefix).unwrap(),
+            subjects: Subjects::new(prefix).unwrap(),
             client,
             pool,
             shutdown,
             running: Some(running),
+        }
+    }
+
+    /// Another catalog on this one's NATS server and database, under `prefix`
+    /// (this one's prefix: a replica in its queue group).
+    pub async fn replica(&self, prefix: &str, servers: CatalogConfig, settings: Settings) -> Self {
+        Self::start_on(
+            self.nats.clone(),
+            self.db.clone(),
+            prefix,
+            servers,
+            settings,
+        )
+        .await
+    }
+
+    /// Stops the catalog, keeping NATS and the database for a replica.
+    pub async fn stop_catalog(&mut self) {
+        self.shutdown.cancel();
+        if let Some(running) = self.running.take() {
+            tokio::time::timeout(Duration::from_secs(30), running.join())
+                .await
+                .expect("catalog stops within 30 s");
         }
     }
 
@@ -216,12 +253,7 @@ impl Harness {
     }
 
     pub async fn stop(mut self) {
-        self.shutdown.cancel();
-        if let Some(running) = self.running.take() {
-            tokio::time::timeout(Duration::from_secs(30), running.join())
-                .await
-                .expect("catalog stops within 30 s");
-        }
+        self.stop_catalog().await;
     }
 }
 

@@ -1,0 +1,497 @@
+//! The shared memory's JetStream side: a key-value bucket holding one entry
+//! per server key, and a second bucket of warm-up claims
+//! (design note: the catalog's shared memory).
+//!
+//! * The memory bucket's key is the server key (already a SHA-256, so it
+//!   says nothing of the configuration); its value a `CatalogMemoryEntry`:
+//!   transport, tools, catalog hash, discovery time and the writer's release.
+//! * Both buckets are created when missing (`memory_replicas`, the memory's
+//!   `max_age`, the claims' expiry); an existing bucket is used as it is.
+//! * A supervisor task keeps a watch of the memory bucket open, feeding every
+//!   change to the in-process memory; when the bucket fails (JetStream off,
+//!   unreachable, refused) it says so once, retries with a backoff and says
+//!   once when it is back. Writes and claims meanwhile do nothing: the
+//!   catalog serves from its in-process memory.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_nats::jetstream::{self, kv};
+use bytes::Bytes;
+use ctxsync_mcp::{ToolDecl, TransportKind};
+use ctxsync_proto::v1::{CatalogMemoryEntry, McpTool, McpTransport};
+use futures::StreamExt as _;
+use prost::Message as _;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+
+use crate::config::ServerKey;
+use crate::mcp;
+use crate::tools::Catalog;
+
+/// This catalog's release: entries of another one are re-discovered first.
+pub const RELEASE: &str = env!("CARGO_PKG_VERSION");
+
+/// How long a start waits for the bucket's entries before serving without them.
+const LOAD_BOUND: Duration = Duration::from_secs(10);
+/// Longest pause between attempts to reopen a failed bucket.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// Where the shared memory lives and how it is kept.
+#[derive(Debug, Clone)]
+pub struct BucketSettings {
+    /// The memory bucket; the claims bucket is its name with `_claims`.
+    pub name: String,
+    /// Replicas of both buckets (a JetStream cluster keeps up to 5).
+    pub replicas: usize,
+    /// Entries nobody re-puts for this long age out of the memory bucket.
+    pub max_age: Duration,
+    /// A claim lapses after this long (a dead replica's claim included).
+    pub claim_ttl: Duration,
+}
+
+/// The claims bucket of a memory bucket.
+pub fn claims_bucket(name: &str) -> String {
+    format!("{name}_claims")
+}
+
+/// One remembered discovery as the bucket holds it.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub transport: TransportKind,
+    pub catalog: Catalog,
+    pub discovered_at: SystemTime,
+    pub release: String,
+}
+
+/// A change of the memory bucket, in bucket order.
+#[derive(Debug)]
+pub enum Change {
+    Put(ServerKey, Entry),
+    Delete(ServerKey),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BucketError {
+    #[error("cannot open the key-value bucket {bucket}: {reason}")]
+    Open { bucket: String, reason: String },
+    #[error("the watch of the key-value bucket {bucket} failed: {reason}")]
+    Watch { bucket: String, reason: String },
+    #[error("the watch of the key-value bucket {bucket} ended")]
+    WatchEnded { bucket: String },
+}
+
+pub fn encode(entry: &Entry) -> Bytes {
+    let transport = match entry.transport {
+        TransportKind::Stdio => McpTransport::Stdio,
+        TransportKind::StreamableHttp => McpTransport::StreamableHttp,
+    };
+    let discovered_at_unix_ms = entry
+        .discovered_at
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    CatalogMemoryEntry {
+        transport: transport as i32,
+        tools: entry.catalog.tools.iter().map(|t| t.to_proto()).collect(),
+        catalog_hash: entry.catalog.hash.clone(),
+        discovered_at_unix_ms,
+        release: entry.release.clone(),
+    }
+    .encode_to_vec()
+    .into()
+}
+
+/// The entry a value holds; its catalog hash is computed again from its tools.
+pub fn decode(value: &[u8]) -> Result<Entry, String> {
+    let stored = CatalogMemoryEntry::decode(value).map_err(|e| e.to_string())?;
+    let transport = match McpTransport::try_from(stored.transport) {
+        Ok(McpTransport::Stdio) => TransportKind::Stdio,
+        Ok(McpTransport::StreamableHttp) => TransportKind::StreamableHttp,
+        _ => return Err(format!("unknown transport {}", stored.transport)),
+    };
+    let tools = stored
+        .tools
+        .into_iter()
+        .map(
+            |McpTool {
+                 name,
+                 description,
+                 input_schema_json,
+             }| ToolDecl {
+                name,
+                description,
+                input_schema_json,
+            },
+        )
+        .collect();
+    Ok(Entry {
+        transport,
+        catalog: mcp::catalog_of(tools),
+        discovered_at: UNIX_EPOCH + Duration::from_millis(stored.discovered_at_unix_ms),
+        release: stored.release,
+    })
+}
+
+/// Whether the bucket works, logged once per change of state.
+#[derive(Debug, Default)]
+struct Health(Mutex<Option<bool>>);
+
+impl Health {
+    fn up(&self, bucket: &str) {
+        let mut state = self.0.lock().expect("health lock");
+        if *state != Some(true) {
+            *state = Some(true);
+            metrics::gauge!("ctxsync_catalog_memory_shared").set(1.0);
+            tracing::info!(bucket, "catalog memory shared through the key-value bucket");
+        }
+    }
+
+    fn down(&self, bucket: &str, error: &dyn std::fmt::Display) {
+        let mut state = self.0.lock().expect("health lock");
+        if *state != Some(false) {
+            *state = Some(false);
+            metrics::gauge!("ctxsync_catalog_memory_shared").set(0.0);
+            tracing::warn!(
+                bucket, %error,
+                "catalog memory bucket unavailable; serving from this process's memory until it is back"
+            );
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Stores {
+    memory: kv::Store,
+    claims: kv::Store,
+}
+
+enum Write {
+    Put(ServerKey, Bytes),
+    Delete(ServerKey),
+}
+
+/// The outcome of a warm-up claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// This replica holds it: warm the server, then release it.
+    Held,
+    /// Another replica is warming the server.
+    Taken,
+    /// No bucket to claim in: warm the server without a claim.
+    Unshared,
+}
+
+/// The buckets of one catalog process.
+pub struct Bucket {
+    js: jetstream::Context,
+    settings: BucketSettings,
+    stores: watch::Sender<Option<Stores>>,
+    writes: mpsc::UnboundedSender<Write>,
+    pending_writes: Mutex<Option<mpsc::UnboundedReceiver<Write>>>,
+    health: Health,
+    /// Written into claims: which process holds one (no secret).
+    replica: String,
+}
+
+impl Bucket {
+    pub fn new(client: async_nats::Client, settings: BucketSettings) -> Arc<Self> {
+        let (writes, pending) = mpsc::unbounded_channel();
+        let started = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        Arc::new(Self {
+            js: jetstream::new(client),
+            settings,
+            stores: watch::Sender::new(None),
+            writes,
+            pending_writes: Mutex::new(Some(pending)),
+            health: Health::default(),
+            replica: format!("pid {} started {started}", std::process::id()),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.settings.name
+    }
+
+    /// Keeps the bucket watched and written until shutdown: every change is
+    /// given to `apply`. Returns once the bucket's entries were applied (or
+    /// it failed, or `LOAD_BOUND` passed), with the tasks doing it.
+    pub async fn start(
+        self: &Arc<Self>,
+        apply: Arc<dyn Fn(Change) + Send + Sync>,
+        shutdown: ctxsync_runtime::Shutdown,
+    ) -> Vec<JoinHandle<()>> {
+        let (loaded_tx, loaded) = oneshot::channel();
+        let supervisor = tokio::spawn({
+            let bucket = self.clone();
+            let shutdown = shutdown.clone();
+            async move {
+                tokio::select! {
+                    _ = shutdown.cancelled() => {}
+                    _ = bucket.supervise(apply, loaded_tx) => {}
+                }
+            }
+        });
+        let pending = self
+            .pending_writes
+            .lock()
+            .expect("writes lock")
+            .take()
+            .expect("a bucket is started once");
+        let writer = tokio::spawn(self.clone().write_all(pending, shutdown));
+        if tokio::time::timeout(LOAD_BOUND, loaded).await.is_err() {
+            tracing::warn!(
+                bucket = self.name(),
+                bound_ms = LOAD_BOUND.as_millis() as u64,
+                "the memory bucket's entries did not load in time; serving, they follow"
+            );
+        }
+        vec![supervisor, writer]
+    }
+
+    /// Queues a put of `key` (in order with the other writes).
+    pub fn put(&self, key: &ServerKey, entry: &Entry) {
+        let _ = self.writes.send(Write::Put(key.clone(), encode(entry)));
+    }
+
+    /// Queues a delete of `key`.
+    pub fn delete(&self, key: &ServerKey) {
+        let _ = self.writes.send(Write::Delete(key.clone()));
+    }
+
+    /// Claims `key` for a warm-up attempt (atomic: fails if a live claim exists).
+    pub async fn claim(&self, key: &ServerKey) -> Claim {
+        let Some(stores) = self.stores.borrow().clone() else {
+            return Claim::Unshared;
+        };
+        match stores
+            .claims
+            .create(key.as_str(), Bytes::from(self.replica.clone()))
+            .await
+        {
+            Ok(_) => Claim::Held,
+            Err(error) if error.kind() == kv::CreateErrorKind::AlreadyExists => Claim::Taken,
+            Err(error) => {
+                self.health.down(self.name(), &error);
+                Claim::Unshared
+            }
+        }
+    }
+
+    /// Releases this replica's claim of `key` after its attempt.
+    pub async fn release(&self, key: &ServerKey) {
+        let Some(stores) = self.stores.borrow().clone() else {
+            return;
+        };
+        if let Err(error) = stores.claims.delete(key.as_str()).await {
+            // It lapses at its expiry anyway.
+            tracing::debug!(%error, server_key = key.short(), "cannot release a warm-up claim");
+        }
+    }
+
+    async fn write_all(
+        self: Arc<Self>,
+        mut pending: mpsc::UnboundedReceiver<Write>,
+        shutdown: ctxsync_runtime::Shutdown,
+    ) {
+        loop {
+            let write = tokio::select! {
+                write = pending.recv() => match write {
+                    Some(write) => write,
+                    None => break,
+                },
+                // At shutdown, what is queued already is still written.
+                _ = shutdown.cancelled() => match pending.try_recv() {
+                    Ok(write) => write,
+                    Err(_) => break,
+                },
+            };
+            // Without a bucket the write is dropped: the in-process memory has it.
+            let Some(stores) = self.stores.borrow().clone() else {
+                continue;
+            };
+            let result = match &write {
+                Write::Put(key, value) => stores
+                    .memory
+                    .put(key.as_str(), value.clone())
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.to_string()),
+                Write::Delete(key) => stores
+                    .memory
+                    .delete(key.as_str())
+                    .await
+                    .map_err(|e| e.to_string()),
+            };
+            match result {
+                Ok(()) => self.health.up(self.name()),
+                Err(error) => self.health.down(self.name(), &error),
+            }
+        }
+    }
+
+    async fn supervise(
+        &self,
+        apply: Arc<dyn Fn(Change) + Send + Sync>,
+        loaded: oneshot::Sender<()>,
+    ) {
+        let mut loaded = Some(loaded);
+        let mut backoff = Duration::from_secs(1);
+        loop {
+            let error = self.open_and_watch(&*apply, &mut loaded).await;
+            self.stores.send_replace(None);
+            self.health.down(self.name(), &error);
+            if let Some(loaded) = loaded.take() {
+                let _ = loaded.send(());
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    /// Opens both buckets and applies the memory bucket's changes until the
+    /// watch fails; returns why.
+    async fn open_and_watch(
+        &self,
+        apply: &(dyn Fn(Change) + Send + Sync),
+        loaded: &mut Option<oneshot::Sender<()>>,
+    ) -> BucketError {
+        let name = self.name().to_owned();
+        let open_error = |reason: String| BucketError::Open {
+            bucket: name.clone(),
+            reason,
+        };
+        let memory = match self.open(&name, self.settings.max_age).await {
+            Ok(store) => store,
+            Err(reason) => return open_error(reason),
+        };
+        let claims = match self
+            .open(&claims_bucket(&name), self.settings.claim_ttl)
+            .await
+        {
+            Ok(store) => store,
+            Err(reason) => return open_error(reason),
+        };
+        let stored = match memory.status().await {
+            Ok(status) => status.info.state.messages,
+            Err(error) => return open_error(error.to_string()),
+        };
+        let mut changes = match memory.watch_with_history(">").await {
+            Ok(watch) => watch,
+            Err(error) => return open_error(error.to_string()),
+        };
+        self.stores.send_replace(Some(Stores { memory, claims }));
+        self.health.up(&name);
+        if stored == 0
+            && let Some(loaded) = loaded.take()
+        {
+            let _ = loaded.send(());
+        }
+        while let Some(change) = changes.next().await {
+            let entry = match change {
+                Ok(entry) => entry,
+                Err(error) => {
+                    return BucketError::Watch {
+                        bucket: name,
+                        reason: error.to_string(),
+                    };
+                }
+            };
+            let caught_up = entry.seen_current || entry.delta == 0;
+            match ServerKey::from_hex(&entry.key) {
+                None => {
+                    tracing::warn!(bucket = %name, "a memory entry whose key is no server key is ignored")
+                }
+                Some(key) => match entry.operation {
+                    kv::Operation::Put => match decode(&entry.value) {
+                        Ok(decoded) => apply(Change::Put(key, decoded)),
+                        Err(reason) => tracing::warn!(
+                            bucket = %name, server_key = key.short(), %reason,
+                            "a memory entry that does not decode is ignored"
+                        ),
+                    },
+                    kv::Operation::Delete | kv::Operation::Purge => apply(Change::Delete(key)),
+                },
+            }
+            if caught_up && let Some(loaded) = loaded.take() {
+                let _ = loaded.send(());
+            }
+        }
+        BucketError::WatchEnded { bucket: name }
+    }
+
+    /// The bucket `name`, created with `max_age` when missing.
+    async fn open(&self, name: &str, max_age: Duration) -> Result<kv::Store, String> {
+        match self.js.get_key_value(name).await {
+            Ok(store) => return Ok(store),
+            Err(error) if error.kind() == jetstream::context::KeyValueErrorKind::GetBucket => {}
+            Err(error) => return Err(error.to_string()),
+        }
+        // The bucket's stream, made directly: `create_key_value` first asks
+        // for the account's info, which async-nats cannot parse from
+        // nats-server 2.9. The stream is what a key-value bucket is: one
+        // subject per key, the last value kept, rollups allowed.
+        let config = jetstream::stream::Config {
+            name: format!("KV_{name}"),
+            subjects: vec![format!("$KV.{name}.>")],
+            max_messages_per_subject: 1,
+            max_age,
+            duplicate_window: max_age.min(Duration::from_secs(120)),
+            num_replicas: self.settings.replicas,
+            storage: jetstream::stream::StorageType::File,
+            discard: jetstream::stream::DiscardPolicy::New,
+            allow_rollup: true,
+            deny_delete: true,
+            allow_direct: true,
+            ..Default::default()
+        };
+        match self.js.create_stream(config).await {
+            Ok(_) => {}
+            // Another replica created it meanwhile: the get below finds it.
+            Err(error) => tracing::debug!(bucket = name, %error, "bucket not created"),
+        }
+        self.js.get_key_value(name).await.map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tools::Tool;
+
+    #[test]
+    fn an_entry_round_trips_and_its_hash_is_computed_again() {
+        let catalog = mcp::catalog_of(vec![ToolDecl {
+            name: "echo".into(),
+            description: "Echo".into(),
+            input_schema_json: r#"{"type":"object"}"#.into(),
+        }]);
+        let entry = Entry {
+            transport: TransportKind::StreamableHttp,
+            catalog: catalog.clone(),
+            discovered_at: UNIX_EPOCH + Duration::from_millis(1_700_000_000_123),
+            release: "9.9.9".into(),
+        };
+        let decoded = decode(&encode(&entry)).unwrap();
+        assert_eq!(decoded.catalog, catalog);
+        assert_eq!(decoded.transport, TransportKind::StreamableHttp);
+        assert_eq!(decoded.discovered_at, entry.discovered_at);
+        assert_eq!(decoded.release, "9.9.9");
+
+        let mut forged = CatalogMemoryEntry::decode(&*encode(&entry)).unwrap();
+        forged.catalog_hash = "forged".into();
+        forged.tools.push(
+            Tool {
+                name: "x".into(),
+                description: String::new(),
+                input_schema_json: "{}".into(),
+            }
+            .to_proto(),
+        );
+        let decoded = decode(&forged.encode_to_vec()).unwrap();
+        assert_ne!(decoded.catalog.hash, "forged");
+        assert_eq!(decoded.catalog.tools.len(), 2);
+        assert!(decode(b"\xff\xff").is_err());
+    }
+}

@@ -1,0 +1,600 @@
+//! The memory shared across replicas in a JetStream key-value bucket, and
+//! the claimed warm-up: restarts and replicas pin without starting servers.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use catalog::WarmupStatus;
+use catalog::config::ServerConfig;
+use catalog::settings::memory_bucket_name;
+use common::*;
+use ctxsync_mcp::TransportSpec;
+use ctxsync_proto::v1::catalog_pin::Source;
+use futures::StreamExt as _;
+use testkit::stack::TestStack;
+
+const PINNED: i32 = Source::Pinned as i32;
+const CONNECTED: i32 = Source::Connected as i32;
+
+fn write_tools(path: &Path, tools: &[(&str, &str)]) {
+    let json: Vec<_> = tools
+        .iter()
+        .map(|(name, description)| serde_json::json!({"name": name, "description": description}))
+        .collect();
+    std::fs::write(path, serde_json::to_vec(&json).unwrap()).unwrap();
+}
+
+fn starts(record: &Path) -> usize {
+    mcp_fixture::read_starts(record).len()
+}
+
+/// Settings whose memory bucket is `bucket` (another prefix's, to share it).
+fn sharing(bucket: &str) -> catalog::Settings {
+    let mut settings = settings();
+    settings.memory.bucket = Some(bucket.to_owned());
+    settings
+}
+
+#[tokio::test]
+async fn a_restarted_catalog_pins_every_server_from_the_bucket_with_no_start() {
+    let record = tempfile::tempdir().unwrap();
+    let servers = || {
+        tenants(vec![(
+            "acme",
+            vec![
+                fixture("a", record.path(), &[]),
+                fixture("b", record.path(), &["--page-size", "1"]),
+                fixture(
+                    "c",
+                    record.path(),
+                    &["--mode", "slow-start", "--delay-ms", "200"],
+                ),
+            ],
+        )])
+    };
+    let mut first = Harness::start(servers(), settings()).await;
+    let live = first.prepare("acme", "s1").await;
+    assert!(live.pins.iter().all(|p| p.source == CONNECTED), "{live:?}");
+    assert_eq!(starts(record.path()), 3);
+    first.stop_catalog().await;
+
+    // The same configuration, restarted: its memory is loaded before it serves.
+    let prefix = first.subjects.prefix().to_owned();
+    let restarted = first.replica(&prefix, servers(), settings()).await;
+    assert_eq!(restarted.running().remembered(), 3, "loaded at start");
+    let reply = restarted.prepare("acme", "s2").await;
+    assert_eq!(
+        sources(&reply),
+        [
+            ("a".to_owned(), PINNED),
+            ("b".to_owned(), PINNED),
+            ("c".to_owned(), PINNED)
+        ]
+    );
+    for (pinned, discovered) in reply.pins.iter().zip(&live.pins) {
+        assert_eq!(pinned.catalog_hash, discovered.catalog_hash);
+        assert_eq!(pinned.tools, discovered.tools);
+    }
+    assert_eq!(
+        starts(record.path()),
+        3,
+        "the restarted catalog started no server"
+    );
+    println!(
+        "RESTART-SUMMARY first preparation after restart: {} ms (the live one: {} ms), 0 starts",
+        reply.duration_ms, live.duration_ms
+    );
+    assert!(
+        reply.duration_ms < 1000,
+        "pinned in milliseconds: {} ms",
+        reply.duration_ms
+    );
+    restarted.stop().await;
+    first.stop().await;
+}
+
+#[tokio::test]
+async fn two_replicas_share_discoveries_configuration_changes_and_failures() {
+    let record = tempfile::tempdir().unwrap();
+    let tools_file = record.path().join("tools.json");
+    write_tools(&tools_file, &[("echo", "Echo")]);
+    let file = tools_file.display().to_string();
+    let fx = || {
+        fixture(
+            "fx",
+            record.path(),
+            &["--mode", "changing-tools", "--tools-file", &file],
+        )
+    };
+    let changed = || {
+        let mut server = fx();
+        server.classification = Some("internal".into());
+        tenants(vec![("acme", vec![server])])
+    };
+    // Replica B has its own subject prefix, so the test can address each
+    // replica (on one prefix the queue group picks either), and A's bucket.
+    let a = Harness::start(tenants(vec![("acme", vec![fx()])]), settings()).await;
+    let bucket = memory_bucket_name(a.subjects.prefix());
+
+    // A discovers live.
+    assert_eq!(
+        sources(&a.prepare("acme", "a1").await),
+        [("fx".to_owned(), CONNECTED)]
+    );
+    assert_eq!(starts(record.path()), 1);
+
+    // B pins it from the bucket: no start.
+    let b = a
+        .replica(
+            &testkit::unique_prefix(),
+            tenants(vec![("acme", vec![fx()])]),
+            sharing(&bucket),
+        )
+        .await;
+    assert!(b.running().remembers("acme", "fx"), "loaded at start");
+    assert_eq!(
+        sources(&b.prepare("acme", "b1").await),
+        [("fx".to_owned(), PINNED)]
+    );
+    assert_eq!(starts(record.path()), 1, "B started no server");
+
+    // A configuration change discovered on A is a new entry on both.
+    a.running().reload(changed());
+    b.running().reload(changed());
+    assert!(!a.running().remembers("acme", "fx") && !b.running().remembers("acme", "fx"));
+    assert_eq!(
+        sources(&a.prepare("acme", "a2").await),
+        [("fx".to_owned(), CONNECTED)]
+    );
+    assert_eq!(starts(record.path()), 2);
+    assert!(
+        eventually(Duration::from_secs(10), || b
+            .running()
+            .remembers("acme", "fx"))
+        .await,
+        "B received A's new entry"
+    );
+    assert_eq!(
+        a.running().remembered(),
+        2,
+        "the old configuration's entry stays"
+    );
+    assert_eq!(b.running().remembered(), 2);
+    assert_eq!(
+        sources(&b.prepare("acme", "b2").await),
+        [("fx".to_owned(), PINNED)]
+    );
+    assert_eq!(starts(record.path()), 2);
+
+    // A failed call on B: the server can no longer list its tools. A forgets.
+    std::fs::remove_file(&tools_file).unwrap();
+    let call = b
+        .call(
+            "acme",
+            "b2",
+            "fx",
+            "echo",
+            serde_json::json!({"text": "hi"}),
+        )
+        .await;
+    assert_eq!(
+        error_code(&call.error),
+        "tool.server_unreachable",
+        "{call:?}"
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || !a
+            .running()
+            .remembers("acme", "fx"))
+        .await,
+        "A forgot the entry B's failed call forgot"
+    );
+    assert_eq!(
+        a.running().remembered(),
+        1,
+        "only the failed configuration's entry went"
+    );
+    let reply = a.prepare("acme", "a3").await;
+    assert_eq!(
+        sources(&reply),
+        [("fx".to_owned(), Source::Failed as i32)],
+        "A tried it live: {reply:?}"
+    );
+    b.stop().await;
+    a.stop().await;
+}
+
+#[tokio::test]
+async fn the_buckets_hold_no_secret() {
+    let record = tempfile::tempdir().unwrap();
+    let web = mcp_fixture::HttpFixture::start(&[]).await;
+    let record_arg = record.path().display().to_string();
+    let stdio = catalog::config::ServerConfig {
+        credential_ref: Some("vault:acme/SECRET-CREDREF-4471".into()),
+        ..server(
+            "local",
+            &mcp_fixture::fixture_spec(
+                "local",
+                &["--record-dir", &record_arg, "SECRET-ARG-4471"],
+                &[("API_TOKEN", "SECRET-ENV-4471")],
+            ),
+        )
+    };
+    let mut headers = BTreeMap::new();
+    headers.insert(
+        "Authorization".to_owned(),
+        "Bearer SECRET-HEADER-4471".to_owned(),
+    );
+    let remote = ServerConfig {
+        transport: TransportSpec::StreamableHttp {
+            url: format!("{}?token=SECRET-QUERY-4471", web.url()),
+            headers,
+        },
+        ..http("remote", web.url())
+    };
+    let mut settings = settings();
+    settings.warmup.enabled = true;
+    let harness = Harness::start(tenants(vec![("acme", vec![stdio, remote])]), settings).await;
+    let mut status = harness.running().warmup();
+    let status = tokio::time::timeout(Duration::from_secs(60), status.wait_for(|s| s.finished))
+        .await
+        .expect("the warm-up finishes")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        status.discovered,
+        ["acme/local", "acme/remote"],
+        "{status:?}"
+    );
+    let reply = harness.prepare("acme", "s1").await;
+    assert_eq!(
+        sources(&reply),
+        [("local".to_owned(), PINNED), ("remote".to_owned(), PINNED)]
+    );
+
+    // Every key and value of both buckets, read back through async-nats.
+    let js = async_nats::jetstream::new(harness.client.clone());
+    let name = memory_bucket_name(harness.subjects.prefix());
+    let mut read = Vec::new();
+    for bucket in [name.clone(), format!("{name}_claims")] {
+        let store = js.get_key_value(&bucket).await.expect("the bucket exists");
+        let keys: Vec<String> = store
+            .keys()
+            .await
+            .unwrap()
+            .map(|k| k.unwrap())
+            .collect()
+            .await;
+        for key in keys {
+            let mut history = store.history(&key).await.unwrap();
+            while let Some(entry) = history.next().await {
+                let entry = entry.unwrap();
+                read.push((bucket.clone(), key.clone(), entry.value.to_vec()));
+            }
+        }
+    }
+    let memory_entries = read.iter().filter(|(b, _, _)| *b == name).count();
+    assert_eq!(memory_entries, 2, "one entry per server");
+    for (bucket, key, value) in &read {
+        for text in [key.as_bytes(), value.as_slice()] {
+            let text = String::from_utf8_lossy(text);
+            assert!(
+                !text.contains("4471"),
+                "bucket {bucket} key {key} holds a planted secret: {text}"
+            );
+        }
+    }
+    harness.stop().await;
+    web.stop().await;
+}
+
+/// Warms `servers` (one record dir each) on two replicas started together
+/// on one NATS server and prefix, sharing one bucket or each its own; the
+/// starts of each server.
+async fn warm_two_replicas(share: bool) -> Vec<usize> {
+    let records: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let slow = ["--mode", "slow-start", "--delay-ms", "300"];
+    let servers = tenants(vec![(
+        "acme",
+        records
+            .iter()
+            .enumerate()
+            .map(|(i, r)| fixture(&format!("s{i}"), r.path(), &slow))
+            .collect(),
+    )]);
+    let mut settings = settings();
+    settings.warmup.enabled = true;
+    let stack = TestStack::private().await;
+    let mut builder = stack.builder();
+    for replica in 0..2 {
+        let mut settings = settings.clone();
+        if !share {
+            // Each its own bucket: the replicas share nothing, as before.
+            settings.memory.bucket =
+                Some(format!("{}_{replica}", memory_bucket_name(&stack.prefix)));
+        }
+        builder = builder.catalog(servers.clone(), settings, |_| {});
+    }
+    let shutdown = ctxsync_runtime::Shutdown::new();
+    let running = testkit::stack::start(builder, &shutdown).await;
+    let mut finished: Vec<WarmupStatus> = Vec::new();
+    for replica in &running.catalogs {
+        let mut status = replica.running.warmup();
+        finished.push(
+            tokio::time::timeout(Duration::from_secs(60), status.wait_for(|s| s.finished))
+                .await
+                .expect("the warm-up finishes")
+                .unwrap()
+                .clone(),
+        );
+    }
+    for (status, replica) in finished.iter().zip(&running.catalogs) {
+        assert_eq!(status.discovered.len(), 3, "{status:?}");
+        assert!(status.abandoned.is_empty(), "{status:?}");
+        assert_eq!(replica.running.remembered(), 3);
+    }
+    let starts = records.iter().map(|r| starts(r.path())).collect();
+    shutdown.cancel();
+    running.stop().await;
+    starts
+}
+
+#[tokio::test]
+async fn two_replicas_started_together_start_each_server_once_during_warmup() {
+    let before = warm_two_replicas(false).await;
+    let after = warm_two_replicas(true).await;
+    println!(
+        "WARMUP-SUMMARY starts per server, two replicas warming together: not shared {before:?}, shared {after:?}"
+    );
+    assert_eq!(
+        before,
+        [2, 2, 2],
+        "without sharing each replica starts each server"
+    );
+    assert_eq!(
+        after,
+        [1, 1, 1],
+        "one replica warms each server; the other pins it"
+    );
+}
+
+#[tokio::test]
+async fn an_entry_of_another_release_is_pinned_until_the_warmup_discovers_it_first() {
+    let record = tempfile::tempdir().unwrap();
+    let tools_file = record.path().join("tools.json");
+    write_tools(&tools_file, &[("echo", "Echo")]);
+    let file = tools_file.display().to_string();
+    let old = fixture(
+        "old",
+        record.path(),
+        &["--mode", "changing-tools", "--tools-file", &file],
+    );
+    let new_record = tempfile::tempdir().unwrap();
+    let new = fixture("new", new_record.path(), &[]);
+    let servers = || tenants(vec![("acme", vec![new.clone(), old.clone()])]);
+    let mut first = Harness::start(servers(), settings()).await;
+    first.stop_catalog().await;
+
+    // Another release remembered `old` with a tool description that changed since.
+    let js = async_nats::jetstream::new(first.client.clone());
+    let store = js
+        .get_key_value(memory_bucket_name(first.subjects.prefix()))
+        .await
+        .unwrap();
+    let key = catalog::config::ServerKey::of("acme", &old);
+    let entry = ctxsync_proto::v1::CatalogMemoryEntry {
+        transport: ctxsync_proto::v1::McpTransport::Stdio as i32,
+        tools: vec![ctxsync_proto::v1::McpTool {
+            name: "echo".into(),
+            description: "Old echo".into(),
+            input_schema_json: r#"{"type":"object"}"#.into(),
+        }],
+        catalog_hash: "whatever".into(),
+        discovered_at_unix_ms: 1,
+        release: "0.0.0-previous".into(),
+    };
+    store
+        .put(
+            key.as_str(),
+            ctxsync_proto::Message::encode_to_vec(&entry).into(),
+        )
+        .await
+        .unwrap();
+
+    let mut settings = settings();
+    settings.warmup.enabled = true;
+    let prefix = first.subjects.prefix().to_owned();
+    let restarted = first.replica(&prefix, servers(), settings).await;
+    let mut status = restarted.running().warmup();
+    let status = tokio::time::timeout(Duration::from_secs(60), status.wait_for(|s| s.finished))
+        .await
+        .expect("the warm-up finishes")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        status.discovered,
+        ["acme/old", "acme/new"],
+        "another release's entry is re-discovered first"
+    );
+    assert_eq!(starts(record.path()), 1, "the warm-up started it once");
+    let reply = restarted.prepare("acme", "s1").await;
+    let pin = reply.pins.iter().find(|p| p.server_id == "old").unwrap();
+    assert_eq!(pin.source, PINNED);
+    assert_eq!(
+        pin.tools[0].description, "Echo",
+        "the re-discovered tools are pinned"
+    );
+    let stored = store.get(key.as_str()).await.unwrap().unwrap();
+    let stored =
+        <ctxsync_proto::v1::CatalogMemoryEntry as ctxsync_proto::Message>::decode(stored).unwrap();
+    assert_eq!(
+        stored.release,
+        env!("CARGO_PKG_VERSION"),
+        "this release wrote it back"
+    );
+    restarted.stop().await;
+    first.stop().await;
+}
+
+#[tokio::test]
+async fn a_session_pinned_from_another_release_answers_withdrawn_when_its_tools_changed() {
+    let record = tempfile::tempdir().unwrap();
+    let tools_file = record.path().join("tools.json");
+    write_tools(&tools_file, &[("echo", "Echo")]);
+    let file = tools_file.display().to_string();
+    let fx = fixture(
+        "fx",
+        record.path(),
+        &["--mode", "changing-tools", "--tools-file", &file],
+    );
+    let mut first = Harness::start(tenants(vec![("acme", vec![fx.clone()])]), settings()).await;
+    first.stop_catalog().await;
+    let js = async_nats::jetstream::new(first.client.clone());
+    let store = js
+        .get_key_value(memory_bucket_name(first.subjects.prefix()))
+        .await
+        .unwrap();
+    let entry = ctxsync_proto::v1::CatalogMemoryEntry {
+        transport: ctxsync_proto::v1::McpTransport::Stdio as i32,
+        tools: vec![ctxsync_proto::v1::McpTool {
+            name: "echo".into(),
+            description: "Old echo".into(),
+            input_schema_json: r#"{"type":"object"}"#.into(),
+        }],
+        catalog_hash: String::new(),
+        discovered_at_unix_ms: 1,
+        release: "0.0.0-previous".into(),
+    };
+    let key = catalog::config::ServerKey::of("acme", &fx);
+    store
+        .put(
+            key.as_str(),
+            ctxsync_proto::Message::encode_to_vec(&entry).into(),
+        )
+        .await
+        .unwrap();
+
+    // Warm-up off: the other release's entry is what the first chat pins.
+    let prefix = first.subjects.prefix().to_owned();
+    let restarted = first
+        .replica(&prefix, tenants(vec![("acme", vec![fx])]), settings())
+        .await;
+    let reply = restarted.prepare("acme", "s1").await;
+    assert_eq!(sources(&reply), [("fx".to_owned(), PINNED)]);
+    assert_eq!(reply.pins[0].tools[0].description, "Old echo");
+    assert_eq!(starts(record.path()), 0);
+    let call = restarted
+        .call(
+            "acme",
+            "s1",
+            "fx",
+            "echo",
+            serde_json::json!({"text": "hi"}),
+        )
+        .await;
+    assert_eq!(error_code(&call.error), "tool.withdrawn", "{call:?}");
+    restarted.stop().await;
+    first.stop().await;
+}
+
+#[tokio::test]
+async fn without_jetstream_the_catalog_serves_from_its_own_memory() {
+    // An account without JetStream: every bucket operation is refused.
+    let nats = testkit::NatsServer::start_with_config(
+        "accounts { NOJS: { users: [{user: nojs, password: nojs}] } }",
+    );
+    let url = nats.url().replace("nats://", "nats://nojs:nojs@");
+    let record = tempfile::tempdir().unwrap();
+    let servers = tenants(vec![("acme", vec![fixture("fx", record.path(), &[])])]);
+    let db = testkit::TestDatabase::create().await;
+    let prefix = testkit::unique_prefix();
+    let shutdown = ctxsync_runtime::Shutdown::new();
+    let builder = testkit::stack::StackBuilder::new(url.clone(), &prefix)
+        .database(db.url())
+        .catalog(servers, settings(), |_| {});
+    let started = tokio::time::timeout(
+        Duration::from_secs(20),
+        testkit::stack::start(builder, &shutdown),
+    )
+    .await
+    .expect("the catalog starts without waiting on the bucket");
+    let client = async_nats::ConnectOptions::with_user_and_password("nojs".into(), "nojs".into())
+        .connect(nats.url())
+        .await
+        .unwrap();
+    let subjects = ctxsync_proto::subjects::Subjects::new(&prefix).unwrap();
+    let prepare = async |session: &str| {
+        let request = ctxsync_proto::v1::CatalogPrepareRequest {
+            tenant: "acme".into(),
+            session_id: session.into(),
+        };
+        ctxsync_runtime::rpc::request::<_, ctxsync_proto::v1::CatalogPrepareReply>(
+            &client,
+            subjects.catalog_prepare("acme"),
+            &request,
+            None,
+            REQUEST_TIMEOUT,
+        )
+        .await
+    };
+    let first = prepare("s1").await.unwrap();
+    assert_eq!(sources(&first), [("fx".to_owned(), CONNECTED)]);
+    let second = prepare("s2").await.unwrap();
+    assert_eq!(
+        sources(&second),
+        [("fx".to_owned(), PINNED)],
+        "the in-process memory serves"
+    );
+    assert_eq!(starts(record.path()), 1);
+    let readyz = format!("http://{}/readyz", started.catalog().http_addr());
+    assert_eq!(reqwest::get(&readyz).await.unwrap().status(), 200);
+    shutdown.cancel();
+    started.stop().await;
+}
+
+#[tokio::test]
+async fn an_http_entry_expires_at_the_same_moment_on_every_replica() {
+    let web = mcp_fixture::HttpFixture::start(&[]).await;
+    let servers = || tenants(vec![("acme", vec![http("web", web.url())])]);
+    let mut short = settings();
+    short.discovery_reuse = Duration::from_millis(1500);
+    let a = Harness::start(servers(), short.clone()).await;
+    let mut on_b = short;
+    on_b.memory.bucket = Some(memory_bucket_name(a.subjects.prefix()));
+    let b = a.replica(&testkit::unique_prefix(), servers(), on_b).await;
+    assert_eq!(
+        sources(&a.prepare("acme", "a1").await),
+        [("web".to_owned(), CONNECTED)]
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || b
+            .running()
+            .remembers("acme", "web"))
+        .await,
+        "B received A's discovery"
+    );
+    assert_eq!(
+        sources(&b.prepare("acme", "b1").await),
+        [("web".to_owned(), PINNED)]
+    );
+    // The window runs from the discovery time in the entry: once A's entry
+    // is past it, so is B's.
+    assert!(
+        eventually(Duration::from_secs(10), || !a
+            .running()
+            .remembers("acme", "web"))
+        .await,
+        "A's entry expired"
+    );
+    assert!(!b.running().remembers("acme", "web"), "B's expired with it");
+    assert_eq!(
+        sources(&b.prepare("acme", "b2").await),
+        [("web".to_owned(), CONNECTED)]
+    );
+    b.stop().await;
+    a.stop().await;
+    web.stop().await;
+}
