@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use ctxsync_mcp::{CallOutcome, Connection, McpError};
 use ctxsync_proto::v1::{CatalogCallReply, CatalogCallRequest};
 use serde_json::json;
-use tokio::sync::Mutex;
+use ctxsync_mcp::TransportKind;
+use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
 
 use crate::config::{ConfiguredServer, Current};
 use crate::discovery::{Cause, Discoverer};
@@ -28,6 +29,35 @@ use crate::tools::{Catalog, CatalogDiff};
 
 type Arguments = serde_json::Map<String, serde_json::Value>;
 
+/// The bound on the server processes a replica runs for sessions.
+pub(crate) struct ProcessBound {
+    max: usize,
+    permits: Arc<Semaphore>,
+}
+
+impl ProcessBound {
+    pub fn new(max: usize) -> Self {
+        Self {
+            max,
+            permits: Arc::new(Semaphore::new(max)),
+        }
+    }
+
+    /// A process's place, held while it runs; an error answer when there is none.
+    fn take(&self) -> Result<OwnedSemaphorePermit, CatalogCallReply> {
+        self.permits.clone().try_acquire_owned().map_err(|_| {
+            metrics::counter!("ctxsync_catalog_process_limit_refusals_total").increment(1);
+            call_error(
+                codes::SERVER_PROCESS_LIMIT,
+                format!(
+                    "this catalog replica already runs its maximum of {} server processes (--max-server-processes); retry when a session ends",
+                    self.max
+                ),
+            )
+        })
+    }
+}
+
 /// The `call` command.
 pub(crate) struct Call {
     config: Arc<Current>,
@@ -36,6 +66,7 @@ pub(crate) struct Call {
     events: Arc<Events>,
     /// The handshake bound of a call's (re)connect, and of a re-list.
     connect_timeout: Duration,
+    processes: Option<ProcessBound>,
 }
 
 /// The pin and the configured server a call is for.
@@ -43,6 +74,8 @@ struct Target<'a> {
     request: &'a CatalogCallRequest,
     pin: &'a StoredPin,
     server: ConfiguredServer,
+    /// The session's signal of servers whose tools changed.
+    changes: tokio::sync::watch::Sender<u64>,
 }
 
 /// What the call path did before the tool ran, for the `mcp.tool.called` event.
@@ -66,6 +99,7 @@ impl Call {
         discovery: Arc<Discoverer>,
         events: Arc<Events>,
         connect_timeout: Duration,
+        processes: Option<ProcessBound>,
     ) -> Self {
         Self {
             config,
@@ -73,6 +107,7 @@ impl Call {
             discovery,
             events,
             connect_timeout,
+            processes,
         }
     }
 
@@ -184,12 +219,7 @@ impl Call {
                 ),
             ));
         }
-        let Some(server) = self
-            .config
-            .get()
-            .enabled_servers(&request.tenant)
-            .and_then(|servers| servers.into_iter().find(|s| s.id() == server_id))
-        else {
+        let Some(server) = self.configured(&request.tenant, server_id) else {
             return Err(call_error(
                 codes::SERVER_NOT_CONFIGURED,
                 format!("server {server_id:?} is no longer configured or enabled"),
@@ -199,7 +229,47 @@ impl Call {
             request,
             pin,
             server,
+            changes: session.change_signal(),
         })
+    }
+
+    /// The server as configured now, if enabled.
+    fn configured(&self, tenant: &str, server_id: &str) -> Option<ConfiguredServer> {
+        self.config
+            .get()
+            .enabled_servers(tenant)
+            .and_then(|servers| servers.into_iter().find(|s| s.id() == server_id))
+    }
+
+    /// Re-lists a server of the session that said its tools changed, without
+    /// a call: its comparison with the pin is current for the next list.
+    pub async fn refresh(&self, session: &Session, tenant: &str, session_id: &str, server_id: &str) {
+        let (Some(pin), Some(server)) = (session.pin(server_id), self.configured(tenant, server_id))
+        else {
+            return;
+        };
+        let request = CatalogCallRequest {
+            tenant: tenant.to_owned(),
+            session_id: session_id.to_owned(),
+            server_id: server_id.to_owned(),
+            ..Default::default()
+        };
+        let target = Target {
+            request: &request,
+            pin,
+            server,
+            changes: session.change_signal(),
+        };
+        let slot = session.slot(server_id);
+        let mut slot = slot.lock().await;
+        let Some(live) = slot.live() else {
+            return;
+        };
+        if !live.tools_changed() {
+            return;
+        }
+        let connection = live.connection();
+        self.relist(&target, &mut slot, &connection).await;
     }
 
     /// Counts the call and makes the server ready: connects it if the session
@@ -245,6 +315,13 @@ impl Call {
         slot: &mut Slot,
         first_call: bool,
     ) -> Result<Setup, CatalogCallReply> {
+        // A stdio server is a process of this replica: it needs a place.
+        let place = match &self.processes {
+            Some(bound) if target.server.transport_kind() == TransportKind::Stdio => {
+                Some(bound.take()?)
+            }
+            _ => None,
+        };
         // Boxed: a connect's future is large, and every call would carry it.
         let opened = Box::pin(self.discovery.open(&target.server, self.connect_timeout)).await;
         match opened {
@@ -252,7 +329,13 @@ impl Call {
                 let diff = target.pin.catalog.diff(&open.catalog);
                 self.record_live_catalog(target, slot, &open.catalog, Some(open.duration))
                     .await;
-                slot.open(LiveServer::new(open.connection, diff, open.tools_changed));
+                slot.open(LiveServer::new(
+                    open.connection,
+                    diff,
+                    open.tools_changed,
+                    target.changes.clone(),
+                    place,
+                ));
                 Ok(Setup {
                     connected: true,
                     duration: open.duration,

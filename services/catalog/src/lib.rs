@@ -10,6 +10,8 @@
 //! * The tenant is the subject's (`Subjects::catalog_tenant`), so NATS permissions bind a
 //!   caller to its own tenant's sessions and tools.
 //! * Once serving, it warms its memory in the background, one server at a time.
+//! * `/mcp` on its HTTP listener serves the same sessions to MCP clients
+//!   (streamable HTTP, tenant keys): `endpoint`.
 //! * [`latency::report`] aggregates the stored events.
 //!
 //! One part per concern, each owning its data: [`memory`] and `discovery`
@@ -24,6 +26,7 @@
 mod call;
 pub mod config;
 mod discovery;
+mod endpoint;
 mod end_session;
 mod events;
 mod gate_waits;
@@ -42,6 +45,7 @@ pub mod tools;
 mod warmup;
 
 pub use config::{CatalogConfig, ConfigError};
+pub use endpoint::{RateLimit, TOOL_NAME_SEPARATOR};
 pub use request::{MAX_REQUEST_ID_BYTES, codes};
 pub use service::{Error, Reloader, Running, run, start};
 pub use settings::{CatalogArgs, Config, Settings, WarmupSettings};

@@ -8,6 +8,7 @@ use ctxsync_proto::v1::{
     CatalogCallReply, CatalogCallRequest, CatalogEndSessionReply, CatalogEndSessionRequest,
     CatalogPrepareReply, CatalogPrepareRequest, CatalogStatusReply, CatalogStatusRequest,
 };
+use ctxsync_runtime::tenant_keys::{self, TenantKeys};
 use ctxsync_runtime::{HttpServer, Readiness, Shutdown, db, http, nats, rpc};
 use prost::Message;
 use tokio::sync::watch;
@@ -17,6 +18,7 @@ use crate::call::Call;
 use crate::config::{CatalogConfig, Current};
 use crate::discovery::Discoverer;
 use crate::end_session::EndSession;
+use crate::endpoint::Endpoint;
 use crate::events::Events;
 use crate::prepare::Prepare;
 use crate::request::{codes, error, tenant_of};
@@ -25,6 +27,9 @@ use crate::settings::Config;
 use crate::status::Status;
 use crate::store;
 use crate::warmup::{Warmup, WarmupStatus};
+
+/// How long a tenant key's check by the store may take.
+const KEY_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -212,12 +217,31 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
         events.clone(),
         settings.connect_timeout,
     ));
+    let processes = settings
+        .max_server_processes
+        .map(|max| crate::call::ProcessBound::new(max));
     let call = Arc::new(Call::new(
         current.clone(),
         sessions.clone(),
         discovery.clone(),
         events.clone(),
         settings.connect_timeout,
+        processes,
+    ));
+    let keys = TenantKeys::new(
+        connection.client.clone(),
+        &subjects,
+        KEY_CHECK_TIMEOUT,
+        "ctxsync_catalog_auth_total",
+    );
+    let endpoint = Arc::new(Endpoint::new(
+        prepare.clone(),
+        call.clone(),
+        sessions.clone(),
+        pool.clone(),
+        keys.clone(),
+        settings.mcp_page_size,
+        settings.mcp_rate_limit,
     ));
     let end_session = Arc::new(EndSession::new(sessions.clone()));
     let (warmup_tx, warmup) = watch::channel(WarmupStatus::default());
@@ -332,12 +356,16 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
     )
     .await?;
     let gate_waits = crate::gate_waits::spawn(pool.clone(), gate_waits, shutdown.clone());
+    // Every replica applies every revocation to its own key cache.
+    let revocations = nats::subscribe(&connection, subjects.tenant_key_revoked(), None).await?;
+    let follow_keys =
+        tenant_keys::spawn_follow(keys, revocations, &connection, shutdown.clone());
 
     let readiness = Readiness::new().with_nats(&connection).with_postgres(&pool);
     let http = HttpServer::start(
         config.common.http_addr,
         http_limits,
-        axum::Router::new(),
+        crate::endpoint::routes(endpoint, shutdown.child_token()),
         readiness,
         shutdown.clone(),
     )
@@ -367,7 +395,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
     Ok(Running {
         http,
         servers,
-        tasks: vec![warmup_task, reaper, gate_waits],
+        tasks: vec![warmup_task, reaper, gate_waits, follow_keys],
         nats: connection,
         config: current,
         discovery,

@@ -81,6 +81,7 @@ pub fn settings() -> Settings {
             retry_interval: Duration::from_millis(100),
             attempts: 3,
         },
+        ..Settings::default()
     }
 }
 
@@ -92,20 +93,31 @@ pub struct Harness {
     pub pool: PgPool,
     pub shutdown: Shutdown,
     pub running: Option<Running>,
+    /// The stack's other services (a store), running until the shutdown.
+    _rest: testkit::stack::Stack,
 }
 
 impl Harness {
     pub async fn start(servers: CatalogConfig, settings: Settings) -> Self {
+        Self::start_on(servers, settings, false).await
+    }
+
+    /// With a snapshot-store beside the catalog: tenant keys can be checked
+    /// (the MCP endpoint).
+    pub async fn start_with_store(servers: CatalogConfig, settings: Settings) -> Self {
+        Self::start_on(servers, settings, true).await
+    }
+
+    async fn start_on(servers: CatalogConfig, settings: Settings, with_store: bool) -> Self {
         let TestStack { nats, db, prefix } = TestStack::private().await;
         let shutdown = Shutdown::new();
-        let builder = StackBuilder::new(nats.url(), &prefix)
-            .database(db.url())
-            .catalog(servers, settings, |_| {});
-        let running = testkit::stack::start(builder, &shutdown)
-            .await
-            .catalogs
-            .remove(0)
-            .running;
+        let mut builder = StackBuilder::new(nats.url(), &prefix).database(db.url());
+        if with_store {
+            builder = builder.store(|_| {});
+        }
+        let builder = builder.catalog(servers, settings, |_| {});
+        let mut stack = testkit::stack::start(builder, &shutdown).await;
+        let running = stack.catalogs.remove(0).running;
         let client = async_nats::connect(nats.url()).await.expect("test client");
         let pool = PgPool::connect(db.url()).await.expect("test pool");
         Self {
@@ -116,6 +128,7 @@ impl Harness {
             pool,
             shutdown,
             running: Some(running),
+            _rest: stack,
         }
     }
 
