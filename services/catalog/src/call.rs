@@ -18,8 +18,9 @@ use serde_json::json;
 use ctxsync_mcp::TransportKind;
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
 
-use crate::config::{ConfiguredServer, Current};
-use crate::discovery::{Cause, Discoverer};
+use crate::config::{ConfiguredServer, Current, Processes};
+use crate::discovery::{Cause, Discoverer, OpenServer};
+use crate::shared::{self, SharedServers};
 use crate::events::{Events, ms, ms_precise};
 use crate::mcp::{self, Failure};
 use crate::request::{codes, error, valid_request_id};
@@ -67,6 +68,7 @@ pub(crate) struct Call {
     /// The handshake bound of a call's (re)connect, and of a re-list.
     connect_timeout: Duration,
     processes: Option<ProcessBound>,
+    shared: Arc<SharedServers>,
 }
 
 /// The pin and the configured server a call is for.
@@ -100,6 +102,7 @@ impl Call {
         events: Arc<Events>,
         connect_timeout: Duration,
         processes: Option<ProcessBound>,
+        shared: Arc<SharedServers>,
     ) -> Self {
         Self {
             config,
@@ -108,6 +111,7 @@ impl Call {
             events,
             connect_timeout,
             processes,
+            shared,
         }
     }
 
@@ -315,6 +319,88 @@ impl Call {
         slot: &mut Slot,
         first_call: bool,
     ) -> Result<Setup, CatalogCallReply> {
+        if target.server.config.processes == Processes::Shared {
+            return self.connect_shared(target, slot, first_call).await;
+        }
+        let (open, place) = self.start(target, first_call).await?;
+        let diff = target.pin.catalog.diff(&open.catalog);
+        self.record_live_catalog(target, slot, &open.catalog, Some(open.duration))
+            .await;
+        let notices = shared::notices(open.tools_changed);
+        slot.open(LiveServer::new(
+            Arc::new(open.connection),
+            diff,
+            notices.subscribe(),
+            target.changes.clone(),
+            place,
+        ));
+        Ok(Setup {
+            connected: true,
+            duration: open.duration,
+        })
+    }
+
+    /// Attaches the session to a shared process of the server, started if
+    /// the pool needs one; an existing one is listed again for this pin.
+    async fn connect_shared(
+        &self,
+        target: &Target<'_>,
+        slot: &mut Slot,
+        first_call: bool,
+    ) -> Result<Setup, CatalogCallReply> {
+        let started = Instant::now();
+        let attached = self
+            .shared
+            .attach(&target.server, || self.start(target, first_call))
+            .await?;
+        let (catalog, handshake) = match attached.started {
+            Some((catalog, duration)) => (catalog, Some(duration)),
+            None => {
+                let listed = tokio::time::timeout(
+                    self.connect_timeout,
+                    attached.connection.list_tools(),
+                )
+                .await;
+                match listed {
+                    Ok(Ok(tools)) => (Arc::new(mcp::catalog_of(tools)), None),
+                    Ok(Err(e)) => {
+                        let failure = Failure::from_error(&target.server.spec(), &e, started.elapsed());
+                        return Err(self.unreachable(target, failure, first_call).await);
+                    }
+                    Err(_) => {
+                        let failure = Failure {
+                            kind: "timeout",
+                            message: format!("no tools/list answer within {:?}", self.connect_timeout),
+                            duration: started.elapsed(),
+                        };
+                        return Err(self.unreachable(target, failure, first_call).await);
+                    }
+                }
+            }
+        };
+        let diff = target.pin.catalog.diff(&catalog);
+        self.record_live_catalog(target, slot, &catalog, handshake)
+            .await;
+        slot.open(LiveServer::new(
+            attached.connection,
+            diff,
+            attached.notices,
+            target.changes.clone(),
+            None,
+        ));
+        Ok(Setup {
+            connected: handshake.is_some(),
+            duration: started.elapsed(),
+        })
+    }
+
+    /// Starts or opens the server, with its place under the process bound:
+    /// a live discovery, recorded as such. A failure answers the call.
+    async fn start(
+        &self,
+        target: &Target<'_>,
+        first_call: bool,
+    ) -> Result<(OpenServer, Option<OwnedSemaphorePermit>), CatalogCallReply> {
         // A stdio server is a process of this replica: it needs a place.
         let place = match &self.processes {
             Some(bound) if target.server.transport_kind() == TransportKind::Stdio => {
@@ -325,56 +411,49 @@ impl Call {
         // Boxed: a connect's future is large, and every call would carry it.
         let opened = Box::pin(self.discovery.open(&target.server, self.connect_timeout)).await;
         match opened {
-            Ok(open) => {
-                let diff = target.pin.catalog.diff(&open.catalog);
-                self.record_live_catalog(target, slot, &open.catalog, Some(open.duration))
-                    .await;
-                slot.open(LiveServer::new(
-                    open.connection,
-                    diff,
-                    open.tools_changed,
-                    target.changes.clone(),
-                    place,
-                ));
-                Ok(Setup {
-                    connected: true,
-                    duration: open.duration,
-                })
-            }
-            Err(failure) => {
-                let failed = Setup {
-                    connected: false,
-                    duration: failure.duration,
-                };
-                self.record(vec![
-                    server_event(
-                        target,
-                        kinds::SERVER_CONNECT_FAILED,
-                        json!({
-                            "transport": target.server.transport_kind().as_str(),
-                            "duration_ms": ms(failure.duration),
-                            "cause": Cause::Call.as_str(),
-                            "error_kind": failure.kind,
-                        }),
-                    ),
-                    called_event(
-                        target,
-                        first_call,
-                        "server_unreachable",
-                        Duration::ZERO,
-                        &failed,
-                    ),
-                ])
-                .await;
-                Err(call_error(
-                    codes::TOOL_SERVER_UNREACHABLE,
-                    format!(
-                        "server {:?} is unreachable: {}",
-                        target.request.server_id, failure.message
-                    ),
-                ))
-            }
+            Ok(open) => Ok((open, place)),
+            Err(failure) => Err(self.unreachable(target, failure, first_call).await),
         }
+    }
+
+    /// A failed connect, recorded; the answer to the call.
+    async fn unreachable(
+        &self,
+        target: &Target<'_>,
+        failure: Failure,
+        first_call: bool,
+    ) -> CatalogCallReply {
+        let failed = Setup {
+            connected: false,
+            duration: failure.duration,
+        };
+        self.record(vec![
+            server_event(
+                target,
+                kinds::SERVER_CONNECT_FAILED,
+                json!({
+                    "transport": target.server.transport_kind().as_str(),
+                    "duration_ms": ms(failure.duration),
+                    "cause": Cause::Call.as_str(),
+                    "error_kind": failure.kind,
+                }),
+            ),
+            called_event(
+                target,
+                first_call,
+                "server_unreachable",
+                Duration::ZERO,
+                &failed,
+            ),
+        ])
+        .await;
+        call_error(
+            codes::TOOL_SERVER_UNREACHABLE,
+            format!(
+                "server {:?} is unreachable: {}",
+                target.request.server_id, failure.message
+            ),
+        )
     }
 
     /// The server said its tools changed: compare the new list with the pin.

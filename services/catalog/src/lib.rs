@@ -39,6 +39,7 @@ pub mod series;
 mod service;
 mod sessions;
 pub mod settings;
+mod shared;
 mod status;
 pub mod store;
 pub mod tools;

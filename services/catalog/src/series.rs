@@ -120,6 +120,10 @@ pub const SERIES: &[Series] = &[
         "ctxsync_catalog_mcp_list_changed_total",
         "notifications/tools/list_changed sent to MCP sessions.",
     ),
+    Series::gauge(
+        "ctxsync_catalog_shared_processes",
+        "Shared server processes running now (servers configured processes: shared).",
+    ),
     Series::counter(
         "ctxsync_catalog_process_limit_refusals_total",
         "Calls refused because the replica runs --max-server-processes server processes.",

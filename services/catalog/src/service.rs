@@ -24,6 +24,7 @@ use crate::prepare::Prepare;
 use crate::request::{codes, error, tenant_of};
 use crate::sessions::{self, Sessions};
 use crate::settings::Config;
+use crate::shared::SharedServers;
 use crate::status::Status;
 use crate::store;
 use crate::warmup::{Warmup, WarmupStatus};
@@ -131,6 +132,9 @@ pub struct Running {
     ready_at: SystemTime,
     warmup: watch::Receiver<WarmupStatus>,
     grace: Duration,
+    shared: Arc<SharedServers>,
+    /// Stops the shared processes after the sessions let go of them.
+    shared_reaper: Option<JoinHandle<()>>,
 }
 
 impl Running {
@@ -171,6 +175,11 @@ impl Running {
         self.sessions.open_transports()
     }
 
+    /// Shared server processes running now.
+    pub fn shared_processes(&self) -> usize {
+        self.shared.running()
+    }
+
     /// Waits for shutdown: stops taking requests, finishes those in flight,
     /// closes every transport, drains NATS.
     pub async fn join(self) {
@@ -182,6 +191,9 @@ impl Running {
         }
         let released = self.sessions.release_all().await;
         tracing::info!(released, "session transports closed");
+        if let Some(reaper) = self.shared_reaper {
+            let _ = reaper.await;
+        }
         if !self.discovery.closed_within(self.grace).await {
             tracing::warn!("servers still closing after the shutdown grace are killed");
         }
@@ -217,6 +229,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
         events.clone(),
         settings.connect_timeout,
     ));
+    let shared = Arc::new(SharedServers::new(settings.shared_idle_timeout));
     let processes = settings
         .max_server_processes
         .map(|max| crate::call::ProcessBound::new(max));
@@ -227,6 +240,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
         events.clone(),
         settings.connect_timeout,
         processes,
+        shared.clone(),
     ));
     let keys = TenantKeys::new(
         connection.client.clone(),
@@ -396,6 +410,8 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
         http,
         servers,
         tasks: vec![warmup_task, reaper, gate_waits, follow_keys],
+        shared_reaper: Some(crate::shared::spawn_reaper(shared.clone(), shutdown.clone())),
+        shared,
         nats: connection,
         config: current,
         discovery,

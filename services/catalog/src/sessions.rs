@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use ctxsync_mcp::Connection;
 use sqlx::PgPool;
-use tokio::sync::{OwnedSemaphorePermit, mpsc, watch};
+use tokio::sync::{OwnedSemaphorePermit, broadcast, watch};
 use tokio::task::JoinHandle;
 
 use crate::store::{self, StoredPin};
@@ -343,12 +343,12 @@ pub(crate) struct LiveServer {
 }
 
 impl LiveServer {
-    /// `tools_changed` is followed until the server closes it: each
-    /// `tools/list_changed` sets the flag and bumps `signal` (the session's).
+    /// `notices` (the server's `tools/list_changed`) are followed until the
+    /// server closes them: each sets the flag and bumps `signal` (the session's).
     pub fn new(
-        connection: Connection,
+        connection: Arc<Connection>,
         diff: CatalogDiff,
-        mut tools_changed: mpsc::UnboundedReceiver<String>,
+        mut notices: broadcast::Receiver<()>,
         signal: watch::Sender<u64>,
         place: Option<OwnedSemaphorePermit>,
     ) -> Self {
@@ -356,14 +356,19 @@ impl LiveServer {
         tokio::spawn({
             let flag = flag.clone();
             async move {
-                while tools_changed.recv().await.is_some() {
-                    flag.store(true, Ordering::SeqCst);
-                    signal.send_modify(|n| *n += 1);
+                loop {
+                    match notices.recv().await {
+                        Ok(()) | Err(broadcast::error::RecvError::Lagged(_)) => {
+                            flag.store(true, Ordering::SeqCst);
+                            signal.send_modify(|n| *n += 1);
+                        }
+                        Err(broadcast::error::RecvError::Closed) => break,
+                    }
                 }
             }
         });
         Self {
-            connection: Arc::new(connection),
+            connection,
             diff,
             tools_changed: flag,
             _place: place,

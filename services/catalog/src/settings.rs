@@ -24,6 +24,8 @@ pub struct Settings {
     /// Server processes (stdio transports of sessions) this replica runs at
     /// most at once; `None`: no bound.
     pub max_server_processes: Option<usize>,
+    /// A shared server process no session held this long is stopped.
+    pub shared_idle_timeout: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -53,6 +55,7 @@ impl Default for Settings {
             mcp_page_size: 100,
             mcp_rate_limit: None,
             max_server_processes: None,
+            shared_idle_timeout: Duration::from_secs(300),
         }
     }
 }
@@ -145,6 +148,10 @@ pub struct CatalogArgs {
     /// at once; 0 means no bound.
     #[arg(long, env = "CTXSYNC_CATALOG_MAX_SERVER_PROCESSES", default_value_t = 0)]
     pub max_server_processes: usize,
+
+    /// Seconds a shared server process may go without a session before it stops.
+    #[arg(long, env = "CTXSYNC_CATALOG_SHARED_IDLE_SECONDS", default_value_t = 300)]
+    pub shared_idle_seconds: u64,
 }
 
 impl CatalogArgs {
@@ -200,6 +207,10 @@ impl CatalogArgs {
                 mcp_rate_limit: rate_limit(self.mcp_rate_limit, self.mcp_rate_burst)?,
                 max_server_processes: (self.max_server_processes > 0)
                     .then_some(self.max_server_processes),
+                shared_idle_timeout: positive(
+                    "CTXSYNC_CATALOG_SHARED_IDLE_SECONDS",
+                    self.shared_idle_seconds,
+                )?,
             },
         })
     }

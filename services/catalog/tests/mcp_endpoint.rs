@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use catalog::config::{Processes, ServerConfig};
 use common::*;
 use ctxsync_mcp::{ConnectOptions, Connection, ServerSpec, TransportSpec};
 use serde_json::{Value, json};
@@ -30,16 +31,27 @@ struct Endpoint {
 impl Endpoint {
     /// Tenant `acme` with the fixture `notes` (tools from a file it watches)
     /// and `extra` servers, a store for the keys, and a key of `acme`.
-    async fn start(extra: Vec<catalog::config::ServerConfig>, settings: catalog::Settings) -> Self {
+    async fn start(extra: Vec<ServerConfig>, settings: catalog::Settings) -> Self {
+        Self::start_configured(extra, settings, |_| {}).await
+    }
+
+    /// [`Endpoint::start`] with `notes` configured further by `configure`.
+    async fn start_configured(
+        extra: Vec<ServerConfig>,
+        settings: catalog::Settings,
+        configure: impl FnOnce(&mut ServerConfig),
+    ) -> Self {
         let record = tempfile::tempdir().unwrap();
         let tools_file = record.path().join("tools.json");
         std::fs::write(&tools_file, TOOLS_BEFORE).unwrap();
         let tools = tools_file.display().to_string();
-        let mut servers = vec![fixture(
+        let mut notes = fixture(
             "notes",
             record.path(),
             &["--mode", "changing-tools", "--tools-file", &tools, "--watch"],
-        )];
+        );
+        configure(&mut notes);
+        let mut servers = vec![notes];
         servers.extend(extra);
         let harness =
             Harness::start_with_store(tenants(vec![("acme", servers), ("beta", vec![])]), settings)
@@ -193,6 +205,7 @@ async fn sdk_scenario(program: PathBuf, script: &str) {
     )
     .await;
 
+    assert_eq!(out["protocol"], "2025-11-25", "the newest version with sessions");
     assert_eq!(names(&out["tools"]), gate, "{out}");
     assert_eq!(out["first_call"]["is_error"], false, "{out}");
     assert_eq!(text_of(&out["first_call"]), "hello", "{out}");
@@ -319,10 +332,11 @@ async fn a_warm_initialize_and_list_start_no_server() {
     endpoint.harness.stop().await;
 }
 
-#[tokio::test]
-async fn a_per_session_server_runs_once_per_session() {
-    let endpoint = Endpoint::start(vec![], settings()).await;
+/// Three sessions, each calling `notes__echo` twice, all at once; returns the
+/// fixture's starts during the calls and its processes running after them.
+async fn three_concurrent_sessions(endpoint: &Endpoint) -> (usize, usize, Vec<Connection>) {
     endpoint.gate_names().await;
+    assert!(endpoint.no_fixture_running().await);
     let warm = endpoint.starts();
     let mut clients = Vec::new();
     for _ in 0..3 {
@@ -342,12 +356,52 @@ async fn a_per_session_server_runs_once_per_session() {
         }
     });
     futures::future::join_all(calls).await;
-    assert_eq!(endpoint.starts(), warm + 3, "one start per session");
-    assert_eq!(mcp_fixture::live_pids(endpoint.record.path()).len(), 3);
+    let running = mcp_fixture::live_pids(endpoint.record.path()).len();
+    (endpoint.starts() - warm, running, clients)
+}
+
+#[tokio::test]
+async fn a_per_session_server_runs_once_per_session() {
+    let endpoint = Endpoint::start(vec![], settings()).await;
+    let (starts, running, clients) = three_concurrent_sessions(&endpoint).await;
+    assert_eq!((starts, running), (3, 3), "one process per session");
     for client in clients {
         client.close().await;
     }
     assert!(endpoint.no_fixture_running().await, "every session's server stopped");
+    endpoint.harness.stop().await;
+}
+
+#[tokio::test]
+async fn a_shared_server_runs_once_for_three_concurrent_sessions_and_stops_when_idle() {
+    let mut settings = settings();
+    settings.shared_idle_timeout = Duration::from_millis(300);
+    let endpoint = Endpoint::start_configured(vec![], settings, |notes| {
+        notes.processes = Processes::Shared;
+    })
+    .await;
+    let (starts, running, clients) = three_concurrent_sessions(&endpoint).await;
+    assert_eq!((starts, running), (1, 1), "one process for the three sessions");
+    assert_eq!(endpoint.harness.running().shared_processes(), 1);
+
+    // One session's end does not stop what the others use.
+    let mut clients = clients.into_iter();
+    clients.next().unwrap().close().await;
+    let rest: Vec<Connection> = clients.collect();
+    let outcome = rest[0]
+        .call_tool("notes__echo", json!({"text": "y"}).as_object().unwrap().clone(), DEADLINE)
+        .await
+        .unwrap();
+    assert!(!outcome.is_error, "{}", outcome.content_json);
+    assert_eq!(endpoint.starts(), 2, "the warm discovery and the one shared process");
+    for client in rest {
+        client.close().await;
+    }
+    assert!(
+        endpoint.no_fixture_running().await,
+        "the shared process stops once idle with no session"
+    );
+    assert!(eventually(DEADLINE, || endpoint.harness.running().shared_processes() == 0).await);
     endpoint.harness.stop().await;
 }
 

@@ -31,6 +31,8 @@ pub fn server(id: &str, spec: &ServerSpec) -> ServerConfig {
         classification: None,
         limits: Limits::default(),
         enabled: true,
+        processes: Default::default(),
+        shared_pool: 1,
     }
 }
 
@@ -53,6 +55,8 @@ pub fn http(id: &str, url: &str) -> ServerConfig {
         classification: None,
         limits: Limits::default(),
         enabled: true,
+        processes: Default::default(),
+        shared_pool: 1,
     }
 }
 
