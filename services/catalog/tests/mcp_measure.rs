@@ -53,24 +53,10 @@ fn call_of(server: &str) -> (String, Value) {
     (format!("{server}__{tool}"), arguments)
 }
 
-/// The processes this test process has started and that still run.
-fn child_processes() -> usize {
-    let me = std::process::id().to_string();
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|entry| std::fs::read_to_string(entry.ok()?.path().join("stat")).ok())
-        .filter(|stat| {
-            // pid (comm) state ppid ...: comm may hold spaces, so split after ')'.
-            stat.rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().nth(1).map(|p| p == me))
-                .unwrap_or(false)
-        })
-        .count()
-}
-
 struct Measured {
     harness: Harness,
     spec: ServerSpec,
+    processes: Processes,
 }
 
 impl Measured {
@@ -98,7 +84,11 @@ impl Measured {
                 headers: BTreeMap::from([("Authorization".into(), format!("Bearer {key}"))]),
             },
         };
-        Self { harness, spec }
+        Self {
+            harness,
+            spec,
+            processes,
+        }
     }
 
     /// Connect, initialize, every page of tools/list: the time and the client.
@@ -114,13 +104,13 @@ impl Measured {
     }
 
     /// 10 sessions at once, each calling one tool of every server; returns
-    /// the server processes running once all have called.
+    /// the server processes running once all have called (every server is
+    /// stdio: a session's transport is a process, and so is a shared one).
     async fn ten_sessions_call_everything(&self) -> usize {
         let mut clients = Vec::new();
         for _ in 0..SESSIONS {
             clients.push(self.connect_and_list().await.2);
         }
-        let before = child_processes();
         let calls = clients.iter().map(|client| async move {
             for n in 1..=2 {
                 for kind in ["everything", "files", "memory", "time"] {
@@ -146,7 +136,11 @@ impl Measured {
             }
         });
         futures::future::join_all(calls).await;
-        let processes = child_processes() - before;
+        let running = self.harness.running();
+        let processes = match self.processes {
+            Processes::PerSession => running.open_transports(),
+            Processes::Shared => running.shared_processes(),
+        };
         for client in clients {
             client.close().await;
         }
