@@ -431,3 +431,38 @@ async fn the_process_bound_refuses_a_start_past_it_with_a_tool_error() {
     second.close().await;
     endpoint.harness.stop().await;
 }
+
+#[tokio::test]
+async fn a_key_over_its_rate_limit_is_answered_429_and_counted() {
+    let mut settings = settings();
+    settings.mcp_rate_limit = Some(catalog::RateLimit {
+        per_second: 0.01,
+        burst: 2,
+    });
+    let endpoint = Endpoint::start(vec![], settings).await;
+    for _ in 0..2 {
+        let (status, _, body) = raw_initialize(&endpoint.url, Some(&endpoint.key)).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let (status, _, body) = raw_initialize(&endpoint.url, Some(&endpoint.key)).await;
+    assert_eq!(status, 429, "{body}");
+    assert!(body.contains("rate_limited"), "{body}");
+    // Another key has its own bucket.
+    let other = store(&endpoint.harness).create_tenant_key("acme").await.0;
+    let (status, _, body) = raw_initialize(&endpoint.url, Some(&other)).await;
+    assert_eq!(status, 200, "{body}");
+
+    let metrics = reqwest::get(format!("http://{}/metrics", endpoint.harness.running().http_addr()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let refused = metrics
+        .lines()
+        .find(|l| l.starts_with("ctxsync_catalog_mcp_refused_total{reason=\"rate_limited\"}"))
+        .expect("the refusal series is exported");
+    let count: f64 = refused.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(count >= 1.0, "{refused}");
+    endpoint.harness.stop().await;
+}
