@@ -466,3 +466,27 @@ async fn a_key_over_its_rate_limit_is_answered_429_and_counted() {
     assert!(count >= 1.0, "{refused}");
     endpoint.harness.stop().await;
 }
+
+#[tokio::test]
+async fn a_call_past_the_servers_call_timeout_is_a_tool_error() {
+    let endpoint = Endpoint::start_configured(vec![], settings(), |notes| {
+        notes.limits.call_timeout_seconds = 1;
+    })
+    .await;
+    std::fs::write(
+        &endpoint.tools_file,
+        r#"[{"name":"sleep","description":"Sleeps"}]"#,
+    )
+    .unwrap();
+    let client = endpoint.client(&endpoint.key).await;
+    let sleep = |ms: u64| json!({"ms": ms}).as_object().unwrap().clone();
+    let quick = client.call_tool("notes__sleep", sleep(0), DEADLINE).await.unwrap();
+    assert!(!quick.is_error, "{}", quick.content_json);
+    let slow = client.call_tool("notes__sleep", sleep(10_000), DEADLINE).await.unwrap();
+    assert!(slow.is_error);
+    let structured: Value =
+        serde_json::from_str(slow.structured_content_json.as_deref().unwrap()).unwrap();
+    assert_eq!(structured["error"]["code"], "tool.timeout", "{structured}");
+    client.close().await;
+    endpoint.harness.stop().await;
+}
