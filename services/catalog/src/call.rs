@@ -12,19 +12,19 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ctxsync_mcp::TransportKind;
 use ctxsync_mcp::{CallOutcome, Connection, McpError};
 use ctxsync_proto::v1::{CatalogCallReply, CatalogCallRequest};
 use serde_json::json;
-use ctxsync_mcp::TransportKind;
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
 
 use crate::config::{ConfiguredServer, Current, Processes};
 use crate::discovery::{Cause, Discoverer, OpenServer};
-use crate::shared::{self, SharedServers};
 use crate::events::{Events, ms, ms_precise};
 use crate::mcp::{self, Failure};
 use crate::request::{codes, error, valid_request_id};
 use crate::sessions::{LiveServer, Session, Sessions, Slot};
+use crate::shared::{self, SharedServers};
 use crate::store::{GenerationRef, NewEvent, StoredPin, kinds};
 use crate::tools::{Catalog, CatalogDiff};
 
@@ -247,8 +247,15 @@ impl Call {
 
     /// Re-lists a server of the session that said its tools changed, without
     /// a call: its comparison with the pin is current for the next list.
-    pub async fn refresh(&self, session: &Session, tenant: &str, session_id: &str, server_id: &str) {
-        let (Some(pin), Some(server)) = (session.pin(server_id), self.configured(tenant, server_id))
+    pub async fn refresh(
+        &self,
+        session: &Session,
+        tenant: &str,
+        session_id: &str,
+        server_id: &str,
+    ) {
+        let (Some(pin), Some(server)) =
+            (session.pin(server_id), self.configured(tenant, server_id))
         else {
             return;
         };
@@ -356,21 +363,23 @@ impl Call {
         let (catalog, handshake) = match attached.started {
             Some((catalog, duration)) => (catalog, Some(duration)),
             None => {
-                let listed = tokio::time::timeout(
-                    self.connect_timeout,
-                    attached.connection.list_tools(),
-                )
-                .await;
+                let listed =
+                    tokio::time::timeout(self.connect_timeout, attached.connection.list_tools())
+                        .await;
                 match listed {
                     Ok(Ok(tools)) => (Arc::new(mcp::catalog_of(tools)), None),
                     Ok(Err(e)) => {
-                        let failure = Failure::from_error(&target.server.spec(), &e, started.elapsed());
+                        let failure =
+                            Failure::from_error(&target.server.spec(), &e, started.elapsed());
                         return Err(self.unreachable(target, failure, first_call).await);
                     }
                     Err(_) => {
                         let failure = Failure {
                             kind: "timeout",
-                            message: format!("no tools/list answer within {:?}", self.connect_timeout),
+                            message: format!(
+                                "no tools/list answer within {:?}",
+                                self.connect_timeout
+                            ),
                             duration: started.elapsed(),
                         };
                         return Err(self.unreachable(target, failure, first_call).await);

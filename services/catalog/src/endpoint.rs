@@ -33,9 +33,9 @@ use ctxsync_proto::v1::catalog_pin::Source;
 use ctxsync_proto::v1::{CatalogCallReply, CatalogCallRequest, CatalogPrepareRequest};
 use ctxsync_runtime::tenant_keys::{self, Caller, TenantKeys};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData,
-    Extensions, Implementation, InitializeRequestParams, InitializeResult, JsonObject,
-    ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData, Extensions,
+    Implementation, InitializeRequestParams, InitializeResult, JsonObject, ListToolsResult,
+    PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -299,11 +299,10 @@ impl McpSession {
     /// The session's catalog binding, for its own tenant only.
     fn bound(&self, extensions: &Extensions) -> Result<&Bound, ErrorData> {
         let caller = caller_of(extensions)?;
-        let bound = self
-            .state
-            .bound
-            .get()
-            .ok_or_else(|| ErrorData::invalid_request("the session is not initialized", None))?;
+        let bound =
+            self.state.bound.get().ok_or_else(|| {
+                ErrorData::invalid_request("the session is not initialized", None)
+            })?;
         if bound.tenant != caller.tenant {
             refused("other_tenant");
             return Err(ErrorData::invalid_request(
@@ -389,10 +388,11 @@ async fn watch_changes(
     peer: Peer<RoleServer>,
     ended: CancellationToken,
 ) {
-    let Some((tenant, session_id)) = state
-        .upgrade()
-        .and_then(|s| s.bound.get().map(|b| (b.tenant.clone(), b.session_id.clone())))
-    else {
+    let Some((tenant, session_id)) = state.upgrade().and_then(|s| {
+        s.bound
+            .get()
+            .map(|b| (b.tenant.clone(), b.session_id.clone()))
+    }) else {
         return;
     };
     let session = match endpoint
@@ -420,7 +420,9 @@ async fn watch_changes(
                 .await;
         }
         let Some(state) = state.upgrade() else { break };
-        let Some(bound) = state.bound.get() else { break };
+        let Some(bound) = state.bound.get() else {
+            break;
+        };
         if state.announce(withdrawn(&endpoint, bound)) {
             notify_list_changed(peer.clone());
         }
@@ -491,7 +493,10 @@ impl ServerHandler for McpSession {
                 .enable_tool_list_changed()
                 .build(),
         )
-        .with_server_info(Implementation::new("ctxsync-catalog", env!("CARGO_PKG_VERSION")))
+        .with_server_info(Implementation::new(
+            "ctxsync-catalog",
+            env!("CARGO_PKG_VERSION"),
+        ))
     }
 
     /// Only the versions with sessions (`initialize`): an MCP session is

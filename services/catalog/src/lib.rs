@@ -26,8 +26,8 @@
 mod call;
 pub mod config;
 mod discovery;
-mod endpoint;
 mod end_session;
+mod endpoint;
 mod events;
 mod gate_waits;
 pub mod latency;

@@ -232,7 +232,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
     let shared = Arc::new(SharedServers::new(settings.shared_idle_timeout));
     let processes = settings
         .max_server_processes
-        .map(|max| crate::call::ProcessBound::new(max));
+        .map(crate::call::ProcessBound::new);
     let call = Arc::new(Call::new(
         current.clone(),
         sessions.clone(),
@@ -372,8 +372,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
     let gate_waits = crate::gate_waits::spawn(pool.clone(), gate_waits, shutdown.clone());
     // Every replica applies every revocation to its own key cache.
     let revocations = nats::subscribe(&connection, subjects.tenant_key_revoked(), None).await?;
-    let follow_keys =
-        tenant_keys::spawn_follow(keys, revocations, &connection, shutdown.clone());
+    let follow_keys = tenant_keys::spawn_follow(keys, revocations, &connection, shutdown.clone());
 
     let readiness = Readiness::new().with_nats(&connection).with_postgres(&pool);
     let http = HttpServer::start(
@@ -410,7 +409,10 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
         http,
         servers,
         tasks: vec![warmup_task, reaper, gate_waits, follow_keys],
-        shared_reaper: Some(crate::shared::spawn_reaper(shared.clone(), shutdown.clone())),
+        shared_reaper: Some(crate::shared::spawn_reaper(
+            shared.clone(),
+            shutdown.clone(),
+        )),
         shared,
         nats: connection,
         config: current,

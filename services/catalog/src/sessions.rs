@@ -356,14 +356,12 @@ impl LiveServer {
         tokio::spawn({
             let flag = flag.clone();
             async move {
-                loop {
-                    match notices.recv().await {
-                        Ok(()) | Err(broadcast::error::RecvError::Lagged(_)) => {
-                            flag.store(true, Ordering::SeqCst);
-                            signal.send_modify(|n| *n += 1);
-                        }
-                        Err(broadcast::error::RecvError::Closed) => break,
-                    }
+                // A lagged receiver missed notices, not the change.
+                while let Ok(()) | Err(broadcast::error::RecvError::Lagged(_)) =
+                    notices.recv().await
+                {
+                    flag.store(true, Ordering::SeqCst);
+                    signal.send_modify(|n| *n += 1);
                 }
             }
         });

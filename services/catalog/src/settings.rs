@@ -146,11 +146,19 @@ pub struct CatalogArgs {
 
     /// Server processes (sessions' stdio servers) this replica runs at most
     /// at once; 0 means no bound.
-    #[arg(long, env = "CTXSYNC_CATALOG_MAX_SERVER_PROCESSES", default_value_t = 0)]
+    #[arg(
+        long,
+        env = "CTXSYNC_CATALOG_MAX_SERVER_PROCESSES",
+        default_value_t = 0
+    )]
     pub max_server_processes: usize,
 
     /// Seconds a shared server process may go without a session before it stops.
-    #[arg(long, env = "CTXSYNC_CATALOG_SHARED_IDLE_SECONDS", default_value_t = 300)]
+    #[arg(
+        long,
+        env = "CTXSYNC_CATALOG_SHARED_IDLE_SECONDS",
+        default_value_t = 300
+    )]
     pub shared_idle_seconds: u64,
 }
 

@@ -17,7 +17,8 @@ use testkit::store::StoreClient;
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
-const TOOLS_BEFORE: &str = r#"[{"name":"echo","description":"Echo"},{"name":"add","description":"Add"}]"#;
+const TOOLS_BEFORE: &str =
+    r#"[{"name":"echo","description":"Echo"},{"name":"add","description":"Add"}]"#;
 const TOOLS_AFTER: &str = r#"[{"name":"add","description":"Add"}]"#;
 
 struct Endpoint {
@@ -48,7 +49,13 @@ impl Endpoint {
         let mut notes = fixture(
             "notes",
             record.path(),
-            &["--mode", "changing-tools", "--tools-file", &tools, "--watch"],
+            &[
+                "--mode",
+                "changing-tools",
+                "--tools-file",
+                &tools,
+                "--watch",
+            ],
         );
         configure(&mut notes);
         let mut servers = vec![notes];
@@ -72,7 +79,10 @@ impl Endpoint {
     }
 
     async fn no_fixture_running(&self) -> bool {
-        eventually(DEADLINE, || mcp_fixture::live_pids(self.record.path()).is_empty()).await
+        eventually(DEADLINE, || {
+            mcp_fixture::live_pids(self.record.path()).is_empty()
+        })
+        .await
     }
 
     /// What the gate's first turn carries for `acme`: a preparation's pins,
@@ -84,9 +94,14 @@ impl Endpoint {
             .pins
             .iter()
             .flat_map(|pin| {
-                pin.tools
-                    .iter()
-                    .map(|tool| format!("{}{}{}", pin.server_id, catalog::TOOL_NAME_SEPARATOR, tool.name))
+                pin.tools.iter().map(|tool| {
+                    format!(
+                        "{}{}{}",
+                        pin.server_id,
+                        catalog::TOOL_NAME_SEPARATOR,
+                        tool.name
+                    )
+                })
             })
             .collect()
     }
@@ -155,7 +170,10 @@ fn node() -> PathBuf {
 }
 
 fn text_of(result: &Value) -> String {
-    result["content"][0]["text"].as_str().unwrap_or_default().to_owned()
+    result["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
 }
 
 fn names(value: &Value) -> Vec<String> {
@@ -178,9 +196,15 @@ async fn sdk_scenario(program: PathBuf, script: &str) {
     let mut gate = endpoint.gate_names().await;
     gate.sort();
     assert!(gate.contains(&"notes__echo".to_owned()), "{gate:?}");
-    assert!(gate.iter().any(|n| n.starts_with("everything__")), "{gate:?}");
+    assert!(
+        gate.iter().any(|n| n.starts_with("everything__")),
+        "{gate:?}"
+    );
     let warm_starts = endpoint.starts();
-    assert!(endpoint.no_fixture_running().await, "the preparation's discovery ended");
+    assert!(
+        endpoint.no_fixture_running().await,
+        "the preparation's discovery ended"
+    );
 
     let tools_file = endpoint.tools_file.display().to_string();
     let out = run_client(
@@ -205,7 +229,10 @@ async fn sdk_scenario(program: PathBuf, script: &str) {
     )
     .await;
 
-    assert_eq!(out["protocol"], "2025-11-25", "the newest version with sessions");
+    assert_eq!(
+        out["protocol"], "2025-11-25",
+        "the newest version with sessions"
+    );
     assert_eq!(names(&out["tools"]), gate, "{out}");
     assert_eq!(out["first_call"]["is_error"], false, "{out}");
     assert_eq!(text_of(&out["first_call"]), "hello", "{out}");
@@ -224,11 +251,19 @@ async fn sdk_scenario(program: PathBuf, script: &str) {
         out["second_call"]["structured"]["error"]["code"], "tool.withdrawn",
         "{out}"
     );
-    assert!(text_of(&out["second_call"]).starts_with("tool.withdrawn: "), "{out}");
-    // The client closed its session: the catalog session ended, its server stopped.
-    assert!(endpoint.no_fixture_running().await, "the session's server stopped");
     assert!(
-        eventually(DEADLINE, || endpoint.harness.running().open_transports() == 0).await,
+        text_of(&out["second_call"]).starts_with("tool.withdrawn: "),
+        "{out}"
+    );
+    // The client closed its session: the catalog session ended, its server stopped.
+    assert!(
+        endpoint.no_fixture_running().await,
+        "the session's server stopped"
+    );
+    assert!(
+        eventually(DEADLINE, || endpoint.harness.running().open_transports()
+            == 0)
+        .await,
         "no transport stays open"
     );
     endpoint.harness.stop().await;
@@ -327,7 +362,11 @@ async fn a_warm_initialize_and_list_start_no_server() {
         .collect();
     tools.sort();
     assert_eq!(tools, ["notes__add", "notes__echo"]);
-    assert_eq!(endpoint.starts(), warm, "initialize and tools/list started nothing");
+    assert_eq!(
+        endpoint.starts(),
+        warm,
+        "initialize and tools/list started nothing"
+    );
     client.close().await;
     endpoint.harness.stop().await;
 }
@@ -368,7 +407,10 @@ async fn a_per_session_server_runs_once_per_session() {
     for client in clients {
         client.close().await;
     }
-    assert!(endpoint.no_fixture_running().await, "every session's server stopped");
+    assert!(
+        endpoint.no_fixture_running().await,
+        "every session's server stopped"
+    );
     endpoint.harness.stop().await;
 }
 
@@ -381,7 +423,11 @@ async fn a_shared_server_runs_once_for_three_concurrent_sessions_and_stops_when_
     })
     .await;
     let (starts, running, clients) = three_concurrent_sessions(&endpoint).await;
-    assert_eq!((starts, running), (1, 1), "one process for the three sessions");
+    assert_eq!(
+        (starts, running),
+        (1, 1),
+        "one process for the three sessions"
+    );
     assert_eq!(endpoint.harness.running().shared_processes(), 1);
 
     // One session's end does not stop what the others use.
@@ -389,11 +435,19 @@ async fn a_shared_server_runs_once_for_three_concurrent_sessions_and_stops_when_
     clients.next().unwrap().close().await;
     let rest: Vec<Connection> = clients.collect();
     let outcome = rest[0]
-        .call_tool("notes__echo", json!({"text": "y"}).as_object().unwrap().clone(), DEADLINE)
+        .call_tool(
+            "notes__echo",
+            json!({"text": "y"}).as_object().unwrap().clone(),
+            DEADLINE,
+        )
         .await
         .unwrap();
     assert!(!outcome.is_error, "{}", outcome.content_json);
-    assert_eq!(endpoint.starts(), 2, "the warm discovery and the one shared process");
+    assert_eq!(
+        endpoint.starts(),
+        2,
+        "the warm discovery and the one shared process"
+    );
     for client in rest {
         client.close().await;
     }
@@ -401,7 +455,11 @@ async fn a_shared_server_runs_once_for_three_concurrent_sessions_and_stops_when_
         endpoint.no_fixture_running().await,
         "the shared process stops once idle with no session"
     );
-    assert!(eventually(DEADLINE, || endpoint.harness.running().shared_processes() == 0).await);
+    assert!(
+        eventually(DEADLINE, || endpoint.harness.running().shared_processes()
+            == 0)
+        .await
+    );
     endpoint.harness.stop().await;
 }
 
@@ -413,20 +471,32 @@ async fn the_process_bound_refuses_a_start_past_it_with_a_tool_error() {
     let echo = || json!({"text": "x"}).as_object().unwrap().clone();
     let first = endpoint.client(&endpoint.key).await;
     let second = endpoint.client(&endpoint.key).await;
-    let ok = first.call_tool("notes__echo", echo(), DEADLINE).await.unwrap();
+    let ok = first
+        .call_tool("notes__echo", echo(), DEADLINE)
+        .await
+        .unwrap();
     assert!(!ok.is_error, "{}", ok.content_json);
 
-    let refused = second.call_tool("notes__echo", echo(), DEADLINE).await.unwrap();
+    let refused = second
+        .call_tool("notes__echo", echo(), DEADLINE)
+        .await
+        .unwrap();
     assert!(refused.is_error);
     let structured: Value =
         serde_json::from_str(refused.structured_content_json.as_deref().unwrap()).unwrap();
-    assert_eq!(structured["error"]["code"], "server.process_limit", "{structured}");
+    assert_eq!(
+        structured["error"]["code"], "server.process_limit",
+        "{structured}"
+    );
     assert_eq!(mcp_fixture::live_pids(endpoint.record.path()).len(), 1);
 
     // The first session's end frees its place.
     first.close().await;
     assert!(endpoint.no_fixture_running().await);
-    let ok = second.call_tool("notes__echo", echo(), DEADLINE).await.unwrap();
+    let ok = second
+        .call_tool("notes__echo", echo(), DEADLINE)
+        .await
+        .unwrap();
     assert!(!ok.is_error, "{}", ok.content_json);
     second.close().await;
     endpoint.harness.stop().await;
@@ -452,12 +522,15 @@ async fn a_key_over_its_rate_limit_is_answered_429_and_counted() {
     let (status, _, body) = raw_initialize(&endpoint.url, Some(&other)).await;
     assert_eq!(status, 200, "{body}");
 
-    let metrics = reqwest::get(format!("http://{}/metrics", endpoint.harness.running().http_addr()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = reqwest::get(format!(
+        "http://{}/metrics",
+        endpoint.harness.running().http_addr()
+    ))
+    .await
+    .unwrap()
+    .text()
+    .await
+    .unwrap();
     let refused = metrics
         .lines()
         .find(|l| l.starts_with("ctxsync_catalog_mcp_refused_total{reason=\"rate_limited\"}"))
@@ -480,9 +553,15 @@ async fn a_call_past_the_servers_call_timeout_is_a_tool_error() {
     .unwrap();
     let client = endpoint.client(&endpoint.key).await;
     let sleep = |ms: u64| json!({"ms": ms}).as_object().unwrap().clone();
-    let quick = client.call_tool("notes__sleep", sleep(0), DEADLINE).await.unwrap();
+    let quick = client
+        .call_tool("notes__sleep", sleep(0), DEADLINE)
+        .await
+        .unwrap();
     assert!(!quick.is_error, "{}", quick.content_json);
-    let slow = client.call_tool("notes__sleep", sleep(10_000), DEADLINE).await.unwrap();
+    let slow = client
+        .call_tool("notes__sleep", sleep(10_000), DEADLINE)
+        .await
+        .unwrap();
     assert!(slow.is_error);
     let structured: Value =
         serde_json::from_str(slow.structured_content_json.as_deref().unwrap()).unwrap();

@@ -64,11 +64,9 @@ impl Measured {
         let mut settings = settings();
         settings.connect_timeout = Duration::from_secs(30);
         settings.max_concurrent_starts = 2;
-        let harness = Harness::start_with_store(
-            tenants(vec![("acme", servers(root, processes))]),
-            settings,
-        )
-        .await;
+        let harness =
+            Harness::start_with_store(tenants(vec![("acme", servers(root, processes))]), settings)
+                .await;
         let store = StoreClient::new(
             harness.client.clone(),
             harness.subjects.clone(),

@@ -16,9 +16,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::rpc;
 use ctxsync_proto::subjects::Subjects;
 use ctxsync_proto::v1::{TenantKeyRevoked, VerifyTenantKeyReply, VerifyTenantKeyRequest};
-use crate::rpc;
 use futures::StreamExt;
 use prost::Message;
 use sha2::{Digest, Sha256};
