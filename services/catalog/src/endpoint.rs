@@ -61,67 +61,67 @@ pub struct RateLimit {
     pub burst: u32,
 }
 
-/// What the endpoint needs from the catalog.
+/// The catalog's parts the endpoint drives in-process.
+pub(crate) struct Commands {
+    pub prepare: Arc<Prepare>,
+    pub call: Arc<Call>,
+    pub sessions: Arc<Sessions>,
+    pub pool: sqlx::PgPool,
+}
+
+/// The endpoint: the commands, the key check and its limits.
 pub(crate) struct Endpoint {
-    prepare: Arc<Prepare>,
-    call: Arc<Call>,
-    sessions: Arc<Sessions>,
-    pool: sqlx::PgPool,
+    commands: Commands,
     keys: TenantKeys,
     page_size: usize,
-    rate_limit: Option<RateLimit>,
-    buckets: Mutex<HashMap<String, Bucket>>,
+    limiter: Limiter,
     /// MCP session id → the tenant that opened it.
     owners: Mutex<HashMap<String, String>>,
 }
 
-struct Bucket {
-    tokens: f64,
-    at: Instant,
+/// Token buckets by tenant key id.
+struct Limiter {
+    limit: Option<RateLimit>,
+    buckets: Mutex<HashMap<String, (f64, Instant)>>,
+}
+
+impl Limiter {
+    /// Takes one request from the key's bucket; false when it is empty.
+    fn admit(&self, key_id: &str) -> bool {
+        let Some(limit) = self.limit else {
+            return true;
+        };
+        let burst = f64::from(limit.burst);
+        let now = Instant::now();
+        let mut buckets = self.buckets.lock().expect("rate limit lock");
+        let (tokens, at) = buckets.entry(key_id.to_owned()).or_insert((burst, now));
+        *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * limit.per_second).min(burst);
+        *at = now;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
 }
 
 impl Endpoint {
     pub fn new(
-        prepare: Arc<Prepare>,
-        call: Arc<Call>,
-        sessions: Arc<Sessions>,
-        pool: sqlx::PgPool,
+        commands: Commands,
         keys: TenantKeys,
         page_size: usize,
         rate_limit: Option<RateLimit>,
     ) -> Self {
         Self {
-            prepare,
-            call,
-            sessions,
-            pool,
+            commands,
             keys,
             page_size: page_size.max(1),
-            rate_limit,
-            buckets: Mutex::default(),
+            limiter: Limiter {
+                limit: rate_limit,
+                buckets: Mutex::default(),
+            },
             owners: Mutex::default(),
-        }
-    }
-
-    /// Takes one request from the key's bucket; false when it is empty.
-    fn admit(&self, key_id: &str) -> bool {
-        let Some(limit) = self.rate_limit else {
-            return true;
-        };
-        let mut buckets = self.buckets.lock().expect("rate limit lock");
-        let now = Instant::now();
-        let bucket = buckets.entry(key_id.to_owned()).or_insert(Bucket {
-            tokens: f64::from(limit.burst),
-            at: now,
-        });
-        let refill = now.duration_since(bucket.at).as_secs_f64() * limit.per_second;
-        bucket.tokens = (bucket.tokens + refill).min(f64::from(limit.burst));
-        bucket.at = now;
-        if bucket.tokens >= 1.0 {
-            bucket.tokens -= 1.0;
-            true
-        } else {
-            false
         }
     }
 
@@ -172,7 +172,7 @@ async fn authenticate(
             return tenant_keys::refusal_response(refusal);
         }
     };
-    if !endpoint.admit(&caller.key_id) {
+    if !endpoint.limiter.admit(&caller.key_id) {
         refused("rate_limited");
         let mut response = tenant_keys::error_response(
             StatusCode::TOO_MANY_REQUESTS,
@@ -265,7 +265,7 @@ impl Drop for SessionState {
             return;
         };
         metrics::gauge!("ctxsync_catalog_mcp_sessions").decrement(1.0);
-        let sessions = self.endpoint.sessions.clone();
+        let sessions = self.endpoint.commands.sessions.clone();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 let released = sessions.end(&bound.tenant, &bound.session_id).await;
@@ -321,6 +321,7 @@ impl McpSession {
         let session_id = format!("mcp-{}", uuid::Uuid::new_v4());
         let reply = self
             .endpoint
+            .commands
             .prepare
             .handle(CatalogPrepareRequest {
                 tenant: caller.tenant.clone(),
@@ -363,6 +364,7 @@ impl McpSession {
 /// The tools withdrawn in the catalog session, as offered names.
 fn withdrawn(endpoint: &Endpoint, bound: &Bound) -> BTreeSet<String> {
     endpoint
+        .commands
         .sessions
         .withdrawn(&bound.tenant, &bound.session_id)
         .into_iter()
@@ -396,8 +398,9 @@ async fn watch_changes(
         return;
     };
     let session = match endpoint
+        .commands
         .sessions
-        .get_or_load(&endpoint.pool, &tenant, &session_id)
+        .get_or_load(&endpoint.commands.pool, &tenant, &session_id)
         .await
     {
         Ok(Some(session)) => session,
@@ -415,6 +418,7 @@ async fn watch_changes(
         }
         for server in session.servers_changed() {
             endpoint
+                .commands
                 .call
                 .refresh(&session, &tenant, &session_id, &server)
                 .await;
@@ -487,16 +491,11 @@ fn counted(method: &'static str) {
 
 impl ServerHandler for McpSession {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(
-            ServerCapabilities::builder()
-                .enable_tools()
-                .enable_tool_list_changed()
-                .build(),
-        )
-        .with_server_info(Implementation::new(
-            "ctxsync-catalog",
-            env!("CARGO_PKG_VERSION"),
-        ))
+        let tools = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_tool_list_changed();
+        let server = Implementation::new("ctxsync-catalog", env!("CARGO_PKG_VERSION"));
+        ServerConfig::new(tools.build()).with_server_info(server)
     }
 
     /// Only the versions with sessions (`initialize`): an MCP session is
@@ -588,6 +587,7 @@ impl ServerHandler for McpSession {
         let arguments = request.arguments.unwrap_or_default();
         let reply = self
             .endpoint
+            .commands
             .call
             .handle(CatalogCallRequest {
                 tenant: bound.tenant.clone(),

@@ -18,7 +18,7 @@ use crate::call::Call;
 use crate::config::{CatalogConfig, Current};
 use crate::discovery::Discoverer;
 use crate::end_session::EndSession;
-use crate::endpoint::Endpoint;
+use crate::endpoint::{Commands, Endpoint};
 use crate::events::Events;
 use crate::prepare::Prepare;
 use crate::request::{codes, error, tenant_of};
@@ -249,10 +249,12 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
         "ctxsync_catalog_auth_total",
     );
     let endpoint = Arc::new(Endpoint::new(
-        prepare.clone(),
-        call.clone(),
-        sessions.clone(),
-        pool.clone(),
+        Commands {
+            prepare: prepare.clone(),
+            call: call.clone(),
+            sessions: sessions.clone(),
+            pool: pool.clone(),
+        },
         keys.clone(),
         settings.mcp_page_size,
         settings.mcp_rate_limit,

@@ -129,7 +129,28 @@ pub(crate) fn spawn_reaper(
     idle: Duration,
     shutdown: ctxsync_runtime::Shutdown,
 ) -> JoinHandle<()> {
-    let every = (idle / 4).clamp(Duration::from_millis(10), Duration::from_secs(30));
+    spawn_periodic(idle, shutdown, move || {
+        let sessions = sessions.clone();
+        async move {
+            let released = sessions.release_idle(idle).await;
+            if released > 0 {
+                tracing::info!(released, "idle session transports closed");
+            }
+        }
+    })
+}
+
+/// Runs `tick` a few times per `period` (within 10 ms to 30 s) until shutdown.
+pub(crate) fn spawn_periodic<F, Fut>(
+    period: Duration,
+    shutdown: ctxsync_runtime::Shutdown,
+    mut tick: F,
+) -> JoinHandle<()>
+where
+    F: FnMut() -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    let every = (period / 4).clamp(Duration::from_millis(10), Duration::from_secs(30));
     tokio::spawn(async move {
         let mut ticks = tokio::time::interval(every);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -138,10 +159,7 @@ pub(crate) fn spawn_reaper(
                 _ = shutdown.cancelled() => break,
                 _ = ticks.tick() => {}
             }
-            let released = sessions.release_idle(idle).await;
-            if released > 0 {
-                tracing::info!(released, "idle session transports closed");
-            }
+            tick().await;
         }
     })
 }
@@ -166,16 +184,19 @@ impl Session {
         self.changes.clone()
     }
 
-    /// The open servers that said their tools changed since the last look.
-    pub fn servers_changed(&self) -> Vec<String> {
-        let slots: Vec<_> = self
-            .servers
+    /// The slots of the servers the session has used, by server.
+    fn slots(&self) -> Vec<(String, Arc<tokio::sync::Mutex<Slot>>)> {
+        self.servers
             .lock()
             .expect("session lock")
             .iter()
             .map(|(server, slot)| (server.clone(), slot.clone()))
-            .collect();
-        slots
+            .collect()
+    }
+
+    /// The open servers that said their tools changed since the last look.
+    pub fn servers_changed(&self) -> Vec<String> {
+        self.slots()
             .into_iter()
             .filter(|(_, slot)| {
                 slot.try_lock()
@@ -215,15 +236,8 @@ impl Session {
     }
 
     fn withdrawn(&self) -> Vec<(String, String)> {
-        let slots: Vec<_> = self
-            .servers
-            .lock()
-            .expect("session lock")
-            .iter()
-            .map(|(server, slot)| (server.clone(), slot.clone()))
-            .collect();
         let mut withdrawn = Vec::new();
-        for (server, slot) in slots {
+        for (server, slot) in self.slots() {
             // A slot busy with a (re)connect is looked at on the next list.
             let (Ok(slot), Some(pin)) = (slot.try_lock(), self.pins.get(&server)) else {
                 continue;

@@ -132,16 +132,18 @@ impl SharedServers {
         })
     }
 
-    /// Shared processes running now.
-    pub fn running(&self) -> usize {
-        let pools: Vec<Pool> = self
-            .pools
+    fn pools(&self) -> Vec<Pool> {
+        self.pools
             .lock()
             .expect("shared pools lock")
             .values()
             .cloned()
-            .collect();
-        pools
+            .collect()
+    }
+
+    /// Shared processes running now.
+    pub fn running(&self) -> usize {
+        self.pools()
             .iter()
             .map(|pool| pool.try_lock().map(|m| m.len()).unwrap_or(0))
             .sum()
@@ -150,15 +152,8 @@ impl SharedServers {
     /// Stops the members no session held for the idle time (`all`: every
     /// member, at shutdown); returns how many.
     pub async fn stop_idle(&self, all: bool) -> usize {
-        let pools: Vec<Pool> = self
-            .pools
-            .lock()
-            .expect("shared pools lock")
-            .values()
-            .cloned()
-            .collect();
         let mut stopped = Vec::new();
-        for pool in pools {
+        for pool in self.pools() {
             let mut members = pool.lock().await;
             let now = Instant::now();
             let mut kept = Vec::with_capacity(members.len());
@@ -198,20 +193,20 @@ pub(crate) fn spawn_reaper(
     shared: Arc<SharedServers>,
     shutdown: ctxsync_runtime::Shutdown,
 ) -> JoinHandle<()> {
-    let every = (shared.idle / 4).clamp(Duration::from_millis(10), Duration::from_secs(30));
-    tokio::spawn(async move {
-        let mut ticks = tokio::time::interval(every);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => break,
-                _ = ticks.tick() => {}
-            }
-            let stopped = shared.stop_idle(false).await;
-            if stopped > 0 {
-                tracing::info!(stopped, "idle shared servers stopped");
+    let periodic = crate::sessions::spawn_periodic(shared.idle, shutdown, {
+        let shared = shared.clone();
+        move || {
+            let shared = shared.clone();
+            async move {
+                let stopped = shared.stop_idle(false).await;
+                if stopped > 0 {
+                    tracing::info!(stopped, "idle shared servers stopped");
+                }
             }
         }
+    });
+    tokio::spawn(async move {
+        let _ = periodic.await;
         shared.stop_idle(true).await;
     })
 }

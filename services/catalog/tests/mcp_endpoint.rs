@@ -260,12 +260,9 @@ async fn sdk_scenario(program: PathBuf, script: &str) {
         endpoint.no_fixture_running().await,
         "the session's server stopped"
     );
-    assert!(
-        eventually(DEADLINE, || endpoint.harness.running().open_transports()
-            == 0)
-        .await,
-        "no transport stays open"
-    );
+    let running = endpoint.harness.running();
+    let closed = eventually(DEADLINE, || running.open_transports() == 0).await;
+    assert!(closed, "no transport stays open");
     endpoint.harness.stop().await;
 }
 
@@ -455,11 +452,9 @@ async fn a_shared_server_runs_once_for_three_concurrent_sessions_and_stops_when_
         endpoint.no_fixture_running().await,
         "the shared process stops once idle with no session"
     );
-    assert!(
-        eventually(DEADLINE, || endpoint.harness.running().shared_processes()
-            == 0)
-        .await
-    );
+    let running = endpoint.harness.running();
+    let stopped = eventually(DEADLINE, || running.shared_processes() == 0).await;
+    assert!(stopped, "the pool is empty");
     endpoint.harness.stop().await;
 }
 
