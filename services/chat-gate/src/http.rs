@@ -22,9 +22,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use ctxsync_proto::v1::{TurnRequest, gate_error::Code};
 
-use crate::auth::{Caller, TenantKeys};
 use crate::core::gate::Gate;
 use crate::core::source::ReadError;
+use ctxsync_runtime::tenant_keys::{Caller, TenantKeys};
 
 /// Largest accepted request body, in bytes.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -51,11 +51,11 @@ pub(crate) async fn caller(keys: &TenantKeys, headers: &HeaderMap) -> Result<Cal
         .map(|v| v.to_str().unwrap_or("?"));
     keys.authenticate(header).await.map_err(|refusal| {
         metrics::counter!("ctxsync_gate_refused_total", "reason" => refusal.reason()).increment(1);
-        crate::auth::refusal_response(refusal)
+        ctxsync_runtime::tenant_keys::refusal_response(refusal)
     })
 }
 
-pub(crate) use crate::auth::error_response as error;
+pub(crate) use ctxsync_runtime::tenant_keys::error_response as error;
 
 async fn turn(
     State(api): State<Api>,
