@@ -576,7 +576,7 @@ impl ServerHandler for McpSession {
         let Some(offered) = bound.tools.iter().find(|o| o.tool.name == name) else {
             return Ok(result_of(CatalogCallReply {
                 error: crate::request::error(
-                    crate::codes::TOOL_NOT_FOUND,
+                    crate::request::codes::TOOL_NOT_FOUND,
                     format!("tool {name:?} is not in this session's pins"),
                 ),
                 ..Default::default()
