@@ -44,6 +44,11 @@ impl ProcessBound {
         }
     }
 
+    /// Places taken now: server processes running under the bound.
+    pub fn in_use(&self) -> usize {
+        self.max - self.permits.available_permits()
+    }
+
     /// A process's place, held while it runs; an error answer when there is none.
     fn take(&self) -> Result<OwnedSemaphorePermit, CatalogCallReply> {
         self.permits.clone().try_acquire_owned().map_err(|_| {
@@ -67,7 +72,7 @@ pub(crate) struct Call {
     events: Arc<Events>,
     /// The handshake bound of a call's (re)connect, and of a re-list.
     connect_timeout: Duration,
-    processes: Option<ProcessBound>,
+    processes: Option<Arc<ProcessBound>>,
     shared: Arc<SharedServers>,
 }
 
@@ -101,7 +106,7 @@ impl Call {
         discovery: Arc<Discoverer>,
         events: Arc<Events>,
         connect_timeout: Duration,
-        processes: Option<ProcessBound>,
+        processes: Option<Arc<ProcessBound>>,
         shared: Arc<SharedServers>,
     ) -> Self {
         Self {

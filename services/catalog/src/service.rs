@@ -133,6 +133,7 @@ pub struct Running {
     warmup: watch::Receiver<WarmupStatus>,
     grace: Duration,
     shared: Arc<SharedServers>,
+    processes: Option<Arc<crate::call::ProcessBound>>,
     /// Stops the shared processes after the sessions let go of them.
     shared_reaper: Option<JoinHandle<()>>,
 }
@@ -173,6 +174,12 @@ impl Running {
     /// Transports open for sessions.
     pub fn open_transports(&self) -> usize {
         self.sessions.open_transports()
+    }
+
+    /// Server processes holding a place under `--max-server-processes`
+    /// (0 without a bound).
+    pub fn bounded_processes(&self) -> usize {
+        self.processes.as_ref().map_or(0, |bound| bound.in_use())
     }
 
     /// Shared server processes running now.
@@ -232,14 +239,14 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
     let shared = Arc::new(SharedServers::new(settings.shared_idle_timeout));
     let processes = settings
         .max_server_processes
-        .map(crate::call::ProcessBound::new);
+        .map(|max| Arc::new(crate::call::ProcessBound::new(max)));
     let call = Arc::new(Call::new(
         current.clone(),
         sessions.clone(),
         discovery.clone(),
         events.clone(),
         settings.connect_timeout,
-        processes,
+        processes.clone(),
         shared.clone(),
     ));
     let keys = TenantKeys::new(
@@ -411,6 +418,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
         http,
         servers,
         tasks: vec![warmup_task, reaper, gate_waits, follow_keys],
+        processes,
         shared_reaper: Some(crate::shared::spawn_reaper(
             shared.clone(),
             shutdown.clone(),

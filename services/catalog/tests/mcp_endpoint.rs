@@ -485,9 +485,13 @@ async fn the_process_bound_refuses_a_start_past_it_with_a_tool_error() {
     );
     assert_eq!(mcp_fixture::live_pids(endpoint.record.path()).len(), 1);
 
+    assert_eq!(endpoint.harness.running().bounded_processes(), 1);
+
     // The first session's end frees its place.
     first.close().await;
-    assert!(endpoint.no_fixture_running().await);
+    let running = endpoint.harness.running();
+    let freed = eventually(DEADLINE, || running.bounded_processes() == 0).await;
+    assert!(freed, "the stopped process gave its place back");
     let ok = second
         .call_tool("notes__echo", echo(), DEADLINE)
         .await
