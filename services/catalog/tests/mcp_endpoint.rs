@@ -568,3 +568,32 @@ async fn a_call_past_the_servers_call_timeout_is_a_tool_error() {
     client.close().await;
     endpoint.harness.stop().await;
 }
+
+#[tokio::test]
+async fn a_revoked_key_is_refused_once_its_revocation_arrives() {
+    let endpoint = Endpoint::start(vec![], settings()).await;
+    let store = store(&endpoint.harness);
+    let (key, key_id) = store.create_tenant_key("acme").await;
+    let (status, _, body) = raw_initialize(&endpoint.url, Some(&key)).await;
+    assert_eq!(status, 200, "{body}");
+    // Verified now, so cached: only the revocation event can refuse it.
+    store.revoke_tenant_key(&key_id).await;
+    let refused = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match raw_initialize(&endpoint.url, Some(&key)).await {
+                (401, _, body) => return body,
+                (200, _, _) => tokio::time::sleep(Duration::from_millis(10)).await,
+                (other, _, body) => panic!("unexpected {other}: {body}"),
+            }
+        }
+    })
+    .await
+    .expect("a revoked key is refused within 5 s (the revocation event)");
+    assert!(
+        refused.contains("unknown or revoked tenant key"),
+        "{refused}"
+    );
+    let (status, _, body) = raw_initialize(&endpoint.url, Some(&endpoint.key)).await;
+    assert_eq!(status, 200, "another key of the tenant still works: {body}");
+    endpoint.harness.stop().await;
+}
