@@ -459,4 +459,22 @@ tenants:
         let text = format!("{config:?}");
         assert!(!text.contains("s3cret") && !text.contains("UTC"), "{text}");
     }
+
+    #[test]
+    fn the_deploy_example_parses_and_sharing_is_not_part_of_the_key() {
+        let example = include_str!("../../../deploy/catalog.example.yaml");
+        let config = CatalogConfig::from_yaml(example).unwrap();
+        let files = &config.tenants[0].servers[1];
+        assert_eq!(files.processes, Processes::Shared);
+        let mut per_session = files.clone();
+        per_session.processes = Processes::PerSession;
+        assert_eq!(
+            ServerKey::of("acme", files),
+            ServerKey::of("acme", &per_session)
+        );
+
+        let pool_too_large = "tenants:\n  - id: a\n    servers:\n      - id: s\n        transport: {stdio: {command: x}}\n        shared_pool: 17";
+        let error = CatalogConfig::from_yaml(pool_too_large).unwrap_err();
+        assert!(error.contains("shared_pool must be 1 to 16"), "{error}");
+    }
 }
