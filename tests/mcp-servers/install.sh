@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Installs the reference MCP servers the tests run against, pinned:
+# Installs the reference MCP servers the tests run against, and the official
+# MCP SDKs the catalog's MCP endpoint tests connect with, pinned:
 #   npm  @modelcontextprotocol/server-{everything,filesystem,memory}  (package.json + package-lock.json)
-#   PyPI mcp-server-time                                              (requirements.txt, fully pinned)
+#        @modelcontextprotocol/sdk                                    (TypeScript SDK)
+#   PyPI mcp-server-time, mcp (Python SDK)                            (requirements.txt, fully pinned)
 # into ${CTXSYNC_MCP_SERVERS_DIR:-$HOME/.cache/ctxsync/mcp-servers}.
 # Idempotent: a stamp holding the hash of the pin files makes a second run a no-op.
 set -euo pipefail
@@ -38,4 +40,6 @@ for bin in mcp-server-everything mcp-server-filesystem mcp-server-memory; do
     [[ -x "$dest/node_modules/.bin/$bin" ]] || { echo "missing $dest/node_modules/.bin/$bin" >&2; exit 1; }
 done
 [[ -x "$dest/venv/bin/mcp-server-time" ]] || { echo "missing $dest/venv/bin/mcp-server-time" >&2; exit 1; }
+[[ -f "$dest/node_modules/@modelcontextprotocol/sdk/package.json" ]] || { echo "missing the TypeScript MCP SDK in $dest/node_modules" >&2; exit 1; }
+"$dest/venv/bin/python" -c 'import mcp.client.streamable_http' || { echo "missing the Python MCP SDK in $dest/venv" >&2; exit 1; }
 echo "reference MCP servers ready in $dest" >&2

@@ -63,6 +63,8 @@ fn stdio(
         classification: None,
         limits: Limits::default(),
         enabled: true,
+        processes: Default::default(),
+        shared_pool: 1,
     }
 }
 

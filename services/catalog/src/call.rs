@@ -12,21 +12,57 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ctxsync_mcp::TransportKind;
 use ctxsync_mcp::{CallOutcome, Connection, McpError};
 use ctxsync_proto::v1::{CatalogCallReply, CatalogCallRequest};
 use serde_json::json;
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
 
-use crate::config::{ConfiguredServer, Current};
-use crate::discovery::{Cause, Discoverer};
+use crate::config::{ConfiguredServer, Current, Processes};
+use crate::discovery::{Cause, Discoverer, OpenServer};
 use crate::events::{Events, ms, ms_precise};
 use crate::mcp::{self, Failure};
 use crate::request::{codes, error, valid_request_id};
 use crate::sessions::{LiveServer, Session, Sessions, Slot};
+use crate::shared::{self, SharedServers};
 use crate::store::{GenerationRef, NewEvent, StoredPin, kinds};
 use crate::tools::{Catalog, CatalogDiff};
 
 type Arguments = serde_json::Map<String, serde_json::Value>;
+
+/// The bound on the server processes a replica runs for sessions.
+pub(crate) struct ProcessBound {
+    max: usize,
+    permits: Arc<Semaphore>,
+}
+
+impl ProcessBound {
+    pub fn new(max: usize) -> Self {
+        Self {
+            max,
+            permits: Arc::new(Semaphore::new(max)),
+        }
+    }
+
+    /// Places taken now: server processes running under the bound.
+    pub fn in_use(&self) -> usize {
+        self.max - self.permits.available_permits()
+    }
+
+    /// A process's place, held while it runs; an error answer when there is none.
+    fn take(&self) -> Result<OwnedSemaphorePermit, CatalogCallReply> {
+        self.permits.clone().try_acquire_owned().map_err(|_| {
+            metrics::counter!("ctxsync_catalog_process_limit_refusals_total").increment(1);
+            call_error(
+                codes::SERVER_PROCESS_LIMIT,
+                format!(
+                    "this catalog replica already runs its maximum of {} server processes (--max-server-processes); retry when a session ends",
+                    self.max
+                ),
+            )
+        })
+    }
+}
 
 /// The `call` command.
 pub(crate) struct Call {
@@ -36,6 +72,8 @@ pub(crate) struct Call {
     events: Arc<Events>,
     /// The handshake bound of a call's (re)connect, and of a re-list.
     connect_timeout: Duration,
+    processes: Option<Arc<ProcessBound>>,
+    shared: Arc<SharedServers>,
 }
 
 /// The pin and the configured server a call is for.
@@ -43,6 +81,8 @@ struct Target<'a> {
     request: &'a CatalogCallRequest,
     pin: &'a StoredPin,
     server: ConfiguredServer,
+    /// The session's signal of servers whose tools changed.
+    changes: tokio::sync::watch::Sender<u64>,
 }
 
 /// What the call path did before the tool ran, for the `mcp.tool.called` event.
@@ -66,6 +106,8 @@ impl Call {
         discovery: Arc<Discoverer>,
         events: Arc<Events>,
         connect_timeout: Duration,
+        processes: Option<Arc<ProcessBound>>,
+        shared: Arc<SharedServers>,
     ) -> Self {
         Self {
             config,
@@ -73,6 +115,8 @@ impl Call {
             discovery,
             events,
             connect_timeout,
+            processes,
+            shared,
         }
     }
 
@@ -184,12 +228,7 @@ impl Call {
                 ),
             ));
         }
-        let Some(server) = self
-            .config
-            .get()
-            .enabled_servers(&request.tenant)
-            .and_then(|servers| servers.into_iter().find(|s| s.id() == server_id))
-        else {
+        let Some(server) = self.configured(&request.tenant, server_id) else {
             return Err(call_error(
                 codes::SERVER_NOT_CONFIGURED,
                 format!("server {server_id:?} is no longer configured or enabled"),
@@ -199,7 +238,54 @@ impl Call {
             request,
             pin,
             server,
+            changes: session.change_signal(),
         })
+    }
+
+    /// The server as configured now, if enabled.
+    fn configured(&self, tenant: &str, server_id: &str) -> Option<ConfiguredServer> {
+        self.config
+            .get()
+            .enabled_servers(tenant)
+            .and_then(|servers| servers.into_iter().find(|s| s.id() == server_id))
+    }
+
+    /// Re-lists a server of the session that said its tools changed, without
+    /// a call: its comparison with the pin is current for the next list.
+    pub async fn refresh(
+        &self,
+        session: &Session,
+        tenant: &str,
+        session_id: &str,
+        server_id: &str,
+    ) {
+        let (Some(pin), Some(server)) =
+            (session.pin(server_id), self.configured(tenant, server_id))
+        else {
+            return;
+        };
+        let request = CatalogCallRequest {
+            tenant: tenant.to_owned(),
+            session_id: session_id.to_owned(),
+            server_id: server_id.to_owned(),
+            ..Default::default()
+        };
+        let target = Target {
+            request: &request,
+            pin,
+            server,
+            changes: session.change_signal(),
+        };
+        let slot = session.slot(server_id);
+        let mut slot = slot.lock().await;
+        let Some(live) = slot.live() else {
+            return;
+        };
+        if !live.tools_changed() {
+            return;
+        }
+        let connection = live.connection();
+        self.relist(&target, &mut slot, &connection).await;
     }
 
     /// Counts the call and makes the server ready: connects it if the session
@@ -245,53 +331,143 @@ impl Call {
         slot: &mut Slot,
         first_call: bool,
     ) -> Result<Setup, CatalogCallReply> {
+        if target.server.config.processes == Processes::Shared {
+            return self.connect_shared(target, slot, first_call).await;
+        }
+        let (open, place) = self.start(target, first_call).await?;
+        let diff = target.pin.catalog.diff(&open.catalog);
+        self.record_live_catalog(target, slot, &open.catalog, Some(open.duration))
+            .await;
+        let notices = shared::notices(open.tools_changed);
+        slot.open(LiveServer::new(
+            Arc::new(open.connection),
+            diff,
+            notices.subscribe(),
+            target.changes.clone(),
+            place,
+        ));
+        Ok(Setup {
+            connected: true,
+            duration: open.duration,
+        })
+    }
+
+    /// Attaches the session to a shared process of the server, started if
+    /// the pool needs one; an existing one is listed again for this pin.
+    async fn connect_shared(
+        &self,
+        target: &Target<'_>,
+        slot: &mut Slot,
+        first_call: bool,
+    ) -> Result<Setup, CatalogCallReply> {
+        let started = Instant::now();
+        let attached = self
+            .shared
+            .attach(&target.server, || self.start(target, first_call))
+            .await?;
+        let (catalog, handshake) = match attached.started {
+            Some((catalog, duration)) => (catalog, Some(duration)),
+            None => {
+                let listed =
+                    tokio::time::timeout(self.connect_timeout, attached.connection.list_tools())
+                        .await;
+                match listed {
+                    Ok(Ok(tools)) => (Arc::new(mcp::catalog_of(tools)), None),
+                    Ok(Err(e)) => {
+                        let failure =
+                            Failure::from_error(&target.server.spec(), &e, started.elapsed());
+                        return Err(self.unreachable(target, failure, first_call).await);
+                    }
+                    Err(_) => {
+                        let failure = Failure {
+                            kind: "timeout",
+                            message: format!(
+                                "no tools/list answer within {:?}",
+                                self.connect_timeout
+                            ),
+                            duration: started.elapsed(),
+                        };
+                        return Err(self.unreachable(target, failure, first_call).await);
+                    }
+                }
+            }
+        };
+        let diff = target.pin.catalog.diff(&catalog);
+        self.record_live_catalog(target, slot, &catalog, handshake)
+            .await;
+        slot.open(LiveServer::new(
+            attached.connection,
+            diff,
+            attached.notices,
+            target.changes.clone(),
+            None,
+        ));
+        Ok(Setup {
+            connected: handshake.is_some(),
+            duration: started.elapsed(),
+        })
+    }
+
+    /// Starts or opens the server, with its place under the process bound:
+    /// a live discovery, recorded as such. A failure answers the call.
+    async fn start(
+        &self,
+        target: &Target<'_>,
+        first_call: bool,
+    ) -> Result<(OpenServer, Option<OwnedSemaphorePermit>), CatalogCallReply> {
+        // A stdio server is a process of this replica: it needs a place.
+        let place = match &self.processes {
+            Some(bound) if target.server.transport_kind() == TransportKind::Stdio => {
+                Some(bound.take()?)
+            }
+            _ => None,
+        };
         // Boxed: a connect's future is large, and every call would carry it.
         let opened = Box::pin(self.discovery.open(&target.server, self.connect_timeout)).await;
         match opened {
-            Ok(open) => {
-                let diff = target.pin.catalog.diff(&open.catalog);
-                self.record_live_catalog(target, slot, &open.catalog, Some(open.duration))
-                    .await;
-                slot.open(LiveServer::new(open.connection, diff, open.tools_changed));
-                Ok(Setup {
-                    connected: true,
-                    duration: open.duration,
-                })
-            }
-            Err(failure) => {
-                let failed = Setup {
-                    connected: false,
-                    duration: failure.duration,
-                };
-                self.record(vec![
-                    server_event(
-                        target,
-                        kinds::SERVER_CONNECT_FAILED,
-                        json!({
-                            "transport": target.server.transport_kind().as_str(),
-                            "duration_ms": ms(failure.duration),
-                            "cause": Cause::Call.as_str(),
-                            "error_kind": failure.kind,
-                        }),
-                    ),
-                    called_event(
-                        target,
-                        first_call,
-                        "server_unreachable",
-                        Duration::ZERO,
-                        &failed,
-                    ),
-                ])
-                .await;
-                Err(call_error(
-                    codes::TOOL_SERVER_UNREACHABLE,
-                    format!(
-                        "server {:?} is unreachable: {}",
-                        target.request.server_id, failure.message
-                    ),
-                ))
-            }
+            Ok(open) => Ok((open, place)),
+            Err(failure) => Err(self.unreachable(target, failure, first_call).await),
         }
+    }
+
+    /// A failed connect, recorded; the answer to the call.
+    async fn unreachable(
+        &self,
+        target: &Target<'_>,
+        failure: Failure,
+        first_call: bool,
+    ) -> CatalogCallReply {
+        let failed = Setup {
+            connected: false,
+            duration: failure.duration,
+        };
+        self.record(vec![
+            server_event(
+                target,
+                kinds::SERVER_CONNECT_FAILED,
+                json!({
+                    "transport": target.server.transport_kind().as_str(),
+                    "duration_ms": ms(failure.duration),
+                    "cause": Cause::Call.as_str(),
+                    "error_kind": failure.kind,
+                }),
+            ),
+            called_event(
+                target,
+                first_call,
+                "server_unreachable",
+                Duration::ZERO,
+                &failed,
+            ),
+        ])
+        .await;
+        call_error(
+            codes::TOOL_SERVER_UNREACHABLE,
+            format!(
+                "server {:?} is unreachable: {}",
+                target.request.server_id, failure.message
+            ),
+        )
     }
 
     /// The server said its tools changed: compare the new list with the pin.

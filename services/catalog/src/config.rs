@@ -56,10 +56,38 @@ pub struct ServerConfig {
     pub limits: Limits,
     #[serde(default = "enabled_default", skip_serializing)]
     pub enabled: bool,
+    /// Whether each session starts its own process (the default) or the
+    /// tenant's sessions share a small pool. Not part of the key: sharing
+    /// does not change what the server offers.
+    #[serde(default, skip_serializing)]
+    pub processes: Processes,
+    /// Processes of a shared server at most (1 to [`MAX_SHARED_POOL`]).
+    #[serde(default = "shared_pool_default", skip_serializing)]
+    pub shared_pool: usize,
 }
 
 fn enabled_default() -> bool {
     true
+}
+
+fn shared_pool_default() -> usize {
+    1
+}
+
+/// Largest pool of one shared server.
+pub const MAX_SHARED_POOL: usize = 16;
+
+/// How a server's processes are given to sessions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Processes {
+    /// Each session that calls the server starts its own (stdio) or opens its
+    /// own connection (HTTP), closed when the session ends.
+    #[default]
+    PerSession,
+    /// One process (or a pool of `shared_pool`) for all the tenant's sessions,
+    /// started on first use, stopped after the shared idle time unused.
+    Shared,
 }
 
 // Env values and headers are secrets: Debug shows their names only.
@@ -221,6 +249,12 @@ impl CatalogConfig {
                 if id.contains("__") {
                     return Err(format!(
                         "tenant {:?}: server id {id:?} contains \"__\", which separates server and tool names",
+                        tenant.id
+                    ));
+                }
+                if !(1..=MAX_SHARED_POOL).contains(&server.shared_pool) {
+                    return Err(format!(
+                        "tenant {:?}: server {id:?}: shared_pool must be 1 to {MAX_SHARED_POOL}",
                         tenant.id
                     ));
                 }
@@ -430,5 +464,23 @@ tenants:
         let config = CatalogConfig::from_yaml(EXAMPLE).unwrap();
         let text = format!("{config:?}");
         assert!(!text.contains("s3cret") && !text.contains("UTC"), "{text}");
+    }
+
+    #[test]
+    fn the_deploy_example_parses_and_sharing_is_not_part_of_the_key() {
+        let example = include_str!("../../../deploy/catalog.example.yaml");
+        let config = CatalogConfig::from_yaml(example).unwrap();
+        let files = &config.tenants[0].servers[1];
+        assert_eq!(files.processes, Processes::Shared);
+        let mut per_session = files.clone();
+        per_session.processes = Processes::PerSession;
+        assert_eq!(
+            ServerKey::of("acme", files),
+            ServerKey::of("acme", &per_session)
+        );
+
+        let pool_too_large = "tenants:\n  - id: a\n    servers:\n      - id: s\n        transport: {stdio: {command: x}}\n        shared_pool: 17";
+        let error = CatalogConfig::from_yaml(pool_too_large).unwrap_err();
+        assert!(error.contains("shared_pool must be 1 to 16"), "{error}");
     }
 }

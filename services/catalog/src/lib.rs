@@ -12,6 +12,8 @@
 //!   caller to its own tenant's sessions and tools.
 //! * Once serving, it warms its memory in the background, one server at a
 //!   time, each server claimed so that one replica warms it.
+//! * `/mcp` on its HTTP listener serves the same sessions to MCP clients
+//!   (streamable HTTP, tenant keys): `endpoint`.
 //! * [`latency::report`] aggregates the stored events.
 //!
 //! One part per concern, each owning its data: [`memory`] over `bucket` (the
@@ -29,6 +31,7 @@ mod call;
 pub mod config;
 mod discovery;
 mod end_session;
+mod endpoint;
 mod events;
 mod gate_waits;
 pub mod latency;
@@ -40,12 +43,14 @@ pub mod series;
 mod service;
 mod sessions;
 pub mod settings;
+mod shared;
 mod status;
 pub mod store;
 pub mod tools;
 mod warmup;
 
 pub use config::{CatalogConfig, ConfigError};
+pub use endpoint::{RateLimit, TOOL_NAME_SEPARATOR};
 pub use request::{MAX_REQUEST_ID_BYTES, codes};
 pub use service::{Error, Reloader, Running, run, start};
 pub use settings::{CatalogArgs, Config, MemorySettings, Settings, WarmupSettings};

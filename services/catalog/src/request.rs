@@ -14,6 +14,8 @@ pub mod codes {
     pub const TOOL_RESULT_TOO_LARGE: &str = "tool.result_too_large";
     pub const SERVER_NOT_PINNED: &str = "server.not_pinned";
     pub const SERVER_NOT_CONFIGURED: &str = "server.not_configured";
+    /// The replica runs its bound of server processes (`--max-server-processes`).
+    pub const SERVER_PROCESS_LIMIT: &str = "server.process_limit";
     pub const SESSION_NOT_PREPARED: &str = "session.not_prepared";
     pub const TENANT_UNKNOWN: &str = "tenant.unknown";
     pub const REQUEST_INVALID: &str = "request.invalid";

@@ -89,4 +89,48 @@ pub const SERIES: &[Series] = &[
         "ctxsync_catalog_replies_too_large_total",
         "Answers over the NATS server's max_payload, replaced by an error.",
     ),
+    Series::counter(
+        "ctxsync_catalog_auth_total",
+        "Tenant key checks of the MCP endpoint, by outcome (ok or the refusal).",
+    )
+    .zeroed(&[&[("outcome", "ok")], &[("outcome", "unknown_key")]]),
+    Series::counter(
+        "ctxsync_catalog_mcp_refused_total",
+        "MCP endpoint requests refused, by reason (missing, malformed, unknown_key, store_unavailable, rate_limited, other_tenant).",
+    )
+    .zeroed(&[
+        &[("reason", "missing")],
+        &[("reason", "unknown_key")],
+        &[("reason", "rate_limited")],
+        &[("reason", "other_tenant")],
+    ]),
+    Series::counter(
+        "ctxsync_catalog_mcp_requests_total",
+        "MCP endpoint requests served, by method.",
+    )
+    .zeroed(&[
+        &[("method", "initialize")],
+        &[("method", "tools/list")],
+        &[("method", "tools/call")],
+    ]),
+    Series::histogram(
+        "ctxsync_catalog_mcp_initialize_seconds",
+        "Time of an MCP initialize (the catalog session's preparation), in seconds.",
+    ),
+    Series::gauge(
+        "ctxsync_catalog_mcp_sessions",
+        "MCP sessions open now.",
+    ),
+    Series::counter(
+        "ctxsync_catalog_mcp_list_changed_total",
+        "notifications/tools/list_changed sent to MCP sessions.",
+    ),
+    Series::gauge(
+        "ctxsync_catalog_shared_processes",
+        "Shared server processes running now (servers configured processes: shared).",
+    ),
+    Series::counter(
+        "ctxsync_catalog_process_limit_refusals_total",
+        "Calls refused because the replica runs --max-server-processes server processes.",
+    ),
 ];

@@ -8,6 +8,7 @@ use ctxsync_proto::v1::{
     CatalogCallReply, CatalogCallRequest, CatalogEndSessionReply, CatalogEndSessionRequest,
     CatalogPrepareReply, CatalogPrepareRequest, CatalogStatusReply, CatalogStatusRequest,
 };
+use ctxsync_runtime::tenant_keys::{self, TenantKeys};
 use ctxsync_runtime::{HttpServer, Readiness, Shutdown, db, http, nats, rpc};
 use prost::Message;
 use tokio::sync::watch;
@@ -18,15 +19,20 @@ use crate::call::Call;
 use crate::config::{CatalogConfig, Current};
 use crate::discovery::Discoverer;
 use crate::end_session::EndSession;
+use crate::endpoint::{Commands, Endpoint};
 use crate::events::Events;
 use crate::memory::Memory;
 use crate::prepare::Prepare;
 use crate::request::{codes, error, tenant_of};
 use crate::sessions::{self, Sessions};
 use crate::settings::{Config, memory_bucket_name};
+use crate::shared::SharedServers;
 use crate::status::Status;
 use crate::store;
 use crate::warmup::{Warmup, WarmupStatus};
+
+/// How long a tenant key's check by the store may take.
+const KEY_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -134,6 +140,10 @@ pub struct Running {
     ready_at: SystemTime,
     warmup: watch::Receiver<WarmupStatus>,
     grace: Duration,
+    shared: Arc<SharedServers>,
+    processes: Option<Arc<crate::call::ProcessBound>>,
+    /// Stops the shared processes after the sessions let go of them.
+    shared_reaper: Option<JoinHandle<()>>,
 }
 
 impl Running {
@@ -186,6 +196,17 @@ impl Running {
         self.sessions.open_transports()
     }
 
+    /// Server processes holding a place under `--max-server-processes`
+    /// (0 without a bound).
+    pub fn bounded_processes(&self) -> usize {
+        self.processes.as_ref().map_or(0, |bound| bound.in_use())
+    }
+
+    /// Shared server processes running now.
+    pub fn shared_processes(&self) -> usize {
+        self.shared.running()
+    }
+
     /// Waits for shutdown: stops taking requests, finishes those in flight,
     /// closes every transport, drains NATS.
     pub async fn join(self) {
@@ -197,6 +218,9 @@ impl Running {
         }
         let released = self.sessions.release_all().await;
         tracing::info!(released, "session transports closed");
+        if let Some(reaper) = self.shared_reaper {
+            let _ = reaper.await;
+        }
         if !self.discovery.closed_within(self.grace).await {
             tracing::warn!("servers still closing after the shutdown grace are killed");
         }
@@ -249,12 +273,35 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
         events.clone(),
         settings.connect_timeout,
     ));
+    let shared = Arc::new(SharedServers::new(settings.shared_idle_timeout));
+    let processes = settings
+        .max_server_processes
+        .map(|max| Arc::new(crate::call::ProcessBound::new(max)));
     let call = Arc::new(Call::new(
         current.clone(),
         sessions.clone(),
         discovery.clone(),
         events.clone(),
         settings.connect_timeout,
+        processes.clone(),
+        shared.clone(),
+    ));
+    let keys = TenantKeys::new(
+        connection.client.clone(),
+        &subjects,
+        KEY_CHECK_TIMEOUT,
+        "ctxsync_catalog_auth_total",
+    );
+    let endpoint = Arc::new(Endpoint::new(
+        Commands {
+            prepare: prepare.clone(),
+            call: call.clone(),
+            sessions: sessions.clone(),
+            pool: pool.clone(),
+        },
+        keys.clone(),
+        settings.mcp_page_size,
+        settings.mcp_rate_limit,
     ));
     let end_session = Arc::new(EndSession::new(sessions.clone()));
     let (warmup_tx, warmup) = watch::channel(WarmupStatus::default());
@@ -369,12 +416,15 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
     )
     .await?;
     let gate_waits = crate::gate_waits::spawn(pool.clone(), gate_waits, shutdown.clone());
+    // Every replica applies every revocation to its own key cache.
+    let revocations = nats::subscribe(&connection, subjects.tenant_key_revoked(), None).await?;
+    let follow_keys = tenant_keys::spawn_follow(keys, revocations, &connection, shutdown.clone());
 
     let readiness = Readiness::new().with_nats(&connection).with_postgres(&pool);
     let http = HttpServer::start(
         config.common.http_addr,
         http_limits,
-        axum::Router::new(),
+        crate::endpoint::routes(endpoint, shutdown.child_token()),
         readiness,
         shutdown.clone(),
     )
@@ -407,10 +457,16 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
     Ok(Running {
         http,
         servers,
-        tasks: [warmup_task, reaper, gate_waits]
+        tasks: [warmup_task, reaper, gate_waits, follow_keys]
             .into_iter()
             .chain(sharing)
             .collect(),
+        processes,
+        shared_reaper: Some(crate::shared::spawn_reaper(
+            shared.clone(),
+            shutdown.clone(),
+        )),
+        shared,
         nats: connection,
         config: current,
         discovery,

@@ -3,13 +3,13 @@
 //! the session ends, idles, or the service shuts down.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ctxsync_mcp::Connection;
 use sqlx::PgPool;
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, broadcast, watch};
 use tokio::task::JoinHandle;
 
 use crate::store::{self, StoredPin};
@@ -44,6 +44,7 @@ impl Sessions {
             servers: Mutex::default(),
             last_used: Mutex::new(Instant::now()),
             in_flight: AtomicUsize::new(0),
+            changes: watch::channel(0).0,
         });
         let mut inner = self.inner.lock().expect("sessions lock");
         Ok(Some(inner.entry(key).or_insert(session).clone()))
@@ -58,6 +59,18 @@ impl Sessions {
             .cloned()
             .collect();
         sessions.iter().map(|s| s.open_transports()).sum()
+    }
+
+    /// The pinned tools of a session, as `(server, tool)`, that its open
+    /// transports found removed or changed since the pin.
+    pub fn withdrawn(&self, tenant: &str, session_id: &str) -> Vec<(String, String)> {
+        let session = self
+            .inner
+            .lock()
+            .expect("sessions lock")
+            .get(&(tenant.to_owned(), session_id.to_owned()))
+            .cloned();
+        session.map(|s| s.withdrawn()).unwrap_or_default()
     }
 
     /// Forgets the session and closes its transports; returns how many.
@@ -116,7 +129,28 @@ pub(crate) fn spawn_reaper(
     idle: Duration,
     shutdown: ctxsync_runtime::Shutdown,
 ) -> JoinHandle<()> {
-    let every = (idle / 4).clamp(Duration::from_millis(10), Duration::from_secs(30));
+    spawn_periodic(idle, shutdown, move || {
+        let sessions = sessions.clone();
+        async move {
+            let released = sessions.release_idle(idle).await;
+            if released > 0 {
+                tracing::info!(released, "idle session transports closed");
+            }
+        }
+    })
+}
+
+/// Runs `tick` a few times per `period` (within 10 ms to 30 s) until shutdown.
+pub(crate) fn spawn_periodic<F, Fut>(
+    period: Duration,
+    shutdown: ctxsync_runtime::Shutdown,
+    mut tick: F,
+) -> JoinHandle<()>
+where
+    F: FnMut() -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    let every = (period / 4).clamp(Duration::from_millis(10), Duration::from_secs(30));
     tokio::spawn(async move {
         let mut ticks = tokio::time::interval(every);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -125,10 +159,7 @@ pub(crate) fn spawn_reaper(
                 _ = shutdown.cancelled() => break,
                 _ = ticks.tick() => {}
             }
-            let released = sessions.release_idle(idle).await;
-            if released > 0 {
-                tracing::info!(released, "idle session transports closed");
-            }
+            tick().await;
         }
     })
 }
@@ -138,9 +169,44 @@ pub(crate) struct Session {
     servers: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Slot>>>>,
     last_used: Mutex<Instant>,
     in_flight: AtomicUsize,
+    /// Bumped whenever an open server says its tools changed.
+    changes: watch::Sender<u64>,
 }
 
 impl Session {
+    /// Changes whenever one of the session's open servers says its tools changed.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    /// What a server opened for this session bumps when its tools change.
+    pub fn change_signal(&self) -> watch::Sender<u64> {
+        self.changes.clone()
+    }
+
+    /// The slots of the servers the session has used, by server.
+    fn slots(&self) -> Vec<(String, Arc<tokio::sync::Mutex<Slot>>)> {
+        self.servers
+            .lock()
+            .expect("session lock")
+            .iter()
+            .map(|(server, slot)| (server.clone(), slot.clone()))
+            .collect()
+    }
+
+    /// The open servers that said their tools changed since the last look.
+    pub fn servers_changed(&self) -> Vec<String> {
+        self.slots()
+            .into_iter()
+            .filter(|(_, slot)| {
+                slot.try_lock()
+                    .map(|s| s.live.as_ref().is_some_and(LiveServer::has_tools_changed))
+                    .unwrap_or(true)
+            })
+            .map(|(server, _)| server)
+            .collect()
+    }
+
     pub fn pin(&self, server_id: &str) -> Option<&StoredPin> {
         self.pins.get(server_id)
     }
@@ -167,6 +233,26 @@ impl Session {
 
     fn touch(&self) {
         *self.last_used.lock().expect("session lock") = Instant::now();
+    }
+
+    fn withdrawn(&self) -> Vec<(String, String)> {
+        let mut withdrawn = Vec::new();
+        for (server, slot) in self.slots() {
+            // A slot busy with a (re)connect is looked at on the next list.
+            let (Ok(slot), Some(pin)) = (slot.try_lock(), self.pins.get(&server)) else {
+                continue;
+            };
+            if let Some(live) = &slot.live {
+                withdrawn.extend(
+                    pin.catalog
+                        .tools
+                        .iter()
+                        .filter(|tool| live.diff.withdraws(&tool.name))
+                        .map(|tool| (server.clone(), tool.name.clone())),
+                );
+            }
+        }
+        withdrawn
     }
 
     /// Closes every open transport; returns how many there were.
@@ -264,20 +350,46 @@ impl Slot {
 pub(crate) struct LiveServer {
     connection: Arc<Connection>,
     diff: CatalogDiff,
-    tools_changed: mpsc::UnboundedReceiver<String>,
+    /// Set when the server says its tools changed; cleared by a look.
+    tools_changed: Arc<AtomicBool>,
+    /// The process's place under the replica's bound, released with it.
+    _place: Option<OwnedSemaphorePermit>,
 }
 
 impl LiveServer {
+    /// `notices` (the server's `tools/list_changed`) are followed until the
+    /// server closes them: each sets the flag and bumps `signal` (the session's).
     pub fn new(
-        connection: Connection,
+        connection: Arc<Connection>,
         diff: CatalogDiff,
-        tools_changed: mpsc::UnboundedReceiver<String>,
+        mut notices: broadcast::Receiver<()>,
+        signal: watch::Sender<u64>,
+        place: Option<OwnedSemaphorePermit>,
     ) -> Self {
+        let flag = Arc::new(AtomicBool::new(false));
+        tokio::spawn({
+            let flag = flag.clone();
+            async move {
+                // A lagged receiver missed notices, not the change.
+                while let Ok(()) | Err(broadcast::error::RecvError::Lagged(_)) =
+                    notices.recv().await
+                {
+                    flag.store(true, Ordering::SeqCst);
+                    signal.send_modify(|n| *n += 1);
+                }
+            }
+        });
         Self {
-            connection: Arc::new(connection),
+            connection,
             diff,
-            tools_changed,
+            tools_changed: flag,
+            _place: place,
         }
+    }
+
+    /// Whether the server said its tools changed since the last look, without looking.
+    pub fn has_tools_changed(&self) -> bool {
+        self.tools_changed.load(Ordering::SeqCst)
     }
 
     pub fn connection(&self) -> Arc<Connection> {
@@ -294,11 +406,7 @@ impl LiveServer {
 
     /// Whether the server said its tools changed since the last look.
     pub fn tools_changed(&mut self) -> bool {
-        let mut changed = false;
-        while self.tools_changed.try_recv().is_ok() {
-            changed = true;
-        }
-        changed
+        self.tools_changed.swap(false, Ordering::SeqCst)
     }
 }
 

@@ -17,6 +17,15 @@ pub struct Settings {
     /// A session's transports are released after this long without a call.
     pub session_idle_timeout: Duration,
     pub warmup: WarmupSettings,
+    /// The MCP endpoint's list page size (tools per `tools/list` page).
+    pub mcp_page_size: usize,
+    /// Requests a tenant key may make to the MCP endpoint (`None`: no limit).
+    pub mcp_rate_limit: Option<crate::endpoint::RateLimit>,
+    /// Server processes (stdio transports of sessions) this replica runs at
+    /// most at once; `None`: no bound.
+    pub max_server_processes: Option<usize>,
+    /// A shared server process no session held this long is stopped.
+    pub shared_idle_timeout: Duration,
     pub memory: MemorySettings,
 }
 
@@ -138,6 +147,10 @@ impl Default for Settings {
                 attempts: 5,
             },
             memory: MemorySettings::default(),
+            mcp_page_size: 100,
+            mcp_rate_limit: None,
+            max_server_processes: None,
+            shared_idle_timeout: Duration::from_secs(300),
         }
     }
 }
@@ -227,6 +240,34 @@ pub struct CatalogArgs {
     /// A memory entry nobody discovered again for this long ages out of the bucket.
     #[arg(long, env = "CTXSYNC_CATALOG_MEMORY_MAX_AGE", default_value = "7d", value_parser = humantime::parse_duration)]
     pub memory_max_age: Duration,
+    /// Tools per page of the MCP endpoint's `tools/list`.
+    #[arg(long, env = "CTXSYNC_CATALOG_MCP_PAGE_SIZE", default_value_t = 100)]
+    pub mcp_page_size: usize,
+
+    /// MCP endpoint requests per second per tenant key; 0 means no limit.
+    #[arg(long, env = "CTXSYNC_CATALOG_MCP_RATE_LIMIT", default_value_t = 0.0)]
+    pub mcp_rate_limit: f64,
+
+    /// Requests a tenant key may make at once above its rate (the bucket).
+    #[arg(long, env = "CTXSYNC_CATALOG_MCP_RATE_BURST", default_value_t = 20)]
+    pub mcp_rate_burst: u32,
+
+    /// Server processes (sessions' stdio servers) this replica runs at most
+    /// at once; 0 means no bound.
+    #[arg(
+        long,
+        env = "CTXSYNC_CATALOG_MAX_SERVER_PROCESSES",
+        default_value_t = 0
+    )]
+    pub max_server_processes: usize,
+
+    /// Seconds a shared server process may go without a session before it stops.
+    #[arg(
+        long,
+        env = "CTXSYNC_CATALOG_SHARED_IDLE_SECONDS",
+        default_value_t = 300
+    )]
+    pub shared_idle_seconds: u64,
 }
 
 impl CatalogArgs {
@@ -285,9 +326,37 @@ impl CatalogArgs {
                     attempts: self.warmup_attempts,
                 },
                 memory,
+                mcp_page_size: self.mcp_page_size.max(1),
+                mcp_rate_limit: rate_limit(self.mcp_rate_limit, self.mcp_rate_burst)?,
+                max_server_processes: (self.max_server_processes > 0)
+                    .then_some(self.max_server_processes),
+                shared_idle_timeout: positive(
+                    "CTXSYNC_CATALOG_SHARED_IDLE_SECONDS",
+                    self.shared_idle_seconds,
+                )?,
             },
         })
     }
+}
+
+fn rate_limit(
+    per_second: f64,
+    burst: u32,
+) -> Result<Option<crate::endpoint::RateLimit>, ConfigError> {
+    if !per_second.is_finite() || per_second < 0.0 {
+        return Err(ConfigError::Invalid(
+            "CTXSYNC_CATALOG_MCP_RATE_LIMIT must be a number of at least 0".into(),
+        ));
+    }
+    if per_second == 0.0 {
+        return Ok(None);
+    }
+    if burst == 0 {
+        return Err(ConfigError::Invalid(
+            "CTXSYNC_CATALOG_MCP_RATE_BURST must be at least 1".into(),
+        ));
+    }
+    Ok(Some(crate::endpoint::RateLimit { per_second, burst }))
 }
 
 #[cfg(test)]

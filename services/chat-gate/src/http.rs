@@ -17,14 +17,14 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use ctxsync_proto::v1::{HttpError, HttpErrorReply, TurnRequest, gate_error::Code};
+use ctxsync_proto::v1::{TurnRequest, gate_error::Code};
 
-use crate::auth::{AuthError, Caller, TenantKeys};
 use crate::core::gate::Gate;
 use crate::core::source::ReadError;
+use ctxsync_runtime::tenant_keys::{Caller, TenantKeys};
 
 /// Largest accepted request body, in bytes.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -51,47 +51,11 @@ pub(crate) async fn caller(keys: &TenantKeys, headers: &HeaderMap) -> Result<Cal
         .map(|v| v.to_str().unwrap_or("?"));
     keys.authenticate(header).await.map_err(|refusal| {
         metrics::counter!("ctxsync_gate_refused_total", "reason" => refusal.reason()).increment(1);
-        match refusal {
-            AuthError::Unavailable(reason) => {
-                tracing::warn!(%reason, "cannot check a tenant key");
-                error(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "unavailable",
-                    "cannot check the tenant key now; retry",
-                )
-            }
-            refusal => {
-                let mut response = error(
-                    StatusCode::UNAUTHORIZED,
-                    "unauthenticated",
-                    refusal.to_string(),
-                );
-                response.headers_mut().insert(
-                    header::WWW_AUTHENTICATE,
-                    HeaderValue::from_static("Bearer realm=\"ctxsync\""),
-                );
-                response
-            }
-        }
+        ctxsync_runtime::tenant_keys::refusal_response(refusal)
     })
 }
 
-pub(crate) fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
-    let error = HttpErrorReply {
-        error: Some(HttpError {
-            code: code.to_owned(),
-            message: message.into(),
-            limit: String::new(),
-        }),
-    };
-    let mut response = (status, axum::Json(error)).into_response();
-    if status == StatusCode::SERVICE_UNAVAILABLE {
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    }
-    response
-}
+pub(crate) use ctxsync_runtime::tenant_keys::error_response as error;
 
 async fn turn(
     State(api): State<Api>,

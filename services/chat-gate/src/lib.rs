@@ -14,10 +14,10 @@
 //! a tenant key. Either way an agent of another tenant is not found.
 //!
 //! The decisions live in [`core`], which touches neither NATS nor HTTP;
-//! [`nats`] and [`http`] (with [`auth`]) are adapters around it, and this
+//! [`nats`] and [`http`] (with the tenant keys of
+//! [`ctxsync_runtime::tenant_keys`]) are adapters around it, and this
 //! file wires them up.
 
-pub mod auth;
 pub mod core;
 pub mod http;
 pub mod nats;
@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use ctxsync_proto::subjects::Subjects;
 use ctxsync_runtime::nats::NatsConnection;
-use ctxsync_runtime::{CommonArgs, HttpServer, Readiness, Shutdown};
+use ctxsync_runtime::{CommonArgs, HttpServer, Readiness, Shutdown, tenant_keys};
 use futures::StreamExt;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -241,7 +241,12 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, St
         gate = gate.with_catalog(Arc::new(catalog.clone()));
     }
 
-    let keys = auth::TenantKeys::new(nats.client.clone(), &subjects, config.store_timeout);
+    let keys = tenant_keys::TenantKeys::new(
+        nats.client.clone(),
+        &subjects,
+        config.store_timeout,
+        "ctxsync_gate_auth_total",
+    );
 
     // The event subscriptions are in place (confirmed by a round trip, not
     // just written) before the first turn is served.
@@ -252,15 +257,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, St
     let tasks = vec![
         nats::events::recheck_after_gaps(gate.clone(), keys.clone(), &nats, tasks_stop.clone()),
         gate.spawn_housekeeping(config.sweep_interval, tasks_stop.clone()),
-        tokio::spawn({
-            let (keys, stop) = (keys.clone(), tasks_stop.clone());
-            async move {
-                tokio::select! {
-                    () = keys.follow_revocations(revocations) => {}
-                    () = stop.cancelled() => {}
-                }
-            }
-        }),
+        tenant_keys::spawn_follow(keys.clone(), revocations, &nats, tasks_stop.clone()),
     ];
 
     // The context page's live streams (`page`), fed with the applied events.

@@ -43,19 +43,19 @@ use ctxsync_proto::v1::{
 };
 use futures::StreamExt;
 
-use crate::auth::{Caller, TenantKeys};
 use crate::core::projection::{self, Readiness};
 use crate::core::source::ReadError;
 use crate::http::{caller, error};
 use crate::nats::events::PageFeed;
 use crate::nats::{AgentLister, CatalogClient, StoreReader};
+use ctxsync_runtime::tenant_keys::{Caller, TenantKeys};
 
 /// How long an event-stream ticket can be redeemed.
 pub const TICKET_TTL: Duration = Duration::from_secs(30);
 /// Tickets outstanding at most (past it the oldest go).
 const MAX_TICKETS: usize = 10_000;
 /// How long one event stream lasts before the page asks for a new ticket.
-pub const STREAM_MAX_AGE: Duration = crate::auth::KEY_CACHE_TTL;
+pub const STREAM_MAX_AGE: Duration = ctxsync_runtime::tenant_keys::KEY_CACHE_TTL;
 /// Agents of one list answer at most.
 const MAX_LIST: u32 = 200;
 

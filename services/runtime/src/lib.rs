@@ -11,6 +11,7 @@ pub mod nats;
 pub mod rpc;
 pub mod shutdown;
 pub mod telemetry;
+pub mod tenant_keys;
 pub mod trace;
 
 pub use config::{CommonArgs, DatabaseArgs, LogFormat, NatsTlsArgs};

@@ -155,6 +155,8 @@ fn needs(s: &Subjects) -> BTreeMap<&'static str, Needs> {
                 publish: [
                     s.catalog_event("mcp.catalog.changed"),
                     s.catalog_events_all(),
+                    // The MCP endpoint's tenant keys.
+                    s.store_tenant_key_verify(),
                 ]
                 .into_iter()
                 .chain(catalog_bucket_subjects(s))
@@ -165,6 +167,7 @@ fn needs(s: &Subjects) -> BTreeMap<&'static str, Needs> {
                     s.catalog_session_end_all(),
                     s.catalog_status_all(),
                     s.gate_turn_waited(),
+                    s.tenant_key_revoked(),
                 ],
                 responds: true,
             },

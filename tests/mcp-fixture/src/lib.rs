@@ -11,6 +11,7 @@
 //! * `zero-tools`: a valid server with no tools;
 //! * `changing-tools --tools-file F [--watch]`: tools `[{"name","description"}]` are read from
 //!   `F` on every list; with `--watch` a change of `F` sends `notifications/tools/list_changed`;
+//!   a tool named `sleep` answers after its argument `ms` milliseconds (call timeouts);
 //! * `secret-error [--url URL]`: rejects `initialize` with an error (also on stderr) echoing
 //!   the values of its `FIXTURE_*` env vars, all its args and the URL;
 //! * `crash-nul`: writes `mcp-fixture: \0\0bad \e[31mbytes\e[0m\x01 before failing\0\r\n`

@@ -283,6 +283,13 @@ impl ServerHandler for Fixture {
                     _ => CallToolResult::error(vec![ContentBlock::text("a and b must be numbers")]),
                 }
             }
+            // Not listed by any mode but changing-tools' file: a call that
+            // takes `ms` milliseconds (call timeouts).
+            "sleep" => {
+                let ms = arguments.get("ms").and_then(Value::as_u64).unwrap_or(0);
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                CallToolResult::success(vec![ContentBlock::text("slept")])
+            }
             other => {
                 return Err(ErrorData::invalid_params(
                     format!("unknown tool {other}"),

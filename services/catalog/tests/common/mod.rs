@@ -32,6 +32,8 @@ pub fn server(id: &str, spec: &ServerSpec) -> ServerConfig {
         classification: None,
         limits: Limits::default(),
         enabled: true,
+        processes: Default::default(),
+        shared_pool: 1,
     }
 }
 
@@ -54,6 +56,8 @@ pub fn http(id: &str, url: &str) -> ServerConfig {
         classification: None,
         limits: Limits::default(),
         enabled: true,
+        processes: Default::default(),
+        shared_pool: 1,
     }
 }
 
@@ -82,7 +86,7 @@ pub fn settings() -> Settings {
             retry_interval: Duration::from_millis(100),
             attempts: 3,
         },
-        memory: catalog::MemorySettings::default(),
+        ..Settings::default()
     }
 }
 
@@ -95,12 +99,32 @@ pub struct Harness {
     pub pool: PgPool,
     pub shutdown: Shutdown,
     pub running: Option<Running>,
+    /// The stack's other services (a store), running until the shutdown.
+    _rest: testkit::stack::Stack,
 }
 
 impl Harness {
     pub async fn start(servers: CatalogConfig, settings: Settings) -> Self {
+        Self::start_fresh(servers, settings, false).await
+    }
+
+    /// With a snapshot-store beside the catalog: tenant keys can be checked
+    /// (the MCP endpoint).
+    pub async fn start_with_store(servers: CatalogConfig, settings: Settings) -> Self {
+        Self::start_fresh(servers, settings, true).await
+    }
+
+    async fn start_fresh(servers: CatalogConfig, settings: Settings, with_store: bool) -> Self {
         let TestStack { nats, db, prefix } = TestStack::private().await;
-        Self::start_on(Arc::new(nats), Arc::new(db), &prefix, servers, settings).await
+        Self::launch(
+            Arc::new(nats),
+            Arc::new(db),
+            &prefix,
+            servers,
+            settings,
+            with_store,
+        )
+        .await
     }
 
     /// A catalog on `nats` and `db` under `prefix`.
@@ -111,15 +135,25 @@ impl Harness {
         servers: CatalogConfig,
         settings: Settings,
     ) -> Self {
+        Self::launch(nats, db, prefix, servers, settings, false).await
+    }
+
+    async fn launch(
+        nats: Arc<NatsServer>,
+        db: Arc<TestDatabase>,
+        prefix: &str,
+        servers: CatalogConfig,
+        settings: Settings,
+        with_store: bool,
+    ) -> Self {
         let shutdown = Shutdown::new();
-        let builder = StackBuilder::new(nats.url(), prefix)
-            .database(db.url())
-            .catalog(servers, settings, |_| {});
-        let running = testkit::stack::start(builder, &shutdown)
-            .await
-            .catalogs
-            .remove(0)
-            .running;
+        let mut builder = StackBuilder::new(nats.url(), prefix).database(db.url());
+        if with_store {
+            builder = builder.store(|_| {});
+        }
+        let builder = builder.catalog(servers, settings, |_| {});
+        let mut stack = testkit::stack::start(builder, &shutdown).await;
+        let running = stack.catalogs.remove(0).running;
         let client = async_nats::connect(nats.url()).await.expect("test client");
         let pool = PgPool::connect(db.url()).await.expect("test pool");
         Self {
@@ -130,6 +164,7 @@ impl Harness {
             pool,
             shutdown,
             running: Some(running),
+            _rest: stack,
         }
     }
 

@@ -1,5 +1,7 @@
 //! Who is asking over HTTP: every request carries a tenant key
 //! (`Authorization: Bearer cxk_…`), and the tenant comes from the key.
+//! Shared by every service that serves tenants over HTTP (chat-gate's API
+//! and context page, the catalog's MCP endpoint).
 //!
 //! Keys live in snapshot-store as SHA-256 digests. A key is checked there
 //! once and then remembered for [`KEY_CACHE_TTL`]; a revocation event drops
@@ -14,13 +16,21 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::rpc;
 use ctxsync_proto::subjects::Subjects;
 use ctxsync_proto::v1::{TenantKeyRevoked, VerifyTenantKeyReply, VerifyTenantKeyRequest};
-use ctxsync_runtime::rpc;
 use futures::StreamExt;
 use prost::Message;
 use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use ctxsync_proto::v1::{HttpError, HttpErrorReply};
+
+use crate::nats::NatsConnection;
 
 /// How a tenant key starts.
 pub const KEY_PREFIX: &str = "cxk_";
@@ -36,7 +46,7 @@ const MAX_CACHED_KEYS: usize = 10_000;
 /// Store lookups of keys at once.
 const MAX_LOOKUPS: usize = 8;
 
-/// A caller the gate knows.
+/// A caller a tenant key names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Caller {
     pub tenant: String,
@@ -57,7 +67,7 @@ pub enum AuthError {
 }
 
 impl AuthError {
-    /// The label of `ctxsync_gate_auth_refused_total`.
+    /// The label of a refusal's metrics.
     pub fn reason(&self) -> &'static str {
         match self {
             Self::Missing => "missing",
@@ -84,6 +94,8 @@ pub struct TenantKeys {
     timeout: Duration,
     cache: Arc<Mutex<Cache>>,
     lookups: Arc<Semaphore>,
+    /// The counter of outcomes (`outcome` label), named by the service.
+    metric: &'static str,
 }
 
 /// The key's format, checked before anything is looked up.
@@ -121,13 +133,20 @@ fn evict_oldest<V>(map: &mut HashMap<Digest32, V>, at: impl Fn(&V) -> Instant) {
 }
 
 impl TenantKeys {
-    pub fn new(client: async_nats::Client, subjects: &Subjects, timeout: Duration) -> Self {
+    /// `metric` names the counter of outcomes (`ctxsync_<service>_auth_total`).
+    pub fn new(
+        client: async_nats::Client,
+        subjects: &Subjects,
+        timeout: Duration,
+        metric: &'static str,
+    ) -> Self {
         Self {
             client,
             subject: subjects.store_tenant_key_verify(),
             timeout,
             cache: Arc::default(),
             lookups: Arc::new(Semaphore::new(MAX_LOOKUPS)),
+            metric,
         }
     }
 
@@ -141,7 +160,7 @@ impl TenantKeys {
             Ok(_) => "ok",
             Err(error) => error.reason(),
         };
-        metrics::counter!("ctxsync_gate_auth_total", "outcome" => outcome).increment(1);
+        metrics::counter!(self.metric, "outcome" => outcome).increment(1);
         result
     }
 
@@ -237,6 +256,77 @@ impl TenantKeys {
                     tracing::warn!(%error, "malformed revocation event ignored")
                 }
             }
+        }
+    }
+}
+
+/// Keeps the cache true until `stop`: applies revocation events, and forgets
+/// every remembered key after a gap in the event stream (a revocation may
+/// be among the lost events).
+pub fn spawn_follow(
+    keys: TenantKeys,
+    revocations: async_nats::Subscriber,
+    nats: &NatsConnection,
+    stop: CancellationToken,
+) -> JoinHandle<()> {
+    let mut gaps = nats.gaps();
+    tokio::spawn(async move {
+        let follow = keys.clone().follow_revocations(revocations);
+        tokio::pin!(follow);
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => break,
+                () = &mut follow => break,
+                changed = gaps.changed() => match changed {
+                    Ok(()) => keys.forget_all(),
+                    Err(_) => break,
+                },
+            }
+        }
+    })
+}
+
+/// An HTTP error answer: `HttpErrorReply` as JSON, with `Retry-After` on 503.
+pub fn error_response(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+    let error = HttpErrorReply {
+        error: Some(HttpError {
+            code: code.to_owned(),
+            message: message.into(),
+            limit: String::new(),
+        }),
+    };
+    let mut response = (status, axum::Json(error)).into_response();
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    response
+}
+
+/// The answer refusing a caller: 401 with `WWW-Authenticate` for a missing,
+/// malformed or unknown key, 503 when the store cannot be asked now.
+pub fn refusal_response(refusal: AuthError) -> Response {
+    match refusal {
+        AuthError::Unavailable(reason) => {
+            tracing::warn!(%reason, "cannot check a tenant key");
+            error_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "cannot check the tenant key now; retry",
+            )
+        }
+        refusal => {
+            let mut response = error_response(
+                StatusCode::UNAUTHORIZED,
+                "unauthenticated",
+                refusal.to_string(),
+            );
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"ctxsync\""),
+            );
+            response
         }
     }
 }

@@ -1,0 +1,605 @@
+//! The MCP endpoint: `/mcp` on the catalog's HTTP listener, streamable HTTP
+//! (rmcp's server side), for any MCP client.
+//!
+//! * Every request carries a tenant key (`Authorization: Bearer cxk_…`),
+//!   verified through the store like chat-gate's ([`TenantKeys`]); no key, a
+//!   malformed or an unknown one is answered 401 before MCP sees it, and a
+//!   key over its rate limit 429.
+//! * One MCP session is one catalog session, driven in-process: `initialize`
+//!   prepares it ([`Prepare`]: pins from memory, live discovery where there
+//!   is none), `tools/list` answers its pins as `server__tool` (the gate's
+//!   names) less the tools withdrawn since, `tools/call` goes through [`Call`]
+//!   (lazy start, withdrawal rules, the server's call timeout), and the end
+//!   of the MCP session (DELETE, idle expiry, shutdown) ends the catalog
+//!   session, which stops its servers.
+//! * A catalog error is a tool result with `isError: true`: its code and
+//!   message in `structuredContent.error` and as text.
+//! * When a call finds tools withdrawn that the client was not told about,
+//!   the session is sent `notifications/tools/list_changed`.
+//! * A session answers only the tenant that opened it: a request with
+//!   another tenant's key is refused (404 before MCP once the session is
+//!   known, and an MCP error inside it).
+
+use std::borrow::Cow;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use axum::extract::{Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::Response;
+use ctxsync_proto::v1::catalog_pin::Source;
+use ctxsync_proto::v1::{CatalogCallReply, CatalogCallRequest, CatalogPrepareRequest};
+use ctxsync_runtime::tenant_keys::{self, Caller, TenantKeys};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData, Extensions,
+    Implementation, InitializeRequestParams, InitializeResult, JsonObject, ListToolsResult,
+    PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::{NotificationContext, RequestContext};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{Peer, RoleServer, ServerHandler};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::call::Call;
+use crate::prepare::Prepare;
+use crate::sessions::Sessions;
+
+/// Separates a server's id from its tool's name, as the gate does.
+pub const TOOL_NAME_SEPARATOR: &str = "__";
+
+/// The header carrying the MCP session id.
+const SESSION_HEADER: &str = "mcp-session-id";
+
+/// Per-key request rate limit: a token bucket.
+#[derive(Debug, Clone, Copy)]
+pub struct RateLimit {
+    pub per_second: f64,
+    pub burst: u32,
+}
+
+/// The catalog's parts the endpoint drives in-process.
+pub(crate) struct Commands {
+    pub prepare: Arc<Prepare>,
+    pub call: Arc<Call>,
+    pub sessions: Arc<Sessions>,
+    pub pool: sqlx::PgPool,
+}
+
+/// The endpoint: the commands, the key check and its limits.
+pub(crate) struct Endpoint {
+    commands: Commands,
+    keys: TenantKeys,
+    page_size: usize,
+    limiter: Limiter,
+    /// MCP session id → the tenant that opened it.
+    owners: Mutex<HashMap<String, String>>,
+}
+
+/// Token buckets by tenant key id.
+struct Limiter {
+    limit: Option<RateLimit>,
+    buckets: Mutex<HashMap<String, (f64, Instant)>>,
+}
+
+impl Limiter {
+    /// Takes one request from the key's bucket; false when it is empty.
+    fn admit(&self, key_id: &str) -> bool {
+        let Some(limit) = self.limit else {
+            return true;
+        };
+        let burst = f64::from(limit.burst);
+        let now = Instant::now();
+        let mut buckets = self.buckets.lock().expect("rate limit lock");
+        let (tokens, at) = buckets.entry(key_id.to_owned()).or_insert((burst, now));
+        *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * limit.per_second).min(burst);
+        *at = now;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+impl Endpoint {
+    pub fn new(
+        commands: Commands,
+        keys: TenantKeys,
+        page_size: usize,
+        rate_limit: Option<RateLimit>,
+    ) -> Self {
+        Self {
+            commands,
+            keys,
+            page_size: page_size.max(1),
+            limiter: Limiter {
+                limit: rate_limit,
+                buckets: Mutex::default(),
+            },
+            owners: Mutex::default(),
+        }
+    }
+
+    fn owner(&self, mcp_session_id: &str) -> Option<String> {
+        self.owners
+            .lock()
+            .expect("owners lock")
+            .get(mcp_session_id)
+            .cloned()
+    }
+}
+
+/// `/mcp`, behind the tenant-key check, until `stop`.
+pub(crate) fn routes(endpoint: Arc<Endpoint>, stop: CancellationToken) -> axum::Router {
+    let factory = endpoint.clone();
+    let service: StreamableHttpService<McpSession, LocalSessionManager> =
+        StreamableHttpService::new(
+            move || Ok(McpSession::new(factory.clone())),
+            Default::default(),
+            // Callers are authenticated by key, not by the Host they name.
+            StreamableHttpServerConfig::default()
+                .disable_allowed_hosts()
+                .with_cancellation_token(stop),
+        );
+    axum::Router::new()
+        .nest_service("/mcp", service)
+        .layer(axum::middleware::from_fn_with_state(endpoint, authenticate))
+}
+
+fn refused(reason: &'static str) {
+    metrics::counter!("ctxsync_catalog_mcp_refused_total", "reason" => reason).increment(1);
+}
+
+/// The tenant key before MCP: the caller goes into the request's extensions.
+async fn authenticate(
+    State(endpoint): State<Arc<Endpoint>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let header = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(|v| v.to_str().unwrap_or("?"));
+    let caller = match endpoint.keys.authenticate(header).await {
+        Ok(caller) => caller,
+        Err(refusal) => {
+            refused(refusal.reason());
+            return tenant_keys::refusal_response(refusal);
+        }
+    };
+    if !endpoint.limiter.admit(&caller.key_id) {
+        refused("rate_limited");
+        let mut response = tenant_keys::error_response(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            "the tenant key's request rate limit is reached; retry",
+        );
+        response.headers_mut().insert(
+            header::RETRY_AFTER,
+            axum::http::HeaderValue::from_static("1"),
+        );
+        return response;
+    }
+    let session = request
+        .headers()
+        .get(SESSION_HEADER)
+        .and_then(|v| v.to_str().ok());
+    if let Some(owner) = session.and_then(|id| endpoint.owner(id))
+        && owner != caller.tenant
+    {
+        refused("other_tenant");
+        return tenant_keys::error_response(
+            StatusCode::NOT_FOUND,
+            "session_not_found",
+            "no such MCP session for this tenant key",
+        );
+    }
+    request.extensions_mut().insert(caller);
+    next.run(request).await
+}
+
+/// The caller the key check put into the HTTP request's extensions.
+fn caller_of(extensions: &Extensions) -> Result<Caller, ErrorData> {
+    extensions
+        .get::<axum::http::request::Parts>()
+        .and_then(|parts| parts.extensions.get::<Caller>())
+        .cloned()
+        .ok_or_else(|| ErrorData::internal_error("the request carries no verified caller", None))
+}
+
+fn mcp_session_id(extensions: &Extensions) -> Option<String> {
+    extensions
+        .get::<axum::http::request::Parts>()
+        .and_then(|parts| parts.headers.get(SESSION_HEADER))
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+/// A pinned tool as offered to MCP clients.
+struct Offered {
+    server: String,
+    tool: Tool,
+}
+
+/// The catalog session an MCP session is bound to at `initialize`.
+struct Bound {
+    tenant: String,
+    session_id: String,
+    tools: Vec<Offered>,
+}
+
+/// One MCP session's state; its drop ends the catalog session.
+struct SessionState {
+    endpoint: Arc<Endpoint>,
+    bound: OnceLock<Bound>,
+    mcp_session_id: OnceLock<String>,
+    /// The withdrawn tools the client's last `tools/list` left out (or it
+    /// was told changed).
+    announced: Mutex<BTreeSet<String>>,
+    /// Cancelled when the session ends: stops its watcher.
+    ended: CancellationToken,
+}
+
+impl SessionState {
+    /// Remembers `withdrawn` as what the client knows; whether it is news.
+    fn announce(&self, withdrawn: BTreeSet<String>) -> bool {
+        let mut announced = self.announced.lock().expect("announced lock");
+        let news = *announced != withdrawn;
+        *announced = withdrawn;
+        news
+    }
+}
+
+impl Drop for SessionState {
+    fn drop(&mut self) {
+        self.ended.cancel();
+        if let Some(id) = self.mcp_session_id.get() {
+            self.endpoint.owners.lock().expect("owners lock").remove(id);
+        }
+        let Some(bound) = self.bound.take() else {
+            return;
+        };
+        metrics::gauge!("ctxsync_catalog_mcp_sessions").decrement(1.0);
+        let sessions = self.endpoint.commands.sessions.clone();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let released = sessions.end(&bound.tenant, &bound.session_id).await;
+                tracing::info!(tenant = %bound.tenant, session = %bound.session_id, released, "mcp session ended");
+            });
+        }
+    }
+}
+
+/// The MCP server of one session.
+#[derive(Clone)]
+pub(crate) struct McpSession {
+    endpoint: Arc<Endpoint>,
+    state: Arc<SessionState>,
+}
+
+impl McpSession {
+    fn new(endpoint: Arc<Endpoint>) -> Self {
+        Self {
+            state: Arc::new(SessionState {
+                endpoint: endpoint.clone(),
+                bound: OnceLock::new(),
+                mcp_session_id: OnceLock::new(),
+                announced: Mutex::default(),
+                ended: CancellationToken::new(),
+            }),
+            endpoint,
+        }
+    }
+
+    /// The session's catalog binding, for its own tenant only.
+    fn bound(&self, extensions: &Extensions) -> Result<&Bound, ErrorData> {
+        let caller = caller_of(extensions)?;
+        let bound =
+            self.state.bound.get().ok_or_else(|| {
+                ErrorData::invalid_request("the session is not initialized", None)
+            })?;
+        if bound.tenant != caller.tenant {
+            refused("other_tenant");
+            return Err(ErrorData::invalid_request(
+                "no such MCP session for this tenant key",
+                None,
+            ));
+        }
+        Ok(bound)
+    }
+
+    fn withdrawn(&self, bound: &Bound) -> BTreeSet<String> {
+        withdrawn(&self.endpoint, bound)
+    }
+
+    async fn prepare(&self, caller: Caller) -> Result<(), ErrorData> {
+        let session_id = format!("mcp-{}", uuid::Uuid::new_v4());
+        let reply = self
+            .endpoint
+            .commands
+            .prepare
+            .handle(CatalogPrepareRequest {
+                tenant: caller.tenant.clone(),
+                session_id: session_id.clone(),
+            })
+            .await;
+        if let Some(error) = reply.error {
+            return Err(ErrorData::internal_error(
+                format!("{}: {}", error.code, error.message),
+                Some(json!({"code": error.code})),
+            ));
+        }
+        let tools = reply
+            .pins
+            .iter()
+            .filter(|pin| pin.source() != Source::Failed)
+            .flat_map(|pin| {
+                pin.tools.iter().map(|tool| Offered {
+                    server: pin.server_id.clone(),
+                    tool: Tool::new(
+                        format!("{}{TOOL_NAME_SEPARATOR}{}", pin.server_id, tool.name),
+                        tool.description.clone(),
+                        schema_of(&tool.input_schema_json),
+                    ),
+                })
+            })
+            .collect();
+        let bound = Bound {
+            tenant: caller.tenant,
+            session_id,
+            tools,
+        };
+        if self.state.bound.set(bound).is_ok() {
+            metrics::gauge!("ctxsync_catalog_mcp_sessions").increment(1.0);
+        }
+        Ok(())
+    }
+}
+
+/// The tools withdrawn in the catalog session, as offered names.
+fn withdrawn(endpoint: &Endpoint, bound: &Bound) -> BTreeSet<String> {
+    endpoint
+        .commands
+        .sessions
+        .withdrawn(&bound.tenant, &bound.session_id)
+        .into_iter()
+        .map(|(server, tool)| format!("{server}{TOOL_NAME_SEPARATOR}{tool}"))
+        .collect()
+}
+
+/// Sends `notifications/tools/list_changed`, without holding up the caller.
+fn notify_list_changed(peer: Peer<RoleServer>) {
+    metrics::counter!("ctxsync_catalog_mcp_list_changed_total").increment(1);
+    tokio::spawn(async move {
+        if let Err(error) = peer.notify_tool_list_changed().await {
+            tracing::debug!(%error, "cannot send tools/list_changed");
+        }
+    });
+}
+
+/// Until the session ends: when one of its open servers says its tools
+/// changed, re-lists it and tells the client if that withdrew a tool.
+async fn watch_changes(
+    endpoint: Arc<Endpoint>,
+    state: std::sync::Weak<SessionState>,
+    peer: Peer<RoleServer>,
+    ended: CancellationToken,
+) {
+    let Some((tenant, session_id)) = state.upgrade().and_then(|s| {
+        s.bound
+            .get()
+            .map(|b| (b.tenant.clone(), b.session_id.clone()))
+    }) else {
+        return;
+    };
+    let session = match endpoint
+        .commands
+        .sessions
+        .get_or_load(&endpoint.commands.pool, &tenant, &session_id)
+        .await
+    {
+        Ok(Some(session)) => session,
+        Ok(None) => return,
+        Err(error) => {
+            tracing::warn!(error = %ctxsync_runtime::db::describe(&error), "cannot follow an mcp session's servers");
+            return;
+        }
+    };
+    let mut changes = session.changes();
+    loop {
+        tokio::select! {
+            () = ended.cancelled() => break,
+            changed = changes.changed() => if changed.is_err() { break },
+        }
+        for server in session.servers_changed() {
+            endpoint
+                .commands
+                .call
+                .refresh(&session, &tenant, &session_id, &server)
+                .await;
+        }
+        let Some(state) = state.upgrade() else { break };
+        let Some(bound) = state.bound.get() else {
+            break;
+        };
+        if state.announce(withdrawn(&endpoint, bound)) {
+            notify_list_changed(peer.clone());
+        }
+    }
+}
+
+/// A tool's input schema as an object; anything else offers an empty object schema.
+fn schema_of(json: &str) -> Arc<JsonObject> {
+    match serde_json::from_str::<serde_json::Value>(json) {
+        Ok(serde_json::Value::Object(map)) => Arc::new(map),
+        _ => Arc::new(
+            json!({"type": "object"})
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
+        ),
+    }
+}
+
+/// One page of `items` after `cursor` (an offset), and the next cursor.
+pub(crate) fn page<T: Clone>(
+    items: &[T],
+    cursor: Option<&str>,
+    size: usize,
+) -> Result<(Vec<T>, Option<String>), ErrorData> {
+    let start = match cursor {
+        None => 0,
+        Some(cursor) => cursor
+            .parse::<usize>()
+            .ok()
+            .filter(|start| *start <= items.len())
+            .ok_or_else(|| ErrorData::invalid_params("unknown cursor", None))?,
+    };
+    let end = (start + size).min(items.len());
+    let next = (end < items.len()).then(|| end.to_string());
+    Ok((items[start..end].to_vec(), next))
+}
+
+/// A catalog answer as an MCP tool result.
+fn result_of(reply: CatalogCallReply) -> CallToolResult {
+    if let Some(error) = reply.error {
+        let mut result = CallToolResult::error(vec![ContentBlock::text(format!(
+            "{}: {}",
+            error.code, error.message
+        ))]);
+        result.structured_content =
+            Some(json!({"error": {"code": error.code, "message": error.message}}));
+        return result;
+    }
+    let content = serde_json::from_str::<Vec<ContentBlock>>(&reply.content_json)
+        .unwrap_or_else(|_| vec![ContentBlock::text(reply.content_json)]);
+    if reply.is_error {
+        CallToolResult::error(content)
+    } else {
+        CallToolResult::success(content)
+    }
+}
+
+fn counted(method: &'static str) {
+    metrics::counter!("ctxsync_catalog_mcp_requests_total", "method" => method).increment(1);
+}
+
+impl ServerHandler for McpSession {
+    fn get_info(&self) -> ServerConfig {
+        let tools = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_tool_list_changed();
+        let server = Implementation::new("ctxsync-catalog", env!("CARGO_PKG_VERSION"));
+        ServerConfig::new(tools.build()).with_server_info(server)
+    }
+
+    /// Only the versions with sessions (`initialize`): an MCP session is
+    /// what a catalog session is bound to, and 2026-07-28 has none.
+    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
+        Cow::Borrowed(ProtocolVersion::known_up_to(
+            &ProtocolVersion::LATEST_WITH_INITIALIZE,
+        ))
+    }
+
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, ErrorData> {
+        counted("initialize");
+        let caller = caller_of(&context.extensions)?;
+        let started = Instant::now();
+        self.prepare(caller).await?;
+        metrics::histogram!("ctxsync_catalog_mcp_initialize_seconds")
+            .record(started.elapsed().as_secs_f64());
+        context.peer.set_peer_info(request.clone());
+        self.negotiate_initialize(&request)
+    }
+
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        let (Some(id), Ok(caller)) = (
+            mcp_session_id(&context.extensions),
+            caller_of(&context.extensions),
+        ) else {
+            return;
+        };
+        if self.state.mcp_session_id.set(id.clone()).is_ok() {
+            self.endpoint
+                .owners
+                .lock()
+                .expect("owners lock")
+                .insert(id, caller.tenant);
+            tokio::spawn(watch_changes(
+                self.endpoint.clone(),
+                Arc::downgrade(&self.state),
+                context.peer.clone(),
+                self.state.ended.clone(),
+            ));
+        }
+    }
+
+    async fn list_tools(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        counted("tools/list");
+        let bound = self.bound(&context.extensions)?;
+        let withdrawn = self.withdrawn(bound);
+        let tools: Vec<Tool> = bound
+            .tools
+            .iter()
+            .filter(|offered| !withdrawn.contains(offered.tool.name.as_ref()))
+            .map(|offered| offered.tool.clone())
+            .collect();
+        self.state.announce(withdrawn);
+        let cursor = request.and_then(|r| r.cursor);
+        let (tools, next) = page(&tools, cursor.as_deref(), self.endpoint.page_size)?;
+        let mut result = ListToolsResult::with_all_items(tools);
+        result.next_cursor = next;
+        Ok(result)
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        counted("tools/call");
+        let bound = self.bound(&context.extensions)?;
+        let name = request.name.as_ref();
+        let Some(offered) = bound.tools.iter().find(|o| o.tool.name == name) else {
+            return Ok(result_of(CatalogCallReply {
+                error: crate::request::error(
+                    crate::request::codes::TOOL_NOT_FOUND,
+                    format!("tool {name:?} is not in this session's pins"),
+                ),
+                ..Default::default()
+            })
+            .into());
+        };
+        let tool = &name[offered.server.len() + TOOL_NAME_SEPARATOR.len()..];
+        let arguments = request.arguments.unwrap_or_default();
+        let reply = self
+            .endpoint
+            .commands
+            .call
+            .handle(CatalogCallRequest {
+                tenant: bound.tenant.clone(),
+                session_id: bound.session_id.clone(),
+                server_id: offered.server.clone(),
+                tool: tool.to_owned(),
+                arguments_json: serde_json::Value::Object(arguments).to_string(),
+            })
+            .await;
+        if self.state.announce(self.withdrawn(bound)) {
+            notify_list_changed(context.peer.clone());
+        }
+        Ok(result_of(reply).into())
+    }
+}

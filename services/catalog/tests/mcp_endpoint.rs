@@ -1,0 +1,599 @@
+//! The catalog as an MCP server (`/mcp`): the official Python and TypeScript
+//! SDKs, tenant keys, lazy starts, withdrawal, list_changed, session end and
+//! the process bound, against the real catalog, NATS, Postgres, the fixture
+//! and server-everything.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use catalog::config::{Processes, ServerConfig};
+use common::*;
+use ctxsync_mcp::{ConnectOptions, Connection, ServerSpec, TransportSpec};
+use serde_json::{Value, json};
+use testkit::store::StoreClient;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+const TOOLS_BEFORE: &str =
+    r#"[{"name":"echo","description":"Echo"},{"name":"add","description":"Add"}]"#;
+const TOOLS_AFTER: &str = r#"[{"name":"add","description":"Add"}]"#;
+
+struct Endpoint {
+    harness: Harness,
+    url: String,
+    key: String,
+    record: tempfile::TempDir,
+    tools_file: PathBuf,
+}
+
+impl Endpoint {
+    /// Tenant `acme` with the fixture `notes` (tools from a file it watches)
+    /// and `extra` servers, a store for the keys, and a key of `acme`.
+    async fn start(extra: Vec<ServerConfig>, settings: catalog::Settings) -> Self {
+        Self::start_configured(extra, settings, |_| {}).await
+    }
+
+    /// [`Endpoint::start`] with `notes` configured further by `configure`.
+    async fn start_configured(
+        extra: Vec<ServerConfig>,
+        settings: catalog::Settings,
+        configure: impl FnOnce(&mut ServerConfig),
+    ) -> Self {
+        let record = tempfile::tempdir().unwrap();
+        let tools_file = record.path().join("tools.json");
+        std::fs::write(&tools_file, TOOLS_BEFORE).unwrap();
+        let tools = tools_file.display().to_string();
+        let mut notes = fixture(
+            "notes",
+            record.path(),
+            &[
+                "--mode",
+                "changing-tools",
+                "--tools-file",
+                &tools,
+                "--watch",
+            ],
+        );
+        configure(&mut notes);
+        let mut servers = vec![notes];
+        servers.extend(extra);
+        let harness =
+            Harness::start_with_store(tenants(vec![("acme", servers), ("beta", vec![])]), settings)
+                .await;
+        let key = store(&harness).create_tenant_key("acme").await.0;
+        let url = format!("http://{}/mcp", harness.running().http_addr());
+        Self {
+            harness,
+            url,
+            key,
+            record,
+            tools_file,
+        }
+    }
+
+    fn starts(&self) -> usize {
+        mcp_fixture::read_starts(self.record.path()).len()
+    }
+
+    async fn no_fixture_running(&self) -> bool {
+        eventually(DEADLINE, || {
+            mcp_fixture::live_pids(self.record.path()).is_empty()
+        })
+        .await
+    }
+
+    /// What the gate's first turn carries for `acme`: a preparation's pins,
+    /// as `server__tool`. Prepares over NATS (live: the memory is warm after).
+    async fn gate_names(&self) -> Vec<String> {
+        let reply = self.harness.prepare("acme", "gate-session").await;
+        assert_eq!(reply.error, None);
+        reply
+            .pins
+            .iter()
+            .flat_map(|pin| {
+                pin.tools.iter().map(|tool| {
+                    format!(
+                        "{}{}{}",
+                        pin.server_id,
+                        catalog::TOOL_NAME_SEPARATOR,
+                        tool.name
+                    )
+                })
+            })
+            .collect()
+    }
+
+    async fn client(&self, key: &str) -> Connection {
+        let spec = ServerSpec {
+            name: "catalog".into(),
+            transport: TransportSpec::StreamableHttp {
+                url: self.url.clone(),
+                headers: BTreeMap::from([("Authorization".into(), format!("Bearer {key}"))]),
+            },
+        };
+        Connection::connect(&spec, ConnectOptions::default())
+            .await
+            .expect("an MCP client connects to the catalog")
+    }
+}
+
+fn store(harness: &Harness) -> StoreClient {
+    StoreClient::new(
+        harness.client.clone(),
+        harness.subjects.clone(),
+        REQUEST_TIMEOUT,
+        "workspace",
+    )
+    .retrying_no_responders()
+}
+
+fn clients_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/mcp-clients")
+}
+
+/// Runs an SDK client script to its end (bounded) and parses its JSON.
+async fn run_client(program: PathBuf, script: &str, args: &[&str]) -> Value {
+    let output = tokio::time::timeout(
+        Duration::from_secs(120),
+        tokio::process::Command::new(&program)
+            .arg(clients_dir().join(script))
+            .args(args)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the client finishes within 120 s")
+    .unwrap_or_else(|e| panic!("{} runs: {e}", program.display()));
+    assert!(
+        output.status.success(),
+        "{script} failed: {}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{script} prints JSON ({e}): {}",
+            String::from_utf8_lossy(&output.stdout)
+        )
+    })
+}
+
+fn python() -> PathBuf {
+    mcp_fixture::reference::servers_dir().join("venv/bin/python")
+}
+
+fn node() -> PathBuf {
+    PathBuf::from("node")
+}
+
+fn text_of(result: &Value) -> String {
+    result["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+fn names(value: &Value) -> Vec<String> {
+    let mut names: Vec<String> = value
+        .as_array()
+        .expect("a list of names")
+        .iter()
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// One SDK's whole scenario: connect with the key, list the pins (as the gate
+/// names them), a lazy start on the first call, the tools change under the
+/// session, list_changed, `tool.withdrawn`, and the session's end stops the server.
+async fn sdk_scenario(program: PathBuf, script: &str) {
+    let everything = server("everything", &mcp_fixture::reference::everything());
+    let endpoint = Endpoint::start(vec![everything], settings()).await;
+    let mut gate = endpoint.gate_names().await;
+    gate.sort();
+    assert!(gate.contains(&"notes__echo".to_owned()), "{gate:?}");
+    assert!(
+        gate.iter().any(|n| n.starts_with("everything__")),
+        "{gate:?}"
+    );
+    let warm_starts = endpoint.starts();
+    assert!(
+        endpoint.no_fixture_running().await,
+        "the preparation's discovery ended"
+    );
+
+    let tools_file = endpoint.tools_file.display().to_string();
+    let out = run_client(
+        program,
+        script,
+        &[
+            "--url",
+            &endpoint.url,
+            "--key",
+            &endpoint.key,
+            "--call",
+            "notes__echo",
+            "--arguments",
+            r#"{"text":"hello"}"#,
+            "--change-file",
+            &tools_file,
+            "--change-to",
+            TOOLS_AFTER,
+            "--call-after",
+            "notes__echo",
+        ],
+    )
+    .await;
+
+    assert_eq!(
+        out["protocol"], "2025-11-25",
+        "the newest version with sessions"
+    );
+    assert_eq!(names(&out["tools"]), gate, "{out}");
+    assert_eq!(out["first_call"]["is_error"], false, "{out}");
+    assert_eq!(text_of(&out["first_call"]), "hello", "{out}");
+    assert_eq!(
+        endpoint.starts(),
+        warm_starts + 1,
+        "the call started the server once: initialize pinned from memory"
+    );
+    assert_eq!(out["list_changed"], true, "{out}");
+    assert!(
+        !names(&out["tools_after"]).contains(&"notes__echo".to_owned()),
+        "{out}"
+    );
+    assert_eq!(out["second_call"]["is_error"], true, "{out}");
+    assert_eq!(
+        out["second_call"]["structured"]["error"]["code"], "tool.withdrawn",
+        "{out}"
+    );
+    assert!(
+        text_of(&out["second_call"]).starts_with("tool.withdrawn: "),
+        "{out}"
+    );
+    // The client closed its session: the catalog session ended, its server stopped.
+    assert!(
+        endpoint.no_fixture_running().await,
+        "the session's server stopped"
+    );
+    let running = endpoint.harness.running();
+    let closed = eventually(DEADLINE, || running.open_transports() == 0).await;
+    assert!(closed, "no transport stays open");
+    endpoint.harness.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_sdk_lists_the_pins_calls_lazily_and_sees_the_withdrawal() {
+    sdk_scenario(python(), "client.py").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_typescript_sdk_lists_the_pins_calls_lazily_and_sees_the_withdrawal() {
+    sdk_scenario(node(), "client.cjs").await;
+}
+
+/// A raw `initialize` POST; returns the status and the session id header.
+async fn raw_initialize(url: &str, key: Option<&str>) -> (u16, Option<String>, String) {
+    let mut request = reqwest::Client::new()
+        .post(url)
+        .header("accept", "application/json, text/event-stream")
+        .json(&json!({
+            "jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                       "clientInfo": {"name": "raw", "version": "1"}}
+        }));
+    if let Some(key) = key {
+        request = request.bearer_auth(key);
+    }
+    let response = request.send().await.expect("the endpoint answers");
+    let status = response.status().as_u16();
+    let session = response
+        .headers()
+        .get("mcp-session-id")
+        .map(|v| v.to_str().unwrap().to_owned());
+    (status, session, response.text().await.unwrap_or_default())
+}
+
+async fn raw_post(url: &str, key: &str, session: &str, body: Value) -> (u16, String) {
+    let response = reqwest::Client::new()
+        .post(url)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-session-id", session)
+        .header("mcp-protocol-version", "2025-06-18")
+        .bearer_auth(key)
+        .json(&body)
+        .send()
+        .await
+        .expect("the endpoint answers");
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap_or_default())
+}
+
+#[tokio::test]
+async fn no_key_or_another_tenants_key_is_refused() {
+    let endpoint = Endpoint::start(vec![], settings()).await;
+    let (status, _, body) = raw_initialize(&endpoint.url, None).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(body.contains("missing credential"), "{body}");
+    let unknown = testkit::store::new_tenant_key();
+    let (status, _, body) = raw_initialize(&endpoint.url, Some(&unknown)).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(body.contains("unknown or revoked tenant key"), "{body}");
+
+    // A session of acme is not reachable with beta's key.
+    let beta = store(&endpoint.harness).create_tenant_key("beta").await.0;
+    let (status, session, body) = raw_initialize(&endpoint.url, Some(&endpoint.key)).await;
+    assert_eq!(status, 200, "{body}");
+    let session = session.expect("a session id");
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let (status, body) = raw_post(&endpoint.url, &endpoint.key, &session, initialized).await;
+    assert_eq!(status, 202, "{body}");
+    let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
+    let (status, body) = raw_post(&endpoint.url, &beta, &session, list.clone()).await;
+    assert_eq!(status, 404, "{body}");
+    assert!(!body.contains("notes__"), "{body}");
+    let (status, body) = raw_post(&endpoint.url, &endpoint.key, &session, list).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("notes__echo"), "{body}");
+    endpoint.harness.stop().await;
+}
+
+#[tokio::test]
+async fn a_warm_initialize_and_list_start_no_server() {
+    let endpoint = Endpoint::start(vec![], settings()).await;
+    endpoint.gate_names().await;
+    let warm = endpoint.starts();
+    assert_eq!(warm, 1, "the preparation discovered the fixture live");
+
+    let client = endpoint.client(&endpoint.key).await;
+    let mut tools: Vec<String> = client
+        .list_tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    tools.sort();
+    assert_eq!(tools, ["notes__add", "notes__echo"]);
+    assert_eq!(
+        endpoint.starts(),
+        warm,
+        "initialize and tools/list started nothing"
+    );
+    client.close().await;
+    endpoint.harness.stop().await;
+}
+
+/// Three sessions, each calling `notes__echo` twice, all at once; returns the
+/// fixture's starts during the calls and its processes running after them.
+async fn three_concurrent_sessions(endpoint: &Endpoint) -> (usize, usize, Vec<Connection>) {
+    endpoint.gate_names().await;
+    assert!(endpoint.no_fixture_running().await);
+    let warm = endpoint.starts();
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        clients.push(endpoint.client(&endpoint.key).await);
+    }
+    let calls = clients.iter().map(|client| async move {
+        for _ in 0..2 {
+            let outcome = client
+                .call_tool(
+                    "notes__echo",
+                    json!({"text": "x"}).as_object().unwrap().clone(),
+                    DEADLINE,
+                )
+                .await
+                .expect("the call answers");
+            assert!(!outcome.is_error, "{}", outcome.content_json);
+        }
+    });
+    futures::future::join_all(calls).await;
+    let running = mcp_fixture::live_pids(endpoint.record.path()).len();
+    (endpoint.starts() - warm, running, clients)
+}
+
+#[tokio::test]
+async fn a_per_session_server_runs_once_per_session() {
+    let endpoint = Endpoint::start(vec![], settings()).await;
+    let (starts, running, clients) = three_concurrent_sessions(&endpoint).await;
+    assert_eq!((starts, running), (3, 3), "one process per session");
+    for client in clients {
+        client.close().await;
+    }
+    assert!(
+        endpoint.no_fixture_running().await,
+        "every session's server stopped"
+    );
+    endpoint.harness.stop().await;
+}
+
+#[tokio::test]
+async fn a_shared_server_runs_once_for_three_concurrent_sessions_and_stops_when_idle() {
+    let mut settings = settings();
+    settings.shared_idle_timeout = Duration::from_millis(300);
+    let endpoint = Endpoint::start_configured(vec![], settings, |notes| {
+        notes.processes = Processes::Shared;
+    })
+    .await;
+    let (starts, running, clients) = three_concurrent_sessions(&endpoint).await;
+    assert_eq!(
+        (starts, running),
+        (1, 1),
+        "one process for the three sessions"
+    );
+    assert_eq!(endpoint.harness.running().shared_processes(), 1);
+
+    // One session's end does not stop what the others use.
+    let mut clients = clients.into_iter();
+    clients.next().unwrap().close().await;
+    let rest: Vec<Connection> = clients.collect();
+    let outcome = rest[0]
+        .call_tool(
+            "notes__echo",
+            json!({"text": "y"}).as_object().unwrap().clone(),
+            DEADLINE,
+        )
+        .await
+        .unwrap();
+    assert!(!outcome.is_error, "{}", outcome.content_json);
+    assert_eq!(
+        endpoint.starts(),
+        2,
+        "the warm discovery and the one shared process"
+    );
+    for client in rest {
+        client.close().await;
+    }
+    assert!(
+        endpoint.no_fixture_running().await,
+        "the shared process stops once idle with no session"
+    );
+    let running = endpoint.harness.running();
+    let stopped = eventually(DEADLINE, || running.shared_processes() == 0).await;
+    assert!(stopped, "the pool is empty");
+    endpoint.harness.stop().await;
+}
+
+#[tokio::test]
+async fn the_process_bound_refuses_a_start_past_it_with_a_tool_error() {
+    let mut settings = settings();
+    settings.max_server_processes = Some(1);
+    let endpoint = Endpoint::start(vec![], settings).await;
+    let echo = || json!({"text": "x"}).as_object().unwrap().clone();
+    let first = endpoint.client(&endpoint.key).await;
+    let second = endpoint.client(&endpoint.key).await;
+    let ok = first
+        .call_tool("notes__echo", echo(), DEADLINE)
+        .await
+        .unwrap();
+    assert!(!ok.is_error, "{}", ok.content_json);
+
+    let refused = second
+        .call_tool("notes__echo", echo(), DEADLINE)
+        .await
+        .unwrap();
+    assert!(refused.is_error);
+    let structured: Value =
+        serde_json::from_str(refused.structured_content_json.as_deref().unwrap()).unwrap();
+    assert_eq!(
+        structured["error"]["code"], "server.process_limit",
+        "{structured}"
+    );
+    assert_eq!(mcp_fixture::live_pids(endpoint.record.path()).len(), 1);
+
+    assert_eq!(endpoint.harness.running().bounded_processes(), 1);
+
+    // The first session's end frees its place.
+    first.close().await;
+    let running = endpoint.harness.running();
+    let freed = eventually(DEADLINE, || running.bounded_processes() == 0).await;
+    assert!(freed, "the stopped process gave its place back");
+    let ok = second
+        .call_tool("notes__echo", echo(), DEADLINE)
+        .await
+        .unwrap();
+    assert!(!ok.is_error, "{}", ok.content_json);
+    second.close().await;
+    endpoint.harness.stop().await;
+}
+
+#[tokio::test]
+async fn a_key_over_its_rate_limit_is_answered_429_and_counted() {
+    let mut settings = settings();
+    settings.mcp_rate_limit = Some(catalog::RateLimit {
+        per_second: 0.01,
+        burst: 2,
+    });
+    let endpoint = Endpoint::start(vec![], settings).await;
+    for _ in 0..2 {
+        let (status, _, body) = raw_initialize(&endpoint.url, Some(&endpoint.key)).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let (status, _, body) = raw_initialize(&endpoint.url, Some(&endpoint.key)).await;
+    assert_eq!(status, 429, "{body}");
+    assert!(body.contains("rate_limited"), "{body}");
+    // Another key has its own bucket.
+    let other = store(&endpoint.harness).create_tenant_key("acme").await.0;
+    let (status, _, body) = raw_initialize(&endpoint.url, Some(&other)).await;
+    assert_eq!(status, 200, "{body}");
+
+    let metrics = reqwest::get(format!(
+        "http://{}/metrics",
+        endpoint.harness.running().http_addr()
+    ))
+    .await
+    .unwrap()
+    .text()
+    .await
+    .unwrap();
+    let refused = metrics
+        .lines()
+        .find(|l| l.starts_with("ctxsync_catalog_mcp_refused_total{reason=\"rate_limited\"}"))
+        .expect("the refusal series is exported");
+    let count: f64 = refused.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(count >= 1.0, "{refused}");
+    endpoint.harness.stop().await;
+}
+
+#[tokio::test]
+async fn a_call_past_the_servers_call_timeout_is_a_tool_error() {
+    let endpoint = Endpoint::start_configured(vec![], settings(), |notes| {
+        notes.limits.call_timeout_seconds = 1;
+    })
+    .await;
+    std::fs::write(
+        &endpoint.tools_file,
+        r#"[{"name":"sleep","description":"Sleeps"}]"#,
+    )
+    .unwrap();
+    let client = endpoint.client(&endpoint.key).await;
+    let sleep = |ms: u64| json!({"ms": ms}).as_object().unwrap().clone();
+    let quick = client
+        .call_tool("notes__sleep", sleep(0), DEADLINE)
+        .await
+        .unwrap();
+    assert!(!quick.is_error, "{}", quick.content_json);
+    let slow = client
+        .call_tool("notes__sleep", sleep(10_000), DEADLINE)
+        .await
+        .unwrap();
+    assert!(slow.is_error);
+    let structured: Value =
+        serde_json::from_str(slow.structured_content_json.as_deref().unwrap()).unwrap();
+    assert_eq!(structured["error"]["code"], "tool.timeout", "{structured}");
+    client.close().await;
+    endpoint.harness.stop().await;
+}
+
+#[tokio::test]
+async fn a_revoked_key_is_refused_once_its_revocation_arrives() {
+    let endpoint = Endpoint::start(vec![], settings()).await;
+    let store = store(&endpoint.harness);
+    let (key, key_id) = store.create_tenant_key("acme").await;
+    let (status, _, body) = raw_initialize(&endpoint.url, Some(&key)).await;
+    assert_eq!(status, 200, "{body}");
+    // Verified now, so cached: only the revocation event can refuse it.
+    store.revoke_tenant_key(&key_id).await;
+    let refused = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match raw_initialize(&endpoint.url, Some(&key)).await {
+                (401, _, body) => return body,
+                (200, _, _) => tokio::time::sleep(Duration::from_millis(10)).await,
+                (other, _, body) => panic!("unexpected {other}: {body}"),
+            }
+        }
+    })
+    .await
+    .expect("a revoked key is refused within 5 s (the revocation event)");
+    assert!(
+        refused.contains("unknown or revoked tenant key"),
+        "{refused}"
+    );
+    let (status, _, body) = raw_initialize(&endpoint.url, Some(&endpoint.key)).await;
+    assert_eq!(status, 200, "another key of the tenant still works: {body}");
+    endpoint.harness.stop().await;
+}
