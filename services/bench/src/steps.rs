@@ -16,8 +16,9 @@ pub struct BenchArgs {
     #[arg(long)]
     pub json: bool,
 
-    /// NATS server URL; when unset, 127.0.0.1:4222 if it answers, else a private nats-server.
-    #[arg(long, env = "NATS_URL")]
+    /// NATS server URL or a comma-separated list of a cluster's URLs; when
+    /// unset, 127.0.0.1:4222 if it answers, else a private nats-server.
+    #[arg(long, env = "NATS_URL", value_parser = ctxsync_runtime::config::nats_url_parser)]
     pub nats_url: Option<String>,
 
     /// Postgres URL of a role that may create databases; the bench creates and
