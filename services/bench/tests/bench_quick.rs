@@ -46,27 +46,25 @@ fn assert_latency(report: &Value, path: &str) {
     assert!(p99 < 60e6, "{path}: p99 {p99} µs is over a minute");
 }
 
+/// One test for both modes, one after the other: run at once, each would
+/// measure the other's load.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "measurement: run with `cargo test -p ctxsync-bench --test bench_quick -- --ignored`"]
-async fn quick_bench_reports_every_section_with_sane_numbers() {
+async fn quick_bench_reports_every_section_with_sane_numbers_in_both_modes() {
     testkit::init_logs();
     let nats = NatsServer::start();
-    let report = run_bench(&["--nats-url", &nats.url()]).await;
-    check_report(&report, "single");
-}
+    let single = run_bench(&["--nats-url", &nats.url()]).await;
+    check_report(&single, "single").await;
+    drop(nats);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "measurement: run with `cargo test -p ctxsync-bench --test bench_quick -- --ignored`"]
-async fn quick_bench_deployed_on_a_cluster_reports_the_same_sections() {
-    testkit::init_logs();
     // The binaries it runs are built beside ctxsync-bench (`cargo build --bins`).
     for service in ["snapshot-store", "agent-ingest", "chat-gate"] {
         testkit::workspace_binary(service, service);
     }
-    let report = run_bench(&["--mode", "deployed"]).await;
-    check_report(&report, "deployed");
-    let nats = report["environment"]["nats"].as_str().unwrap_or_default();
-    assert_eq!(nats.matches("nats://").count(), 3, "three nodes: {nats}");
+    let deployed = run_bench(&["--mode", "deployed"]).await;
+    check_report(&deployed, "deployed").await;
+    let nodes = deployed["environment"]["nats"].as_str().unwrap_or_default();
+    assert_eq!(nodes.matches("nats://").count(), 3, "three nodes: {nodes}");
 }
 
 /// Runs the bench binary with `args` (plus `--quick --json` and the test's
