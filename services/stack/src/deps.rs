@@ -293,25 +293,6 @@ pub async fn admin_execute(admin_url: &str, sql: String) -> Result<(), sqlx::Err
     result.map(|_| ())
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn database_is_swapped() {
-        assert_eq!(
-            super::with_database("postgres://postgres@127.0.0.1:5432/postgres", "ctxsync"),
-            "postgres://postgres@127.0.0.1:5432/ctxsync"
-        );
-        assert_eq!(
-            super::with_database("postgres://u@h:5432/postgres?sslmode=disable", "x"),
-            "postgres://u@h:5432/x?sslmode=disable"
-        );
-        assert_eq!(
-            super::with_database("postgres://u@h:5432", "x"),
-            "postgres://u@h:5432/x"
-        );
-    }
-}
-
 /// Three private `nats-server` processes clustered over routes on loopback
 /// ports, each with JetStream under `data_dir/nats-cluster/n<i>`: the
 /// deployment's normal case, for the bench's deployed mode. Stopped when
@@ -476,4 +457,23 @@ async fn monitor_get(port: u16, path: &str) -> Result<serde_json::Value, String>
         .map(|(_, body)| body)
         .ok_or_else(|| format!("no HTTP body from {path}"))?;
     serde_json::from_str(body).map_err(|e| format!("{path} is not JSON ({e})"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn database_is_swapped() {
+        assert_eq!(
+            super::with_database("postgres://postgres@127.0.0.1:5432/postgres", "ctxsync"),
+            "postgres://postgres@127.0.0.1:5432/ctxsync"
+        );
+        assert_eq!(
+            super::with_database("postgres://u@h:5432/postgres?sslmode=disable", "x"),
+            "postgres://u@h:5432/x?sslmode=disable"
+        );
+        assert_eq!(
+            super::with_database("postgres://u@h:5432", "x"),
+            "postgres://u@h:5432/x"
+        );
+    }
 }
