@@ -286,10 +286,11 @@ mod tests {
 
     #[test]
     fn gauges_are_read_from_the_text_rendering() {
+        // Other metrics are not counted.
         let text = "# TYPE ctxsync_gate_waiters gauge\nctxsync_gate_waiters 12\n\
-                    ctxsync_gate_waiters_other 5\nctxsync_gate_views{a=\"b\"} 3\nctxsync_gate_views{a=\"c\"} 4\n";
+                    ctxsync_gate_attempts_held 5\nctxsync_gate_views{a=\"b\"} 3\nctxsync_gate_views{a=\"c\"} 4\n";
         assert_eq!(gauge_value(text, "ctxsync_gate_waiters"), 12.0);
         assert_eq!(gauge_value(text, "ctxsync_gate_views"), 7.0);
-        assert_eq!(gauge_value(text, "ctxsync_missing"), 0.0);
+        assert_eq!(gauge_value(text, "absent_metric"), 0.0);
     }
 }
