@@ -24,7 +24,7 @@ pub struct BenchArgs {
 
     /// NATS server URL or a comma-separated list of a cluster's URLs; when
     /// unset, 127.0.0.1:4222 if it answers, else a private nats-server.
-    #[arg(long, env = "NATS_URL", value_parser = ctxsync_runtime::config::nats_url_parser)]
+    #[arg(long, env = "NATS_URL", value_parser = ctxsync_runtime::config::NatsUrlParser)]
     pub nats_url: Option<String>,
 
     /// Postgres URL of a role that may create databases; the bench creates and

@@ -11,7 +11,7 @@ use std::time::Duration;
 #[derive(Debug, Clone, clap::Args)]
 pub struct Connection {
     /// NATS server URL, or a comma-separated list of a cluster's URLs.
-    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222", value_parser = ctxsync_runtime::config::nats_url_parser)]
+    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222", value_parser = ctxsync_runtime::config::NatsUrlParser)]
     pub nats_url: String,
 
     #[command(flatten)]

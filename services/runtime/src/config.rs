@@ -25,7 +25,7 @@ pub struct CommonArgs {
     /// NATS server URL, or a comma-separated list of the cluster's URLs
     /// (`nats://a:4222,nats://b:4222`): the service connects to one of them
     /// and fails over to another when its node goes.
-    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222", value_parser = nats_url_parser)]
+    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222", value_parser = NatsUrlParser)]
     pub nats_url: String,
 
     #[command(flatten)]
@@ -566,11 +566,35 @@ fn redact_nats_entry(entry: &str) -> String {
     }
 }
 
-/// clap's check of `--nats-url`: the value is kept as given.
-pub fn nats_url_parser(value: &str) -> Result<String, String> {
-    parse_nats_urls(value)
-        .map(|_| value.to_owned())
-        .map_err(|e| e.to_string())
+/// clap's check of `--nats-url` (`value_parser = NatsUrlParser`): the value
+/// is kept as given. Its error is ours alone: clap's own would quote the
+/// whole value, credentials included.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NatsUrlParser;
+
+impl clap::builder::TypedValueParser for NatsUrlParser {
+    type Value = String;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<String, clap::Error> {
+        use clap::error::ErrorKind;
+        let value = value.to_str().ok_or_else(|| {
+            clap::Error::raw(
+                ErrorKind::InvalidUtf8,
+                format!("invalid {NATS_URL_OPTION}: not UTF-8\n"),
+            )
+            .with_cmd(cmd)
+        })?;
+        parse_nats_urls(value)
+            .map(|_| value.to_owned())
+            .map_err(|e| {
+                clap::Error::raw(ErrorKind::ValueValidation, format!("{e}\n")).with_cmd(cmd)
+            })
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -678,9 +702,11 @@ mod tests {
             );
             assert!(message.contains(reason), "{given}: {message}");
             assert!(!message.contains("secret"), "{message}");
-            // clap refuses the same value naming the same entry.
+            // clap refuses the same value naming the same entry, and
+            // quotes nothing else of it.
             let refused = parse(&["--nats-url", given]).unwrap_err();
             assert!(refused.contains(&message), "{refused}");
+            assert!(!refused.contains("secret"), "{refused}");
         }
     }
 
