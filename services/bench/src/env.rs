@@ -1,7 +1,8 @@
-//! The bench's world: NATS and Postgres (given, found or private), a fresh
-//! database and subject prefix, the services started in this process by the
-//! stack builder (`ctxsync-stack`, as `ctxsync up` starts them), and
-//! the calls a chat or an agent makes.
+//! The bench's world: NATS and Postgres (given, found or private; a private
+//! three-node cluster in deployed mode), a fresh database and subject prefix,
+//! the services configured by the stack builder (`ctxsync-stack`) and run in
+//! this process as `ctxsync up` runs them, or as processes, two replicas each
+//! ([`Services`]), and the calls a chat or an agent makes.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -13,13 +14,14 @@ use ctxsync_proto::v1::{
     TurnRequest, UpdateStartupReply, UpdateStartupRequest,
 };
 use ctxsync_runtime::{Shutdown, rpc};
-use ctxsync_stack::deps::{self, Dependency};
-use ctxsync_stack::{Stack, StackBuilder};
+use ctxsync_stack::StackBuilder;
+use ctxsync_stack::deps::{self, ClusterDependency, Dependency};
 use futures::StreamExt;
 use rand::RngCore;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
+use crate::services::{Deployed, Mode, REPLICAS, Services};
 use crate::steps::{BenchArgs, BenchError, Step};
 
 /// Bound of one call the bench makes to a service (waits included).
@@ -37,6 +39,7 @@ pub struct Environment {
     pub postgres: String,
     pub subject_prefix: String,
     pub database: String,
+    pub services: String,
 }
 
 /// A registered agent and its token.
@@ -54,15 +57,48 @@ pub struct Env {
     pub client: async_nats::Client,
     /// For the raw Postgres floor.
     pub pool: PgPool,
-    /// snapshot-store, agent-ingest and chat-gate, started in this process.
-    pub stack: Stack,
-    pub ingest_addr: std::net::SocketAddr,
+    /// snapshot-store, agent-ingest and chat-gate.
+    pub services: Services,
+    /// Every agent-ingest replica's listener.
+    pub ingest_addrs: Vec<std::net::SocketAddr>,
     admin_url: String,
     database: String,
     shutdown: Shutdown,
-    nats_dep: Dependency,
+    nats_dep: NatsDependency,
     postgres_dep: Dependency,
     data_dir: PathBuf,
+}
+
+/// The NATS the bench runs on: one server (given, found or private) or a
+/// private three-node cluster.
+enum NatsDependency {
+    One(Dependency),
+    Cluster(ClusterDependency),
+}
+
+impl NatsDependency {
+    fn url(&self) -> String {
+        match self {
+            Self::One(dep) => dep.url.clone(),
+            Self::Cluster(cluster) => cluster.url_list(),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Self::One(dep) => format!(
+                "{} ({})",
+                ctxsync_runtime::config::redact_nats_urls(&dep.url),
+                dep.origin
+            ),
+            Self::Cluster(cluster) => format!(
+                "{} ({} nodes, {})",
+                cluster.url_list(),
+                ClusterDependency::SIZE,
+                cluster.origin()
+            ),
+        }
+    }
 }
 
 fn random_hex(bytes: usize) -> String {
@@ -75,9 +111,13 @@ impl Env {
     pub async fn start(args: &BenchArgs) -> Result<Self, BenchError> {
         let suffix = random_hex(4);
         let data_dir = std::env::temp_dir().join(format!("ctxsync-bench-{suffix}"));
-        let nats_dep = deps::nats(args.nats_url.as_deref(), &data_dir)
-            .await
-            .step("nats")?;
+        // Deployed on a cluster of its own unless NATS is given.
+        let nats_dep = match (args.mode, args.nats_url.as_deref()) {
+            (Mode::Deployed, None) => {
+                NatsDependency::Cluster(deps::nats_cluster(&data_dir).await.step("nats cluster")?)
+            }
+            (_, given) => NatsDependency::One(deps::nats(given, &data_dir).await.step("nats")?),
+        };
         let postgres_dep = deps::postgres(args.database_url.as_deref(), &data_dir)
             .await
             .step("postgres")?;
@@ -98,13 +138,15 @@ impl Env {
         let prefix = format!("bench{suffix}");
         let shutdown = Shutdown::new();
         let started = Box::pin(Self::start_services(
-            &nats_dep.url,
+            args.mode,
+            &nats_dep.url(),
             &prefix,
             &database_url,
             &shutdown,
+            &data_dir,
         ))
         .await;
-        let (subjects, stack, client, pool) = match started {
+        let (subjects, services, client, pool) = match started {
             Ok(services) => services,
             Err(error) => {
                 // Nothing of the bench may stay behind.
@@ -119,15 +161,15 @@ impl Env {
                 return Err(error);
             }
         };
-        let ingest_addr = stack.ingest().http_addr();
+        let ingest_addrs = services.ingest_addrs();
         Ok(Self {
             subjects,
-            nats_url: nats_dep.url.clone(),
+            nats_url: nats_dep.url(),
             database_url,
             client,
             pool,
-            stack,
-            ingest_addr,
+            services,
+            ingest_addrs,
             admin_url,
             database,
             shutdown,
@@ -138,30 +180,50 @@ impl Env {
     }
 
     /// The store (which applies its migrations to the bench database),
-    /// agent-ingest and chat-gate, through the stack builder; the bench's own
-    /// NATS client and Postgres pool.
+    /// agent-ingest and chat-gate, through the stack builder (in this
+    /// process, or `REPLICAS` processes of each); the bench's own NATS client
+    /// and Postgres pool.
     async fn start_services(
+        mode: Mode,
         nats_url: &str,
         prefix: &str,
         database_url: &str,
         shutdown: &Shutdown,
-    ) -> Result<(Subjects, Stack, async_nats::Client, PgPool), BenchError> {
+        data_dir: &std::path::Path,
+    ) -> Result<(Subjects, Services, async_nats::Client, PgPool), BenchError> {
         let subjects = Subjects::new(prefix).step("subject prefix")?;
-        let stack = StackBuilder::new(nats_url, prefix)
-            .database(database_url)
-            .store(|_| {})
-            .ingest(|_| {})
-            .gate(|gate| {
+        let replicas = match mode {
+            Mode::Single => 1,
+            Mode::Deployed => REPLICAS,
+        };
+        let mut builder = StackBuilder::new(nats_url, prefix).database(database_url);
+        for _ in 0..replicas {
+            builder = builder.store(|_| {});
+        }
+        for _ in 0..replicas {
+            builder = builder.ingest(|_| {});
+        }
+        for _ in 0..replicas {
+            builder = builder.gate(|gate| {
                 // Waits end on the commit, never on a deadline, however long 10,000 chats take to line up.
                 gate.pending_timeout = CALL_TIMEOUT;
                 gate.stale_grace = CALL_TIMEOUT;
                 gate.sweep_interval = Duration::ZERO;
                 // No catalog runs here: the bench measures the gate's own path.
                 gate.catalog = false;
-            })
-            .start(shutdown)
-            .await
-            .step("services")?;
+                // The processes' logs: warnings only, like the bench's own.
+                gate.common.log_filter = "warn".into();
+            });
+        }
+        let services = match mode {
+            Mode::Single => Services::InProcess(builder.start(shutdown).await.step("services")?),
+            Mode::Deployed => {
+                let builder = builder
+                    .binary_env(ctxsync_stack::Service::Store, "CTXSYNC_LOG", "warn")
+                    .binary_env(ctxsync_stack::Service::Ingest, "CTXSYNC_LOG", "warn");
+                Services::Deployed(Deployed::spawn(&builder, &data_dir.join("logs")).await?)
+            }
+        };
         let client = ctxsync_runtime::nats::connect(nats_url, "ctxsync-bench")
             .await
             .step("nats")?
@@ -171,7 +233,7 @@ impl Env {
             .connect(database_url)
             .await
             .step("postgres (bench pool)")?;
-        Ok((subjects, stack, client, pool))
+        Ok((subjects, services, client, pool))
     }
 
     pub fn describe(&self) -> Environment {
@@ -182,11 +244,7 @@ impl Env {
                 "release"
             },
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            nats: format!(
-                "{} ({})",
-                ctxsync_runtime::nats::redact_url(&self.nats_dep.url),
-                self.nats_dep.origin
-            ),
+            nats: self.nats_dep.describe(),
             postgres: format!(
                 "{} ({})",
                 ctxsync_runtime::nats::redact_url(&self.postgres_dep.url),
@@ -194,6 +252,7 @@ impl Env {
             ),
             subject_prefix: self.subjects.prefix().to_owned(),
             database: self.database.clone(),
+            services: self.services.describe(),
         }
     }
 
@@ -212,7 +271,7 @@ impl Env {
     pub async fn stop(self) {
         self.shutdown.cancel();
         self.pool.close().await;
-        let _ = tokio::time::timeout(Duration::from_secs(45), self.stack.join()).await;
+        self.services.stop(Duration::from_secs(45)).await;
         if let Err(error) = deps::admin_execute(
             &self.admin_url,
             format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.database),
@@ -351,14 +410,6 @@ impl Env {
         .await
         .map_err(|e| e.to_string())
     }
-}
-
-/// Resident set size of this process, from /proc/self/status.
-pub fn rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
 }
 
 /// A fresh run id.

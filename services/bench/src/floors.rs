@@ -1,6 +1,7 @@
 //! The floors every ratio is taken against: raw NATS publish→subscribe, raw
-//! NATS request/reply, and a raw Postgres transaction of the same shape as a
-//! push commit (no service code in the loop).
+//! NATS request/reply, raw NATS fan-out (one publish answered by ten
+//! replies), and a raw Postgres transaction of the same shape as a push
+//! commit (no service code in the loop).
 
 use std::time::{Duration, Instant};
 
@@ -22,7 +23,25 @@ pub struct Floors {
     pub postgres: PostgresFloor,
     /// snapshot-store's read API round trip (what the gate does once per wake), for the breakdown.
     pub store_read: Latency,
+    pub nats_fan_out: FanOutFloor,
 }
+
+/// The fan-out wake in raw NATS: `publishes` publishes (the agents' commits)
+/// by `publishers` concurrent publishers (the wake's concurrent pushes), each
+/// answered by `replies_per_publish` replies (the agent's waiting chats)
+/// from a responder on another connection to a third one; each reply is
+/// timed from its publish.
+#[derive(Debug, Clone, Default)]
+pub struct FanOutFloor {
+    pub publishers: usize,
+    pub publishes: usize,
+    pub replies_per_publish: usize,
+    pub latency: Latency,
+}
+
+/// Replies per publish of the fan-out floor: the chats per agent of the
+/// largest wake case.
+pub const FAN_OUT_REPLIES: usize = 10;
 
 #[derive(Debug, Clone, Default)]
 pub struct PostgresFloor {
@@ -104,6 +123,108 @@ pub async fn request_reply(env: &Env, samples: usize) -> Result<Latency, BenchEr
     }
     echo.abort();
     Ok(Latency::of(latencies))
+}
+
+/// The fan-out floor at the largest wake case's shape: its agents as
+/// publishes, `FAN_OUT_REPLIES` replies each, as many publishers at once as
+/// the wake completes discoveries with.
+pub async fn fan_out(env: &Env, sizes: &Sizes) -> Result<FanOutFloor, BenchError> {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+
+    let publishes = sizes.agents;
+    let publishers = crate::wake::COMPLETE_CONCURRENCY;
+    let publisher = connect(env, "bench-floor-fan-pub").await?;
+    let responder = connect(env, "bench-floor-fan-rep").await?;
+    let receiver = connect(env, "bench-floor-fan-chats").await?;
+    let subject = env.subjects.bench_floor("fanout");
+    let replies_subject = env.subjects.bench_floor("fanout-replies");
+    let mut commits = responder
+        .subscribe(subject.clone())
+        .await
+        .step("subscribe")?;
+    let mut replies = receiver
+        .subscribe(replies_subject.clone())
+        .await
+        .step("subscribe")?;
+    for client in [&responder, &receiver] {
+        ctxsync_runtime::nats::sync_with_server(client)
+            .await
+            .step("subscribe")?;
+    }
+    // The responder answers each publish with ten replies, each naming it.
+    let fan = tokio::spawn(async move {
+        while let Some(message) = commits.next().await {
+            for _ in 0..FAN_OUT_REPLIES {
+                let _ = responder
+                    .publish(replies_subject.clone(), message.payload.clone())
+                    .await;
+            }
+            let _ = responder.flush().await;
+        }
+    });
+    let sent: Arc<Mutex<HashMap<u64, Instant>>> = Arc::default();
+    let wanted = publishes * FAN_OUT_REPLIES;
+    let collect = tokio::spawn({
+        let sent = sent.clone();
+        async move {
+            let mut latencies = Vec::with_capacity(wanted);
+            while latencies.len() < wanted {
+                let Some(message) = replies.next().await else {
+                    break;
+                };
+                let arrived = Instant::now();
+                let Some(id) = message
+                    .payload
+                    .get(..8)
+                    .and_then(|b| b.try_into().ok())
+                    .map(u64::from_be_bytes)
+                else {
+                    continue;
+                };
+                let at = sent.lock().expect("sent times").get(&id).copied();
+                if let Some(at) = at {
+                    latencies.push(arrived.saturating_duration_since(at));
+                }
+            }
+            latencies
+        }
+    });
+    let publish_all = futures::stream::iter(0..publishes as u64)
+        .map(|id| {
+            let (publisher, subject, sent) = (publisher.clone(), subject.clone(), sent.clone());
+            async move {
+                let mut payload = id.to_be_bytes().to_vec();
+                payload.extend_from_slice(PAYLOAD);
+                sent.lock().expect("sent times").insert(id, Instant::now());
+                publisher.publish(subject, payload.into()).await?;
+                publisher.flush().await.map_err(|e| e.to_string())?;
+                Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+            }
+        })
+        .buffer_unordered(publishers)
+        .collect::<Vec<_>>()
+        .await;
+    for result in publish_all {
+        result.step("fan-out publish")?;
+    }
+    let latencies = tokio::time::timeout(Duration::from_secs(60), collect)
+        .await
+        .map_err(|_| BenchError::new("fan-out", "the replies did not arrive within 60 s"))?
+        .step("fan-out collector")?;
+    fan.abort();
+    if latencies.len() < wanted {
+        return Err(BenchError::new(
+            "fan-out",
+            format!("{} of {wanted} replies arrived", latencies.len()),
+        ));
+    }
+    Ok(FanOutFloor {
+        publishers,
+        publishes,
+        replies_per_publish: FAN_OUT_REPLIES,
+        latency: Latency::of(latencies),
+    })
 }
 
 /// The raw floor writes the store's own tables (`snapshot.*`, made by

@@ -4,7 +4,9 @@
 //! the raw floor it is compared with.
 //!
 //! The services (snapshot-store, agent-ingest, chat-gate, catalog) run in this
-//! process, started by the stack builder (`ctxsync-stack`), on a fresh database
+//! process, started by the stack builder (`ctxsync-stack`), or with `--mode
+//! deployed` each as its own process, two replicas each, on a three-node NATS
+//! cluster (the catalog section's catalog still runs in this process), on a fresh database
 //! (`ctxsync_bench_<random>`, dropped at the end) and a fresh subject prefix,
 //! so a bench never touches an installation's data. They still talk only over
 //! NATS and HTTP, exactly as when deployed separately.
@@ -14,11 +16,13 @@ mod env;
 mod floors;
 mod push;
 mod report;
+mod services;
 mod stats;
 mod steps;
 mod wake;
 
 pub use report::Report;
+pub use services::Mode;
 use steps::Sizes;
 pub use steps::{BenchArgs, BenchError, Progress};
 
@@ -46,6 +50,8 @@ async fn sections(
     report.floors.nats_pub_sub = floors::pub_sub(env, sizes.floor_samples).await?;
     progress.step("floors: raw NATS request/reply");
     report.floors.nats_request_reply = floors::request_reply(env, sizes.floor_samples).await?;
+    progress.step("floors: raw NATS fan-out (one publish, ten replies)");
+    report.floors.nats_fan_out = floors::fan_out(env, sizes).await?;
     progress.step("floors: raw Postgres push-shaped transaction");
     report.floors.postgres = floors::postgres(env, sizes).await?;
 
@@ -68,7 +74,7 @@ async fn sections(
 
     report.catalog = catalog_prep::measure(env, sizes, progress).await?;
 
-    report.metrics = report::metric_families();
+    report.metrics = report::metric_families(&env.services.metrics_text().await);
     report.evaluate();
     Ok(report)
 }

@@ -203,25 +203,36 @@ pub async fn throughput(env: &Env, sizes: &Sizes) -> Result<PushThroughput, Benc
     let clients = sizes.throughput_clients;
     let agents = env.register_agents("push", clients).await?;
     let http = reqwest::Client::new();
-    let base = format!("http://{}", env.ingest_addr);
+    // Agents spread over the agent-ingest replicas (one in single mode).
+    let bases: Vec<String> = (0..agents.len())
+        .map(|i| format!("http://{}", env.ingest_addrs[i % env.ingest_addrs.len()]))
+        .collect();
     let mut run_ids = Vec::with_capacity(agents.len());
-    for result in
-        futures::future::join_all(agents.iter().map(|a| start_agent(&http, &base, a))).await
+    for result in futures::future::join_all(
+        agents
+            .iter()
+            .zip(&bases)
+            .map(|(a, base)| start_agent(&http, base, a)),
+    )
+    .await
     {
         run_ids.push(result.step("push through agent-ingest")?);
     }
-    let url = format!("{base}/api/v1/agent/context-state");
     let started = Instant::now();
-    let workers = agents.into_iter().zip(run_ids).map(|(agent, run_id)| {
-        tokio::spawn(agent_loop(
-            http.clone(),
-            url.clone(),
-            agent,
-            run_id,
-            started,
-            sizes.throughput_window,
-        ))
-    });
+    let workers = agents
+        .into_iter()
+        .zip(run_ids)
+        .zip(bases)
+        .map(|((agent, run_id), base)| {
+            tokio::spawn(agent_loop(
+                http.clone(),
+                format!("{base}/api/v1/agent/context-state"),
+                agent,
+                run_id,
+                started,
+                sizes.throughput_window,
+            ))
+        });
     let mut latencies = Vec::new();
     for worker in futures::future::join_all(workers).await {
         latencies.extend(

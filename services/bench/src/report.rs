@@ -70,9 +70,8 @@ pub struct Report {
     pub metrics: MetricsSeen,
 }
 
-/// The `ctxsync_*` metric families rendered by the process-wide recorder.
-pub fn metric_families() -> MetricsSeen {
-    let text = ctxsync_runtime::metrics::handle().render();
+/// The `ctxsync_*` metric families in the services' `/metrics` text.
+pub fn metric_families(text: &str) -> MetricsSeen {
     let mut families: Vec<String> = text
         .lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))
@@ -184,6 +183,27 @@ impl Report {
                 3.0,
             ));
         }
+        // Fan-out: a case of as many chats per agent as the floor's replies
+        // per publish is compared with the floor of the same shape.
+        let fan = &self.floors.nats_fan_out;
+        if fan.latency.samples > 0
+            && let Some(case) = self
+                .wake
+                .iter()
+                .filter(|c| c.chats > 1 && c.agents > 0)
+                .find(|c| c.chats / c.agents == fan.replies_per_publish)
+        {
+            targets.push(at_most(
+                format!(
+                    "wake p50, {} chats on {} agents / raw fan-out (1 → {}) p50",
+                    thousands(case.chats),
+                    thousands(case.agents),
+                    fan.replies_per_publish
+                ),
+                ratio(case.latency.p50_us, fan.latency.p50_us),
+                2.0,
+            ));
+        }
         // The target: "within 2× a raw publish→subscribe latency plus one read".
         if let Some(single) = self.wake.iter().find(|c| c.chats == 1) {
             let bound = 2.0 * pub_sub + self.floors.store_read.p50_us;
@@ -253,6 +273,7 @@ impl Report {
                 postgres: e.postgres.clone(),
                 subject_prefix: e.subject_prefix.clone(),
                 database: e.database.clone(),
+                services: e.services.clone(),
             }),
             floors: Some(v1::BenchFloors {
                 nats_pub_sub: Some(f.nats_pub_sub.to_proto()),
@@ -265,6 +286,12 @@ impl Report {
                     per_second: f.postgres.per_second,
                 }),
                 store_read: Some(f.store_read.to_proto()),
+                nats_fan_out: Some(v1::BenchFanOutFloor {
+                    publishers: count(f.nats_fan_out.publishers),
+                    publishes: count(f.nats_fan_out.publishes),
+                    replies_per_publish: count(f.nats_fan_out.replies_per_publish),
+                    latency: Some(f.nats_fan_out.latency.to_proto()),
+                }),
             }),
             wake: self
                 .wake
@@ -348,6 +375,7 @@ impl Report {
             "ctxsync-bench ({} mode, {} build, {} cores)",
             self.mode, e.build, e.cores
         );
+        let _ = writeln!(out, "  services  {}", e.services);
         let _ = writeln!(out, "  nats      {}", e.nats);
         let _ = writeln!(out, "  postgres  {}", e.postgres);
         let _ = writeln!(
@@ -368,6 +396,16 @@ impl Report {
         let _ = writeln!(out, "\n{:<48} {:>10} {:>10}", "floors", "p50", "p99");
         let f = &self.floors;
         row(&mut out, "raw NATS publish→subscribe", &f.nats_pub_sub, "");
+        let fan = &f.nats_fan_out;
+        row(
+            &mut out,
+            &format!(
+                "raw NATS fan-out, 1 publish → {} replies",
+                fan.replies_per_publish
+            ),
+            &fan.latency,
+            &format!("{} publishes, {} publishers", fan.publishes, fan.publishers),
+        );
         row(
             &mut out,
             "raw NATS request/reply",
@@ -586,6 +624,7 @@ mod tests {
                 postgres: "postgres://postgres@127.0.0.1:5432/postgres (given)".into(),
                 subject_prefix: "bench0123abcd".into(),
                 database: "bench-db-0123abcd".into(),
+                services: "single: every service in the bench's process".into(),
             },
         );
         let micros =

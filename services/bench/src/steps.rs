@@ -16,8 +16,15 @@ pub struct BenchArgs {
     #[arg(long)]
     pub json: bool,
 
-    /// NATS server URL; when unset, 127.0.0.1:4222 if it answers, else a private nats-server.
-    #[arg(long, env = "NATS_URL")]
+    /// How the services run: `single` (in the bench's process, as `ctxsync
+    /// up` runs them) or `deployed` (each its own process, two replicas each,
+    /// on a three-node NATS cluster the bench starts unless NATS_URL is given).
+    #[arg(long, value_enum, default_value_t = crate::services::Mode::Single)]
+    pub mode: crate::services::Mode,
+
+    /// NATS server URL or a comma-separated list of a cluster's URLs; when
+    /// unset, 127.0.0.1:4222 if it answers, else a private nats-server.
+    #[arg(long, env = "NATS_URL", value_parser = ctxsync_runtime::config::NatsUrlParser)]
     pub nats_url: Option<String>,
 
     /// Postgres URL of a role that may create databases; the bench creates and

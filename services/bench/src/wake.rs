@@ -13,7 +13,7 @@ use ctxsync_runtime::rpc;
 use futures::StreamExt;
 use prost::Message;
 
-use crate::env::{BenchAgent, CALL_TIMEOUT, Env, rss_bytes, run_id};
+use crate::env::{BenchAgent, CALL_TIMEOUT, Env, run_id};
 use crate::push::{push_request, resources, server};
 use crate::stats::Latency;
 use crate::steps::{BenchError, Progress, Sizes, Step};
@@ -164,12 +164,11 @@ async fn read_state(
 /// Waits until `extra` more chats wait in the gate than `baseline`, or the
 /// count stops growing; returns how many wait.
 async fn until_waiting(env: &Env, baseline: usize, extra: usize) -> usize {
-    let gate = env.stack.gate().gate();
     let deadline = Instant::now() + CALL_TIMEOUT;
     let mut last = 0;
     let mut last_change = Instant::now();
     loop {
-        let waiting = gate.waiters_held().saturating_sub(baseline);
+        let waiting = env.services.gate_waiters().await.saturating_sub(baseline);
         if waiting >= extra || Instant::now() > deadline {
             return waiting;
         }
@@ -201,6 +200,10 @@ async fn new_pending_runs(env: &Env, agents: &[BenchAgent]) -> Result<Vec<String
     runs.into_iter().collect()
 }
 
+/// Discoveries completed at once in a wake round (the fan-out floor
+/// publishes with as many publishers).
+pub const COMPLETE_CONCURRENCY: usize = 8;
+
 /// Completes each agent's run: its discovery found one server with one tool.
 async fn complete_runs(
     env: &Env,
@@ -215,7 +218,7 @@ async fn complete_runs(
             env.push(&agent.id, push_request(run, 2, Phase::Complete, complete))
                 .await
         })
-        .buffer_unordered(8)
+        .buffer_unordered(COMPLETE_CONCURRENCY)
         .collect()
         .await;
     pushes.into_iter().collect()
@@ -284,9 +287,8 @@ async fn round(
     ctxsync_runtime::nats::sync_with_server(&env.client)
         .await
         .step("subscribe to discovery events")?;
-    let gate = env.stack.gate().gate();
-    let baseline = gate.waiters_held();
-    let rss_before = rss_bytes();
+    let baseline = env.services.gate_waiters().await;
+    let rss_before = env.services.gate_rss();
 
     let subject = env.subjects.gate_turn(super::env::BENCH_TENANT);
     let tasks: Vec<_> = (0..chats)
@@ -305,8 +307,8 @@ async fn round(
         progress.step(format!("wake: {chats} chats lining up in the gate"));
     }
     let waiting = until_waiting(env, baseline, chats).await;
-    let rss_waiting = rss_bytes();
-    let gate_watches = gate.watches().len();
+    let rss_waiting = env.services.gate_rss();
+    let gate_watches = env.services.gate_views().await;
     if let Some(progress) = progress {
         progress.step(format!(
             "wake: {waiting} of {chats} chats waiting; completing discovery of {} agents",
@@ -538,7 +540,7 @@ pub async fn polling(
         let agent = &agents[agents.len() - 1 - r % agents.len()..][..1];
         let runs = new_pending_runs(env, agent).await?;
         let run = runs[0].clone();
-        let baseline = env.stack.gate().gate().waiters_held();
+        let baseline = env.services.gate_waiters().await;
         let chat = tokio::spawn(first_turn(
             env.client.clone(),
             env.subjects.gate_turn(super::env::BENCH_TENANT),

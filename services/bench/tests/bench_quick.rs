@@ -2,6 +2,9 @@
 //! nats-server and Postgres, so the benchmark cannot rot: every section must
 //! report sane numbers and every chat the right answer. The output is a
 //! `BenchReport` in the one JSON convention (64-bit integers as strings).
+//! Both modes run: `single` (services in the bench's process, on a test's
+//! nats-server) and `deployed` (the service binaries, two replicas each, on
+//! the three-node cluster the bench starts), and print the same ratios.
 
 use std::process::Command;
 
@@ -43,16 +46,35 @@ fn assert_latency(report: &Value, path: &str) {
     assert!(p99 < 60e6, "{path}: p99 {p99} µs is over a minute");
 }
 
+/// One test for both modes, one after the other: run at once, each would
+/// measure the other's load.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "measurement: run with `cargo test -p ctxsync-bench --test bench_quick -- --ignored`"]
-async fn quick_bench_reports_every_section_with_sane_numbers() {
+async fn quick_bench_reports_every_section_with_sane_numbers_in_both_modes() {
     testkit::init_logs();
     let nats = NatsServer::start();
-    let nats_url = nats.url();
+    let single = run_bench(&["--nats-url", &nats.url()]).await;
+    check_report(&single, "single").await;
+    drop(nats);
+
+    // The binaries it runs are built beside ctxsync-bench (`cargo build --bins`).
+    for service in ["snapshot-store", "agent-ingest", "chat-gate"] {
+        testkit::workspace_binary(service, service);
+    }
+    let deployed = run_bench(&["--mode", "deployed"]).await;
+    check_report(&deployed, "deployed").await;
+    let nodes = deployed["environment"]["nats"].as_str().unwrap_or_default();
+    assert_eq!(nodes.matches("nats://").count(), 3, "three nodes: {nodes}");
+}
+
+/// Runs the bench binary with `args` (plus `--quick --json` and the test's
+/// Postgres) and returns its report.
+async fn run_bench(args: &[&str]) -> Value {
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
     let output = tokio::task::spawn_blocking(move || {
         Command::new(env!("CARGO_BIN_EXE_ctxsync-bench"))
             .args(["--quick", "--json"])
-            .args(["--nats-url", &nats_url])
+            .args(&args)
             .args(["--database-url", &admin_url()])
             .env_remove("NATS_URL")
             .env_remove("DATABASE_URL")
@@ -77,17 +99,38 @@ async fn quick_bench_reports_every_section_with_sane_numbers() {
     let message: BenchReport = serde_json::from_slice(&output.stdout)
         .unwrap_or_else(|e| panic!("stdout is not a BenchReport ({e})"));
     assert_eq!(message.mode, "quick");
+    report
+}
+
+/// Every section of a quick report of services run in `mode`.
+async fn check_report(report: &Value, mode: &str) {
+    let report = report.clone();
     assert_eq!(report["mode"], "quick");
+    let services = report["environment"]["services"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(services.starts_with(&format!("{mode}:")), "{services}");
     for floor in [
         "floors.nats_pub_sub",
         "floors.nats_request_reply",
         "floors.postgres.single_client",
         "floors.store_read",
+        "floors.nats_fan_out.latency",
     ] {
         assert_latency(&report, floor);
     }
     assert!(number(&report, "floors.postgres.per_second") > 0.0);
     assert_eq!(number(&report, "floors.postgres.clients"), 8.0);
+    // The fan-out floor has the shape of the 1,000-chat case: 100 agents, ten chats each.
+    assert_eq!(number(&report, "floors.nats_fan_out.publishes"), 100.0);
+    assert_eq!(
+        number(&report, "floors.nats_fan_out.replies_per_publish"),
+        10.0
+    );
+    assert_eq!(
+        number(&report, "floors.nats_fan_out.latency.samples"),
+        1000.0
+    );
 
     let wake = report["wake"].as_array().expect("wake cases");
     let chats: Vec<f64> = wake.iter().map(|c| number(c, "chats")).collect();
@@ -139,7 +182,13 @@ async fn quick_bench_reports_every_section_with_sane_numbers() {
     assert_eq!(number(&report, "memory.chats"), 1000.0);
 
     let targets = report["targets"].as_array().expect("targets");
-    assert_eq!(targets.len(), 3 + 1 + 1 + 1 + 1 + 1, "{targets:?}");
+    assert_eq!(targets.len(), 3 + 1 + 1 + 1 + 1 + 1 + 1, "{targets:?}");
+    assert!(
+        targets.iter().any(|t| t["name"]
+            .as_str()
+            .is_some_and(|n| n.contains("raw fan-out"))),
+        "{targets:?}"
+    );
     for target in targets {
         let ratio = number(target, "ratio");
         assert!(ratio.is_finite() && ratio > 0.0, "{target}");

@@ -10,8 +10,8 @@ use std::time::Duration;
 /// How the CLI reaches the services.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Connection {
-    /// NATS server URL.
-    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    /// NATS server URL, or a comma-separated list of a cluster's URLs.
+    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222", value_parser = ctxsync_runtime::config::NatsUrlParser)]
     pub nats_url: String,
 
     #[command(flatten)]

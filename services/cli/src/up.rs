@@ -14,8 +14,9 @@ use ctxsync_stack::{StackBuilder, deps};
 /// `ctxsync up` options.
 #[derive(Debug, Clone, clap::Args)]
 pub struct UpArgs {
-    /// NATS server URL; when unset, 127.0.0.1:4222 if it answers, else a private nats-server.
-    #[arg(long, env = "NATS_URL")]
+    /// NATS server URL or a comma-separated list of a cluster's URLs; when
+    /// unset, 127.0.0.1:4222 if it answers, else a private nats-server.
+    #[arg(long, env = "NATS_URL", value_parser = ctxsync_runtime::config::NatsUrlParser)]
     pub nats_url: Option<String>,
 
     /// Postgres URL; when unset, 127.0.0.1:5432 if it answers (database `ctxsync`), else a private Postgres.

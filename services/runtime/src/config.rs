@@ -22,8 +22,10 @@ pub enum LogFormat {
 /// Options shared by every service.
 #[derive(Debug, Clone, clap::Args)]
 pub struct CommonArgs {
-    /// NATS server URL.
-    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    /// NATS server URL, or a comma-separated list of the cluster's URLs
+    /// (`nats://a:4222,nats://b:4222`): the service connects to one of them
+    /// and fails over to another when its node goes.
+    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222", value_parser = NatsUrlParser)]
     pub nats_url: String,
 
     #[command(flatten)]
@@ -461,6 +463,140 @@ impl DatabaseArgs {
     }
 }
 
+/// How `NATS_URL` is named in messages.
+pub const NATS_URL_OPTION: &str = "NATS_URL (--nats-url)";
+
+/// An entry of `NATS_URL` that is not a NATS server URL.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {NATS_URL_OPTION} entry {entry:?}: {reason}")]
+pub struct NatsUrlError {
+    /// The entry, credentials redacted.
+    pub entry: String,
+    pub reason: String,
+}
+
+/// The servers of a `NATS_URL`: one URL or a comma-separated list (blanks
+/// around entries ignored). Each entry is `nats://` or `tls://` (a bare
+/// `host:port` means `nats://`) with a host; user and password, when given,
+/// must be the same in every entry that names them (the client sends one).
+pub fn parse_nats_urls(value: &str) -> Result<Vec<async_nats::ServerAddr>, NatsUrlError> {
+    let invalid = |entry: &str, reason: &str| NatsUrlError {
+        entry: redact_nats_entry(entry),
+        reason: reason.to_owned(),
+    };
+    if value.trim().is_empty() {
+        return Err(invalid(value, "no URL given"));
+    }
+    let mut servers = Vec::new();
+    let mut credentials: Option<(String, Option<String>)> = None;
+    for entry in value.split(',').map(str::trim) {
+        if entry.is_empty() {
+            return Err(invalid(
+                entry,
+                "an empty entry (two commas, or a comma at an end)",
+            ));
+        }
+        let with_scheme = if entry.contains("://") {
+            entry.to_owned()
+        } else {
+            format!("nats://{entry}")
+        };
+        let url = url::Url::parse(&with_scheme).map_err(|e| invalid(entry, &e.to_string()))?;
+        match url.scheme() {
+            "nats" | "tls" => {}
+            other => {
+                return Err(invalid(
+                    entry,
+                    &format!("expected a nats:// or tls:// URL, not {other}"),
+                ));
+            }
+        }
+        if url.host_str().is_none_or(str::is_empty) {
+            return Err(invalid(entry, "the URL has no host"));
+        }
+        if !matches!(url.path(), "" | "/") || url.query().is_some() || url.fragment().is_some() {
+            return Err(invalid(entry, "the URL has a path, query or fragment"));
+        }
+        if !url.username().is_empty() {
+            let these = (url.username().to_owned(), url.password().map(str::to_owned));
+            match &credentials {
+                Some(first) if *first != these => {
+                    return Err(invalid(
+                        entry,
+                        "its credentials differ from an earlier entry's (the client sends one user)",
+                    ));
+                }
+                Some(_) => {}
+                None => credentials = Some(these),
+            }
+        }
+        let addr =
+            async_nats::ServerAddr::from_url(url).map_err(|e| invalid(entry, &e.to_string()))?;
+        servers.push(addr);
+    }
+    Ok(servers)
+}
+
+/// `NATS_URL` (one URL or a list) for messages: each entry's credentials
+/// redacted. A raw comma in a password splits it across two entries: a
+/// piece with `@` loses all before it, and a piece whose port is not a
+/// number is redacted whole, so no part of it is shown either way.
+pub fn redact_nats_urls(value: &str) -> String {
+    value
+        .split(',')
+        .map(|entry| redact_nats_entry(entry.trim()))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn redact_nats_entry(entry: &str) -> String {
+    let (scheme, rest) = match entry.find("://") {
+        Some(end) => entry.split_at(end + 3),
+        None => ("", entry),
+    };
+    if let Some(at) = rest.rfind('@') {
+        return format!("{scheme}[redacted]@{}", &rest[at + 1..]);
+    }
+    let authority = rest.split('/').next().unwrap_or_default();
+    match authority.rsplit_once(':') {
+        Some((_, port)) if !port.chars().all(|c| c.is_ascii_digit()) => {
+            format!("{scheme}[redacted]")
+        }
+        _ => entry.to_owned(),
+    }
+}
+
+/// clap's check of `--nats-url` (`value_parser = NatsUrlParser`): the value
+/// is kept as given. Its error is ours alone: clap's own would quote the
+/// whole value, credentials included.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NatsUrlParser;
+
+impl clap::builder::TypedValueParser for NatsUrlParser {
+    type Value = String;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<String, clap::Error> {
+        use clap::error::ErrorKind;
+        let value = value.to_str().ok_or_else(|| {
+            clap::Error::raw(
+                ErrorKind::InvalidUtf8,
+                format!("invalid {NATS_URL_OPTION}: not UTF-8\n"),
+            )
+            .with_cmd(cmd)
+        })?;
+        parse_nats_urls(value)
+            .map(|_| value.to_owned())
+            .map_err(|e| {
+                clap::Error::raw(ErrorKind::ValueValidation, format!("{e}\n")).with_cmd(cmd)
+            })
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("invalid CTXSYNC_SUBJECT_PREFIX {value:?}: {source}")]
@@ -494,6 +630,96 @@ pub fn redact_url(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nats_url_is_one_url_or_a_list() {
+        let hosts = |value: &str| -> Vec<String> {
+            parse_nats_urls(value)
+                .unwrap_or_else(|e| panic!("{value}: {e}"))
+                .iter()
+                .map(|addr| format!("{}:{}", addr.host(), addr.port()))
+                .collect()
+        };
+        assert_eq!(hosts("nats://127.0.0.1:4222"), ["127.0.0.1:4222"]);
+        assert_eq!(
+            hosts("nats://a:4222, nats://b:4223 ,tls://c:4224"),
+            ["a:4222", "b:4223", "c:4224"]
+        );
+        // A bare host:port is nats://, the port defaults to 4222.
+        assert_eq!(hosts("a:5000,b"), ["a:5000", "b:4222"]);
+        // The same credentials may be repeated.
+        assert_eq!(
+            parse_nats_urls("nats://u:pw@a:1,nats://u:pw@b:2,nats://c:3")
+                .unwrap()
+                .len(),
+            3
+        );
+        // The flag and the env var take the list as it is.
+        let parsed = parse(&["--nats-url", "nats://a:1,nats://b:2"]).unwrap();
+        assert_eq!(parsed.nats_url, "nats://a:1,nats://b:2");
+    }
+
+    #[test]
+    fn a_bad_nats_url_entry_is_named_without_credentials() {
+        for (given, entry, reason) in [
+            ("", "", "no URL given"),
+            (" , ", "", "an empty entry"),
+            ("nats://a:1,,nats://b:2", "", "an empty entry"),
+            ("nats://a:1,", "", "an empty entry"),
+            (
+                "nats://a:1,http://b:2",
+                "http://b:2",
+                "expected a nats:// or tls:// URL, not http",
+            ),
+            // A port that is not a number may be a password cut at a comma.
+            (
+                "nats://a:1,nats://b:port",
+                "nats://[redacted]",
+                "invalid port number",
+            ),
+            (
+                "nats://u:se,cret@a:1",
+                "nats://[redacted]",
+                "invalid port number",
+            ),
+            ("nats://u:secret@a:1,nats://:2", "nats://:2", "empty host"),
+            (
+                "nats://a:1/path",
+                "nats://a:1/path",
+                "path, query or fragment",
+            ),
+            (
+                "nats://u:secret@a:1,nats://v:secret2@b:2",
+                "nats://[redacted]@b:2",
+                "credentials differ",
+            ),
+            ("ftp://u:secret@a:1", "ftp://[redacted]@a:1", "not ftp"),
+        ] {
+            let message = parse_nats_urls(given).unwrap_err().to_string();
+            assert!(
+                message.starts_with(&format!("invalid NATS_URL (--nats-url) entry {entry:?}: ")),
+                "{given}: {message}"
+            );
+            assert!(message.contains(reason), "{given}: {message}");
+            assert!(!message.contains("secret"), "{message}");
+            // clap refuses the same value naming the same entry, and
+            // quotes nothing else of it.
+            let refused = parse(&["--nats-url", given]).unwrap_err();
+            assert!(refused.contains(&message), "{refused}");
+            assert!(!refused.contains("secret"), "{refused}");
+        }
+    }
+
+    #[test]
+    fn a_list_of_nats_urls_is_redacted_entry_by_entry() {
+        assert_eq!(
+            redact_nats_urls("nats://u:pw@a:1, nats://b:2,tls://t0ken@c"),
+            "nats://[redacted]@a:1,nats://b:2,tls://[redacted]@c"
+        );
+        // A raw comma in a password shows no part of it.
+        let shown = redact_nats_urls("nats://user:se,cret@a:1");
+        assert!(!shown.contains("se") && !shown.contains("cret"), "{shown}");
+    }
 
     fn traces_url(endpoint: &str) -> Result<Option<String>, ConfigError> {
         CommonArgs {

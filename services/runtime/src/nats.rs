@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use async_nats::{Client, ConnectOptions, Event};
 
-use crate::config::{CommonArgs, NatsTlsArgs};
+use crate::config::{CommonArgs, NatsTlsArgs, NatsUrlError, parse_nats_urls, redact_nats_urls};
 use tokio::sync::watch;
 
 /// The reconnect backoff never grows past this: a waiting chat must not sit
@@ -65,12 +65,16 @@ impl NatsConnection {
 pub struct NatsUser(Option<String>);
 
 impl NatsUser {
+    /// The user of `url`, one URL or a list (every entry that names a user
+    /// names the same one).
     pub fn from_url(url: &str) -> Self {
-        let user = url.parse::<async_nats::ServerAddr>().ok().and_then(|addr| {
-            match (addr.username(), addr.password()) {
-                (Some(user), Some(_)) => Some(user.to_owned()),
-                _ => None,
-            }
+        let user = parse_nats_urls(url).ok().and_then(|servers| {
+            servers
+                .iter()
+                .find_map(|addr| match (addr.username(), addr.password()) {
+                    (Some(user), Some(_)) => Some(user.to_owned()),
+                    _ => None,
+                })
         });
         Self(user)
     }
@@ -256,14 +260,17 @@ impl Permissions {
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("cannot connect to NATS at {url} (NATS_URL): {reason}")]
-pub struct NatsConnectError {
-    pub url: String,
-    pub reason: String,
+pub enum NatsConnectError {
+    #[error(transparent)]
+    Url(#[from] NatsUrlError),
+    /// `url` is the whole `NATS_URL`, credentials redacted.
+    #[error("cannot connect to NATS at {url} (NATS_URL): {reason}")]
+    Connect { url: String, reason: String },
 }
 
 /// Where NATS is and how to reach it: the URL (`nats://` or `tls://`, with
-/// `user:password@` when the server wants them) and the TLS options.
+/// `user:password@` when the server wants them), or a comma-separated list
+/// of a cluster's URLs, and the TLS options.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NatsTarget {
     pub url: String,
@@ -295,8 +302,11 @@ impl From<&CommonArgs> for NatsTarget {
 }
 
 /// Connects once (no retry: a bad NATS_URL is a startup error), then
-/// reconnects forever with a short backoff. TLS is used for `tls://` URLs
-/// and whenever a TLS option is set, always with rustls on ring.
+/// reconnects forever with a short backoff. With a list of URLs the first
+/// connect tries each (in random order) until one answers, and a reconnect
+/// goes to any of them or to a peer the cluster announced (async-nats adds
+/// the `connect_urls` of the server's INFO to its pool). TLS is used for
+/// `tls://` URLs and whenever a TLS option is set, always with rustls on ring.
 pub async fn connect(
     target: impl Into<NatsTarget>,
     client_name: &str,
@@ -304,6 +314,7 @@ pub async fn connect(
     ctxsync_tls::install_default_provider();
     let target = target.into();
     let url = target.url.as_str();
+    let servers = parse_nats_urls(url)?;
     // The recorder first: a series recorded before it is installed is lost.
     let _ = crate::metrics::handle();
     // Present from the start, so `increase()` alerts see the first reconnect.
@@ -388,11 +399,7 @@ pub async fn connect(
                 }
             }
         });
-    let tls_url = url.split(',').any(|one| {
-        one.trim()
-            .get(..6)
-            .is_some_and(|s| s.eq_ignore_ascii_case("tls://"))
-    });
+    let tls_url = servers.iter().any(|addr| addr.tls_required());
     if tls_url || target.tls.is_set() {
         // Our config rather than async-nats' own: ring, explicitly.
         let config = match target.tls.client_config() {
@@ -400,22 +407,27 @@ pub async fn connect(
             Ok(None) => ctxsync_tls::client_config(None, None),
             Err(error) => Err(error),
         }
-        .map_err(|error| NatsConnectError {
-            url: redact_url(url),
+        .map_err(|error| NatsConnectError::Connect {
+            url: redact_nats_urls(url),
             reason: error.to_string(),
         })?;
         options = options.tls_client_config(config).require_tls(true);
     }
-    // async-nats ignores user:password in the URL: pass them explicitly.
-    if let Ok(addr) = url.parse::<async_nats::ServerAddr>()
-        && let (Some(user), Some(password)) = (addr.username(), addr.password())
+    // async-nats ignores user:password in the URL: pass them explicitly
+    // (every entry that names them names the same, `parse_nats_urls` checks).
+    if let Some((user, password)) = servers
+        .iter()
+        .find_map(|addr| Some((addr.username()?, addr.password()?)))
     {
         options = options.user_and_password(user.to_owned(), password.to_owned());
     }
-    let client = options.connect(url).await.map_err(|e| NatsConnectError {
-        url: redact_url(url),
-        reason: e.to_string(),
-    })?;
+    let client = options
+        .connect(servers)
+        .await
+        .map_err(|e| NatsConnectError::Connect {
+            url: redact_nats_urls(url),
+            reason: e.to_string(),
+        })?;
     Ok(NatsConnection {
         client,
         reconnects,

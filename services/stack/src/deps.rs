@@ -293,6 +293,172 @@ pub async fn admin_execute(admin_url: &str, sql: String) -> Result<(), sqlx::Err
     result.map(|_| ())
 }
 
+/// Three private `nats-server` processes clustered over routes on loopback
+/// ports, each with JetStream under `data_dir/nats-cluster/n<i>`: the
+/// deployment's normal case, for the bench's deployed mode. Stopped when
+/// this drops.
+pub struct ClusterDependency {
+    urls: Vec<String>,
+    data_dir: PathBuf,
+    _children: Vec<Child>,
+}
+
+impl ClusterDependency {
+    pub const SIZE: usize = 3;
+
+    /// The nodes' client URLs.
+    pub fn urls(&self) -> &[String] {
+        &self.urls
+    }
+
+    /// The URLs comma-joined: a `NATS_URL` naming the whole cluster.
+    pub fn url_list(&self) -> String {
+        self.urls.join(",")
+    }
+
+    pub fn origin(&self) -> Origin {
+        Origin::Private {
+            data_dir: self.data_dir.clone(),
+        }
+    }
+}
+
+/// Starts a [`ClusterDependency`] and returns once every node routes to both
+/// others and answers its health check (JetStream in contact with its meta
+/// leader), within 30 s.
+pub async fn nats_cluster(data_dir: &Path) -> Result<ClusterDependency, DependencyError> {
+    let what = "a nats cluster";
+    let binary = on_path("nats-server").ok_or(DependencyError::Missing {
+        binary: "nats-server",
+        addr: LOCAL_NATS,
+        install: "Debian: apt-get install nats-server",
+        env: "NATS_URL",
+    })?;
+    let dir = data_dir.join("nats-cluster");
+    let ports: Vec<(u16, u16, u16)> = (0..ClusterDependency::SIZE)
+        .map(|_| Ok((free_port()?, free_port()?, free_port()?)))
+        .collect::<Result<_, DependencyError>>()?;
+    let mut children = Vec::new();
+    for (i, (client, route, monitor)) in ports.iter().enumerate() {
+        let node_dir = dir.join(format!("n{i}"));
+        std::fs::create_dir_all(&node_dir).map_err(|e| DependencyError::Start {
+            what,
+            reason: format!("cannot create {}: {e}", node_dir.display()),
+        })?;
+        let routes: Vec<String> = ports
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .map(|(_, (_, route, _))| format!("\"nats-route://127.0.0.1:{route}\""))
+            .collect();
+        let config = format!(
+            "server_name: \"n{i}\"\nlisten: \"127.0.0.1:{client}\"\nhttp: \"127.0.0.1:{monitor}\"\n\
+             max_payload: 8MB\njetstream {{ store_dir: \"{store}\" }}\n\
+             cluster {{\n  name: \"ctxsync\"\n  listen: \"127.0.0.1:{route}\"\n  routes: [{routes}]\n}}\n",
+            store = node_dir.join("js").display(),
+            routes = routes.join(", "),
+        );
+        let path = node_dir.join("nats.conf");
+        std::fs::write(&path, config).map_err(|e| DependencyError::Start {
+            what,
+            reason: format!("cannot write {}: {e}", path.display()),
+        })?;
+        children.push(
+            Command::new(&binary)
+                .arg("-c")
+                .arg(&path)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .kill_on_drop(true)
+                .spawn()
+                .map_err(|e| DependencyError::Start {
+                    what,
+                    reason: e.to_string(),
+                })?,
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let monitors: Vec<u16> = ports.iter().map(|(_, _, monitor)| *monitor).collect();
+    loop {
+        for (i, child) in children.iter_mut().enumerate() {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(DependencyError::Start {
+                    what,
+                    reason: format!("node {i} exited with {status}"),
+                });
+            }
+        }
+        let missing = cluster_not_formed(&monitors).await;
+        match missing {
+            None => break,
+            Some(reason) if Instant::now() > deadline => {
+                return Err(DependencyError::Start {
+                    what,
+                    reason: format!("not formed within 30 s: {reason}"),
+                });
+            }
+            Some(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+    Ok(ClusterDependency {
+        urls: ports
+            .iter()
+            .map(|(client, _, _)| format!("nats://127.0.0.1:{client}"))
+            .collect(),
+        data_dir: dir,
+        _children: children,
+    })
+}
+
+/// What keeps the nodes behind `monitors` (their monitoring ports) from
+/// being a formed cluster, if anything.
+async fn cluster_not_formed(monitors: &[u16]) -> Option<String> {
+    for (i, &port) in monitors.iter().enumerate() {
+        let routes = match monitor_get(port, "/routez").await {
+            Ok(routez) => routez["num_routes"].as_u64().unwrap_or_default(),
+            Err(error) => return Some(format!("node {i}: {error}")),
+        };
+        if routes < (monitors.len() - 1) as u64 {
+            return Some(format!("node {i} has {routes} routes"));
+        }
+        match monitor_get(port, "/healthz").await {
+            Ok(health) if health["status"] == "ok" => {}
+            Ok(health) => return Some(format!("node {i} is not healthy: {health}")),
+            Err(error) => return Some(format!("node {i}: {error}")),
+        }
+    }
+    None
+}
+
+/// A GET of a nats-server monitoring endpoint on loopback, as JSON.
+async fn monitor_get(port: u16, path: &str) -> Result<serde_json::Value, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .map_err(|e| format!("monitoring port {port}: {e}"))?;
+        stream
+            .write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n").as_bytes())
+            .await
+            .map_err(|e| format!("monitoring port {port}: {e}"))?;
+        let mut response = String::new();
+        stream
+            .read_to_string(&mut response)
+            .await
+            .map_err(|e| format!("monitoring port {port}: {e}"))?;
+        Ok::<_, String>(response)
+    };
+    let response = tokio::time::timeout(Duration::from_secs(2), exchange)
+        .await
+        .map_err(|_| format!("monitoring port {port}: no answer within 2 s"))??;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body)
+        .ok_or_else(|| format!("no HTTP body from {path}"))?;
+    serde_json::from_str(body).map_err(|e| format!("{path} is not JSON ({e})"))
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -564,6 +564,22 @@ mod tests {
     }
 
     #[test]
+    fn a_cluster_url_list_reaches_every_service_as_given() {
+        let list = "nats://127.0.0.1:4001,nats://127.0.0.1:4002,nats://127.0.0.1:4003";
+        let builder = StackBuilder::new(list, "pfx")
+            .database("postgres://u@h/db")
+            .store(|_| {})
+            .store(|_| {})
+            .gate(|_| {});
+        assert_eq!(builder.common().nats_url, list);
+        let binaries = builder.binaries().unwrap();
+        assert_eq!(binaries.len(), 3);
+        for binary in &binaries {
+            assert_eq!(value(binary, "NATS_URL"), Some(list));
+        }
+    }
+
+    #[test]
     fn binaries_are_configured_as_their_configurations_say() {
         let builder = StackBuilder::new("nats://127.0.0.1:4999", "pfx")
             .database("postgres://u@h/db")

@@ -36,7 +36,7 @@ pub mod tls;
 
 pub use binary::workspace_binary;
 pub use isolation::{free_addr, free_port, init_logs, unique_prefix};
-pub use nats::NatsServer;
+pub use nats::{NatsCluster, NatsServer};
 pub use postgres::TestDatabase;
 pub use private_postgres::{POSTGRES_BIN_DIR_ENV, PrivatePostgres};
 pub use process::{Process, ProcessBuilder};

@@ -6,7 +6,7 @@ use std::time::Duration;
 use ctxsync_proto::subjects::Subjects;
 pub use ctxsync_stack::{Binary, Service, Stack, StackBuilder, StackError, Started};
 
-use crate::nats::NatsServer;
+use crate::nats::{NatsCluster, NatsServer};
 use crate::postgres::TestDatabase;
 use crate::process::{Process, ProcessBuilder};
 
@@ -38,6 +38,39 @@ impl TestStack {
     /// A builder on this NATS server, prefix and database, with no service yet.
     pub fn builder(&self) -> StackBuilder {
         StackBuilder::new(self.nats.url(), self.prefix.clone()).database(self.db.url())
+    }
+
+    pub fn subjects(&self) -> Subjects {
+        Subjects::new(&self.prefix).expect("the test prefix is valid")
+    }
+}
+
+/// [`TestStack`] on a three-node cluster: every service of its builder is
+/// given the cluster's URL list, so it fails over when its node goes.
+pub struct ClusterStack {
+    pub nats: NatsCluster,
+    pub db: TestDatabase,
+    pub prefix: String,
+}
+
+impl ClusterStack {
+    /// A fresh three-node cluster and a fresh database (logs routed to the test).
+    pub async fn private() -> Self {
+        crate::isolation::init_logs();
+        // Three processes and their routes: off the runtime's threads.
+        let nats = tokio::task::spawn_blocking(NatsCluster::start)
+            .await
+            .expect("the cluster starts");
+        Self {
+            nats,
+            db: TestDatabase::create().await,
+            prefix: crate::isolation::unique_prefix(),
+        }
+    }
+
+    /// A builder on the whole cluster (its URL list), this prefix and database.
+    pub fn builder(&self) -> StackBuilder {
+        StackBuilder::new(self.nats.url_list(), self.prefix.clone()).database(self.db.url())
     }
 
     pub fn subjects(&self) -> Subjects {
