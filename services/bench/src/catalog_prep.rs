@@ -16,8 +16,10 @@ use ctxsync_proto::v1::{
 use ctxsync_runtime::rpc;
 
 use crate::env::Env;
+use crate::services::{Deployed, REPLICAS};
 use crate::stats::Latency;
 use crate::steps::{BenchError, Progress, Sizes, Step};
+use ctxsync_stack::Service;
 
 const TENANT: &str = "bench";
 const PREPARE_TIMEOUT: Duration = Duration::from_secs(120);
@@ -36,6 +38,8 @@ pub struct CatalogPreparation {
     /// Preparations of new sessions pinned from memory.
     pub warm: Latency,
     pub warm_all_pinned: bool,
+    /// Deployed mode: the catalog processes' `/metrics`, scraped before they stop.
+    pub metrics_text: String,
 }
 
 fn servers_dir() -> Option<PathBuf> {
@@ -114,9 +118,8 @@ fn reference_servers(dir: &Path, scratch: &Path) -> Vec<ServerConfig> {
     servers
 }
 
-/// Process ids whose parent is this process.
-fn child_processes() -> std::collections::HashSet<u32> {
-    let me = std::process::id();
+/// Process ids whose parent is one of `parents`.
+fn child_processes(parents: &[u32]) -> std::collections::HashSet<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Default::default();
     };
@@ -130,7 +133,7 @@ fn child_processes() -> std::collections::HashSet<u32> {
                     let rest = &stat[stat.rfind(')')? + 2..];
                     rest.split_whitespace().nth(1)?.parse::<u32>().ok()
                 })
-                == Some(me)
+                .is_some_and(|parent| parents.contains(&parent))
         })
         .collect()
 }
@@ -220,15 +223,11 @@ async fn run_catalog(
             servers,
         }],
     };
-    let stack = env
-        .builder()
-        .catalog(servers, settings, |_| {})
-        .start(&env.child_shutdown())
-        .await
-        .step("catalog")?;
+    let catalogs = Catalogs::start(env, servers, settings).await?;
+    let parents = catalogs.pids();
 
     let measured = async {
-        let children_before = child_processes();
+        let children_before = child_processes(&parents);
         progress.step(format!("catalog: live discovery of {count} real MCP servers"));
         let started = Instant::now();
         let live = prepare(env, "bench-live").await?;
@@ -251,7 +250,10 @@ async fn run_catalog(
         // the preparations measured next.
         progress.step("catalog: waiting for the discovered servers to exit");
         let exited = Instant::now();
-        while child_processes().difference(&children_before).count() > 0
+        while child_processes(&parents)
+            .difference(&children_before)
+            .count()
+            > 0
             && exited.elapsed() < Duration::from_secs(30)
         {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -287,9 +289,117 @@ async fn run_catalog(
             max_concurrent_starts,
             warm: Latency::of(warm),
             warm_all_pinned: all_pinned,
+            metrics_text: String::new(),
         })
     }
     .await;
-    let _ = tokio::time::timeout(Duration::from_secs(20), stack.stop()).await;
-    measured
+    let metrics_text = catalogs.stop().await;
+    measured.map(|preparation| CatalogPreparation {
+        metrics_text,
+        ..preparation
+    })
+}
+
+/// The catalog under measurement: in this process (single mode), or
+/// `REPLICAS` catalog processes sharing their memory (deployed mode), whose
+/// preparations NATS spreads over both: the warm ones on the replica that
+/// did not discover pin what the other put in the shared memory.
+enum Catalogs {
+    InProcess(ctxsync_stack::Stack),
+    Deployed(Deployed, PathBuf),
+}
+
+impl Catalogs {
+    async fn start(
+        env: &Env,
+        servers: CatalogConfig,
+        settings: catalog::Settings,
+    ) -> Result<Self, BenchError> {
+        if !env.services.is_deployed() {
+            let stack = env
+                .builder()
+                .catalog(servers, settings, |_| {})
+                .start(&env.child_shutdown())
+                .await
+                .step("catalog")?;
+            return Ok(Self::InProcess(stack));
+        }
+        // The binary reads its servers from a file and its tunables from env.
+        let file = env.log_dir().join("catalog.yaml");
+        let yaml = serde_yaml::to_string(&CatalogFile::of(&servers)).step("catalog config file")?;
+        std::fs::create_dir_all(env.log_dir()).step("catalog config file")?;
+        std::fs::write(&file, yaml).step("catalog config file")?;
+        let mut builder = env.builder();
+        for _ in 0..REPLICAS {
+            builder = builder.catalog(servers.clone(), settings.clone(), |_| {});
+        }
+        let connect = settings.connect_timeout.as_secs().to_string();
+        let builder = [
+            ("CTXSYNC_CATALOG_CONFIG", file.display().to_string()),
+            (
+                "CTXSYNC_CATALOG_WARMUP",
+                settings.warmup.enabled.to_string(),
+            ),
+            ("CTXSYNC_CATALOG_CONNECT_TIMEOUT_SECONDS", connect),
+            ("CTXSYNC_LOG", "warn".to_owned()),
+        ]
+        .into_iter()
+        .fold(builder, |builder, (name, value)| {
+            builder.binary_env(Service::Catalog, name, value)
+        });
+        let deployed = Deployed::spawn(&builder, &env.log_dir()).await?;
+        Ok(Self::Deployed(deployed, file))
+    }
+
+    /// Where the catalog's server processes are children of.
+    fn pids(&self) -> Vec<u32> {
+        match self {
+            Self::InProcess(_) => vec![std::process::id()],
+            Self::Deployed(deployed, _) => deployed.pids(),
+        }
+    }
+
+    /// Stops the catalog; returns the processes' metrics (deployed), for the
+    /// report's metric families.
+    async fn stop(self) -> String {
+        match self {
+            Self::InProcess(stack) => {
+                let _ = tokio::time::timeout(Duration::from_secs(20), stack.stop()).await;
+                String::new()
+            }
+            Self::Deployed(deployed, file) => {
+                let text = deployed.metrics_text().await;
+                deployed.stop().await;
+                let _ = std::fs::remove_file(file);
+                text
+            }
+        }
+    }
+}
+
+/// The catalog configuration file's shape, for the catalog binary.
+#[derive(serde::Serialize)]
+struct CatalogFile<'a> {
+    tenants: Vec<TenantFile<'a>>,
+}
+
+#[derive(serde::Serialize)]
+struct TenantFile<'a> {
+    id: &'a str,
+    servers: &'a [ServerConfig],
+}
+
+impl<'a> CatalogFile<'a> {
+    fn of(config: &'a CatalogConfig) -> Self {
+        Self {
+            tenants: config
+                .tenants
+                .iter()
+                .map(|tenant| TenantFile {
+                    id: &tenant.id,
+                    servers: &tenant.servers,
+                })
+                .collect(),
+        }
+    }
 }

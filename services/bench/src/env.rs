@@ -21,7 +21,8 @@ use rand::RngCore;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
-use crate::services::{Deployed, Mode, REPLICAS, Services};
+use crate::services::{Deployed, REPLICAS, Services};
+use crate::steps::Mode;
 use crate::steps::{BenchArgs, BenchError, Step};
 
 /// Bound of one call the bench makes to a service (waits included).
@@ -261,6 +262,11 @@ impl Env {
     pub fn builder(&self) -> StackBuilder {
         StackBuilder::new(self.nats_url.clone(), self.subjects.prefix())
             .database(self.database_url.clone())
+    }
+
+    /// Where deployed processes log (and the catalog's config file lives).
+    pub fn log_dir(&self) -> PathBuf {
+        self.data_dir.join("logs")
     }
 
     pub fn child_shutdown(&self) -> Shutdown {

@@ -6,7 +6,7 @@
 //! The services (snapshot-store, agent-ingest, chat-gate, catalog) run in this
 //! process, started by the stack builder (`ctxsync-stack`), or with `--mode
 //! deployed` each as its own process, two replicas each, on a three-node NATS
-//! cluster (the catalog section's catalog still runs in this process), on a fresh database
+//! cluster (the catalog section: two catalog processes sharing their memory), on a fresh database
 //! (`ctxsync_bench_<random>`, dropped at the end) and a fresh subject prefix,
 //! so a bench never touches an installation's data. They still talk only over
 //! NATS and HTTP, exactly as when deployed separately.
@@ -22,7 +22,7 @@ mod steps;
 mod wake;
 
 pub use report::Report;
-pub use services::Mode;
+pub use steps::Mode;
 use steps::Sizes;
 pub use steps::{BenchArgs, BenchError, Progress};
 
@@ -74,7 +74,9 @@ async fn sections(
 
     report.catalog = catalog_prep::measure(env, sizes, progress).await?;
 
-    report.metrics = report::metric_families(&env.services.metrics_text().await);
+    let mut metrics = env.services.metrics_text().await;
+    metrics.push_str(&report.catalog.metrics_text);
+    report.metrics = report::metric_families(&metrics);
     report.evaluate();
     Ok(report)
 }

@@ -14,26 +14,6 @@ use tokio::process::{Child, Command};
 
 use crate::steps::{BenchError, Step};
 
-/// How the services run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum Mode {
-    /// In the bench's process, on one NATS server.
-    #[default]
-    Single,
-    /// Each service its own process (the built binaries), two replicas
-    /// each, on a three-node NATS cluster the bench starts.
-    Deployed,
-}
-
-impl Mode {
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Single => "single",
-            Self::Deployed => "deployed",
-        }
-    }
-}
-
 /// Replicas of each service in deployed mode.
 pub const REPLICAS: usize = 2;
 
@@ -96,27 +76,23 @@ impl Services {
         }
     }
 
-    /// The `/metrics` text the services render (deployed: every process's,
-    /// and this process's for the catalog section's catalog).
+    /// The `/metrics` text the services render (deployed: every process's).
     pub async fn metrics_text(&self) -> String {
         match self {
             Self::InProcess(_) => ctxsync_runtime::metrics::handle().render(),
-            Self::Deployed(deployed) => {
-                // The catalog section's catalog runs in this process.
-                let mut text = ctxsync_runtime::metrics::handle().render();
-                for process in &deployed.processes {
-                    text.push_str(&deployed.scrape(process.http_addr).await.unwrap_or_default());
-                }
-                text
-            }
+            Self::Deployed(deployed) => deployed.metrics_text().await,
         }
+    }
+
+    pub fn is_deployed(&self) -> bool {
+        matches!(self, Self::Deployed(_))
     }
 
     pub fn describe(&self) -> String {
         match self {
             Self::InProcess(_) => "single: every service in the bench's process".into(),
             Self::Deployed(deployed) => format!(
-                "deployed: {} processes ({REPLICAS} replicas each of snapshot-store, agent-ingest, chat-gate)",
+                "deployed: {} processes ({REPLICAS} replicas each of snapshot-store, agent-ingest, chat-gate; the catalog section its own {REPLICAS})",
                 deployed.processes.len()
             ),
         }
@@ -128,11 +104,7 @@ impl Services {
             Self::InProcess(stack) => {
                 let _ = tokio::time::timeout(within, stack.join()).await;
             }
-            Self::Deployed(mut deployed) => {
-                for process in &mut deployed.processes {
-                    let _ = process.child.kill().await;
-                }
-            }
+            Self::Deployed(deployed) => deployed.stop().await,
         }
     }
 }
@@ -209,6 +181,27 @@ impl Deployed {
                 ));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Every process's `/metrics` text (one that does not answer adds nothing).
+    pub async fn metrics_text(&self) -> String {
+        let mut text = String::new();
+        for process in &self.processes {
+            text.push_str(&self.scrape(process.http_addr).await.unwrap_or_default());
+        }
+        text
+    }
+
+    /// The processes' ids.
+    pub fn pids(&self) -> Vec<u32> {
+        self.processes.iter().filter_map(|p| p.child.id()).collect()
+    }
+
+    /// Kills every process.
+    pub async fn stop(mut self) {
+        for process in &mut self.processes {
+            let _ = process.child.kill().await;
         }
     }
 

@@ -19,8 +19,8 @@ pub struct BenchArgs {
     /// How the services run: `single` (in the bench's process, as `ctxsync
     /// up` runs them) or `deployed` (each its own process, two replicas each,
     /// on a three-node NATS cluster the bench starts unless NATS_URL is given).
-    #[arg(long, value_enum, default_value_t = crate::services::Mode::Single)]
-    pub mode: crate::services::Mode,
+    #[arg(long, value_enum, default_value_t = Mode::Single)]
+    pub mode: Mode,
 
     /// NATS server URL or a comma-separated list of a cluster's URLs; when
     /// unset, 127.0.0.1:4222 if it answers, else a private nats-server.
@@ -139,6 +139,26 @@ impl Progress {
     pub fn done(&self) {
         if self.terminal {
             let _ = write!(std::io::stderr(), "\r\x1b[2K");
+        }
+    }
+}
+
+/// How the services run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Mode {
+    /// In the bench's process, on one NATS server.
+    #[default]
+    Single,
+    /// Each service its own process (the built binaries), two replicas
+    /// each, on a three-node NATS cluster the bench starts.
+    Deployed,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Single => "single",
+            Self::Deployed => "deployed",
         }
     }
 }
