@@ -313,8 +313,8 @@ impl McpSession {
         Ok(bound)
     }
 
-    fn withdrawn(&self, bound: &Bound) -> BTreeSet<String> {
-        withdrawn(&self.endpoint, bound)
+    async fn withdrawn(&self, bound: &Bound) -> BTreeSet<String> {
+        withdrawn(&self.endpoint, bound).await
     }
 
     async fn prepare(&self, caller: Caller) -> Result<(), ErrorData> {
@@ -362,11 +362,12 @@ impl McpSession {
 }
 
 /// The tools withdrawn in the catalog session, as offered names.
-fn withdrawn(endpoint: &Endpoint, bound: &Bound) -> BTreeSet<String> {
+async fn withdrawn(endpoint: &Endpoint, bound: &Bound) -> BTreeSet<String> {
     endpoint
         .commands
         .sessions
         .withdrawn(&bound.tenant, &bound.session_id)
+        .await
         .into_iter()
         .map(|(server, tool)| format!("{server}{TOOL_NAME_SEPARATOR}{tool}"))
         .collect()
@@ -427,7 +428,7 @@ async fn watch_changes(
         let Some(bound) = state.bound.get() else {
             break;
         };
-        if state.announce(withdrawn(&endpoint, bound)) {
+        if state.announce(withdrawn(&endpoint, bound).await) {
             notify_list_changed(peer.clone());
         }
     }
@@ -550,7 +551,7 @@ impl ServerHandler for McpSession {
     ) -> Result<ListToolsResult, ErrorData> {
         counted("tools/list");
         let bound = self.bound(&context.extensions)?;
-        let withdrawn = self.withdrawn(bound);
+        let withdrawn = self.withdrawn(bound).await;
         let tools: Vec<Tool> = bound
             .tools
             .iter()
@@ -597,7 +598,7 @@ impl ServerHandler for McpSession {
                 arguments_json: serde_json::Value::Object(arguments).to_string(),
             })
             .await;
-        if self.state.announce(self.withdrawn(bound)) {
+        if self.state.announce(self.withdrawn(bound).await) {
             notify_list_changed(context.peer.clone());
         }
         Ok(result_of(reply).into())

@@ -15,6 +15,9 @@ use tokio::task::JoinHandle;
 use crate::store::{self, StoredPin};
 use crate::tools::CatalogDiff;
 
+/// How long listing a session's withdrawals waits for a busy server slot.
+const WITHDRAWN_LOCK_WAIT: Duration = Duration::from_secs(2);
+
 type SessionKey = (String, String);
 
 /// Sessions with loaded pins and possibly open transports.
@@ -63,14 +66,17 @@ impl Sessions {
 
     /// The pinned tools of a session, as `(server, tool)`, that its open
     /// transports found removed or changed since the pin.
-    pub fn withdrawn(&self, tenant: &str, session_id: &str) -> Vec<(String, String)> {
+    pub async fn withdrawn(&self, tenant: &str, session_id: &str) -> Vec<(String, String)> {
         let session = self
             .inner
             .lock()
             .expect("sessions lock")
             .get(&(tenant.to_owned(), session_id.to_owned()))
             .cloned();
-        session.map(|s| s.withdrawn()).unwrap_or_default()
+        match session {
+            Some(session) => session.withdrawn().await,
+            None => Vec::new(),
+        }
     }
 
     /// Forgets the session and closes its transports; returns how many.
@@ -235,11 +241,17 @@ impl Session {
         *self.last_used.lock().expect("session lock") = Instant::now();
     }
 
-    fn withdrawn(&self) -> Vec<(String, String)> {
+    async fn withdrawn(&self) -> Vec<(String, String)> {
         let mut withdrawn = Vec::new();
         for (server, slot) in self.slots() {
-            // A slot busy with a (re)connect is looked at on the next list.
-            let (Ok(slot), Some(pin)) = (slot.try_lock(), self.pins.get(&server)) else {
+            let Some(pin) = self.pins.get(&server) else {
+                continue;
+            };
+            // A slot busy with a re-list (after the server said its tools
+            // changed) is waited for, so a list right after it sees the
+            // withdrawal; one busy longer (a long call) is looked at on the
+            // next list.
+            let Ok(slot) = tokio::time::timeout(WITHDRAWN_LOCK_WAIT, slot.lock()).await else {
                 continue;
             };
             if let Some(live) = &slot.live {
