@@ -15,7 +15,8 @@ use ctxsync_proto::subjects::Subjects;
 use ctxsync_proto::v1::mcp_discovery::Phase;
 use ctxsync_proto::v1::{ContextResource, PushContextStateRequest};
 use ctxsync_runtime::nats::NatsConnection;
-use testkit::agent::{Kind, Sent, StoredAgent};
+use testkit::agent::{FakeAgent, Kind, Sent, StoredAgent};
+use testkit::chat::{ChatAnswer, http_turn, nats_turn};
 use testkit::metrics::Metrics;
 use testkit::store::StoreClient;
 use testkit::{Process, ProcessBuilder};
@@ -372,4 +373,56 @@ pub async fn push_until_answered(
         push.version,
         agent.agent_id()
     );
+}
+
+/// Registers `count` agents named `<name>-<i>`, each started with its first
+/// push PENDING: chats asking about them wait.
+pub async fn pending_agents(
+    store: &StoreClient,
+    ingest_url: &str,
+    name: &str,
+    count: usize,
+) -> Vec<FakeAgent> {
+    let mut agents = Vec::with_capacity(count);
+    for i in 0..count {
+        let mut agent = FakeAgent::register(store, ingest_url, &format!("{name}-{i}")).await;
+        assert!(agent.startup().await.answer.is_accepted());
+        let pending = tagged_push(agent.run_id(), 1, Phase::Pending);
+        assert!(agent.push(&pending).await.answer.is_accepted());
+        agents.push(agent);
+    }
+    agents
+}
+
+/// A waiting first turn per agent over the gate's HTTP API (chat `http-<id>`)
+/// and one over NATS through `client` (chat `nats-<id>`), each bounded by 150 s.
+pub fn first_turns_both_ways(
+    http: &reqwest::Client,
+    gate: SocketAddr,
+    client: &async_nats::Client,
+    subjects: &Subjects,
+    agents: &[FakeAgent],
+) -> Vec<tokio::task::JoinHandle<ChatAnswer>> {
+    const WAIT: Duration = Duration::from_secs(150);
+    let mut chats = Vec::with_capacity(agents.len() * 2);
+    for agent in agents {
+        let agent_id = agent.agent_id().to_owned();
+        let (http, id) = (http.clone(), agent_id.clone());
+        chats.push(tokio::spawn(async move {
+            http_turn(&http, gate, &format!("http-{id}"), &id, true, WAIT).await
+        }));
+        let (client, subjects) = (client.clone(), subjects.clone());
+        chats.push(tokio::spawn(async move {
+            nats_turn(
+                &client,
+                &subjects,
+                &format!("nats-{agent_id}"),
+                &agent_id,
+                true,
+                WAIT,
+            )
+            .await
+        }));
+    }
+    chats
 }

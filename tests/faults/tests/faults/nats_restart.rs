@@ -5,11 +5,9 @@ use std::time::{Duration, Instant};
 
 use ctxsync_proto::v1::mcp_discovery::Phase;
 use faults::{
-    Cluster, Summary, addr_of, all_ready, metrics_of, push_until_answered, tagged_push, url_of,
-    wait_gauge, wait_until,
+    Cluster, Summary, addr_of, all_ready, first_turns_both_ways, metrics_of, pending_agents,
+    push_until_answered, tagged_push, url_of, wait_gauge, wait_until,
 };
-use testkit::agent::FakeAgent;
-use testkit::chat::{http_turn, nats_turn};
 use testkit::{NatsServer, TestDatabase};
 
 const AGENTS: usize = 25;
@@ -32,44 +30,14 @@ async fn nats_restarted_while_fifty_chats_wait_all_are_answered_ready() {
     store_client.create_test_tenant_key().await;
     let ingest_url = url_of(&ingest);
 
-    let mut agents = Vec::with_capacity(AGENTS);
-    for i in 0..AGENTS {
-        let mut agent =
-            FakeAgent::register(&store_client, &ingest_url, &format!("agent-{i}")).await;
-        assert!(agent.startup().await.answer.is_accepted());
-        let pending = tagged_push(agent.run_id(), 1, Phase::Pending);
-        assert!(agent.push(&pending).await.answer.is_accepted());
-        agents.push(agent);
-    }
-    let mut chats = Vec::new();
-    for agent in &agents {
-        let agent_id = agent.agent_id().to_owned();
-        let (http, gate_addr) = (cluster.http.clone(), addr_of(&gate));
-        let id = agent_id.clone();
-        chats.push(tokio::spawn(async move {
-            http_turn(
-                &http,
-                gate_addr,
-                &format!("http-{id}"),
-                &id,
-                true,
-                Duration::from_secs(150),
-            )
-            .await
-        }));
-        let (client, subjects) = (nats_client.client.clone(), cluster.subjects.clone());
-        chats.push(tokio::spawn(async move {
-            nats_turn(
-                &client,
-                &subjects,
-                &format!("nats-{agent_id}"),
-                &agent_id,
-                true,
-                Duration::from_secs(150),
-            )
-            .await
-        }));
-    }
+    let mut agents = pending_agents(&store_client, &ingest_url, "agent", AGENTS).await;
+    let chats = first_turns_both_ways(
+        &cluster.http,
+        addr_of(&gate),
+        &nats_client.client,
+        &cluster.subjects,
+        &agents,
+    );
     let waiting = chats.len();
     wait_gauge(
         &cluster.http,

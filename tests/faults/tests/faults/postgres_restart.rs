@@ -7,11 +7,10 @@ use std::time::{Duration, Instant};
 
 use ctxsync_proto::v1::mcp_discovery::Phase;
 use faults::{
-    Cluster, Summary, addr_of, all_ready, check_pushes, push_until_answered, tagged_push, url_of,
-    wait_gauge, wait_until,
+    Cluster, Summary, addr_of, all_ready, check_pushes, first_turns_both_ways, pending_agents,
+    push_until_answered, tagged_push, url_of, wait_gauge, wait_until,
 };
 use testkit::agent::{Answer, FakeAgent, stored_agents};
-use testkit::chat::{http_turn, nats_turn};
 use testkit::{NatsServer, PrivatePostgres};
 
 const LOAD_AGENTS: usize = 8;
@@ -41,43 +40,14 @@ async fn postgres_killed_and_restarted_under_load_loses_no_acked_push_and_answer
     let ingest_url = url_of(&ingest);
 
     // Chats wait on agents whose discovery is pending.
-    let mut chat_agents = Vec::new();
-    for i in 0..CHAT_AGENTS {
-        let mut agent = FakeAgent::register(&store_client, &ingest_url, &format!("chat-{i}")).await;
-        assert!(agent.startup().await.answer.is_accepted());
-        let pending = tagged_push(agent.run_id(), 1, Phase::Pending);
-        assert!(agent.push(&pending).await.answer.is_accepted());
-        chat_agents.push(agent);
-    }
-    let mut chats = Vec::new();
-    for agent in &chat_agents {
-        let agent_id = agent.agent_id().to_owned();
-        let (http, gate_addr) = (cluster.http.clone(), addr_of(&gate));
-        let id = agent_id.clone();
-        chats.push(tokio::spawn(async move {
-            http_turn(
-                &http,
-                gate_addr,
-                &format!("http-{id}"),
-                &id,
-                true,
-                Duration::from_secs(150),
-            )
-            .await
-        }));
-        let (client, subjects) = (nats_client.client.clone(), cluster.subjects.clone());
-        chats.push(tokio::spawn(async move {
-            nats_turn(
-                &client,
-                &subjects,
-                &format!("nats-{agent_id}"),
-                &agent_id,
-                true,
-                Duration::from_secs(150),
-            )
-            .await
-        }));
-    }
+    let mut chat_agents = pending_agents(&store_client, &ingest_url, "chat", CHAT_AGENTS).await;
+    let chats = first_turns_both_ways(
+        &cluster.http,
+        addr_of(&gate),
+        &nats_client.client,
+        &cluster.subjects,
+        &chat_agents,
+    );
     let waiting = chats.len();
     wait_gauge(
         &cluster.http,
