@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
-use ctxsync_mcp::{ToolDecl, TransportKind};
+use ctxsync_mcp::{Declarations, PromptDecl, ResourceDecl, ToolDecl, TransportKind};
 use ctxsync_proto::v1::{CatalogMemoryEntry, McpTool, McpTransport};
 use futures::StreamExt as _;
 use prost::Message as _;
@@ -96,12 +96,19 @@ pub fn encode(entry: &Entry) -> Bytes {
         catalog_hash: entry.catalog.hash.clone(),
         discovered_at_unix_ms,
         release: entry.release.clone(),
+        prompts: entry.catalog.prompts.iter().map(|p| p.to_proto()).collect(),
+        resources: entry
+            .catalog
+            .resources
+            .iter()
+            .map(|r| r.to_proto())
+            .collect(),
     }
     .encode_to_vec()
     .into()
 }
 
-/// The entry a value holds; its catalog hash is computed again from its tools.
+/// The entry a value holds; its catalog hash is computed again from its declarations.
 pub fn decode(value: &[u8]) -> Result<Entry, String> {
     let stored = CatalogMemoryEntry::decode(value).map_err(|e| e.to_string())?;
     let transport = match McpTransport::try_from(stored.transport) {
@@ -124,9 +131,29 @@ pub fn decode(value: &[u8]) -> Result<Entry, String> {
             },
         )
         .collect();
+    let prompts = stored
+        .prompts
+        .into_iter()
+        .map(|p| PromptDecl {
+            name: p.name,
+            declaration_json: p.declaration_json,
+        })
+        .collect();
+    let resources = stored
+        .resources
+        .into_iter()
+        .map(|r| ResourceDecl {
+            uri: r.uri,
+            declaration_json: r.declaration_json,
+        })
+        .collect();
     Ok(Entry {
         transport,
-        catalog: mcp::catalog_of(tools),
+        catalog: mcp::catalog_of(Declarations {
+            tools,
+            prompts,
+            resources,
+        }),
         discovered_at: UNIX_EPOCH + Duration::from_millis(stored.discovered_at_unix_ms),
         release: stored.release,
     })
@@ -462,11 +489,21 @@ mod tests {
 
     #[test]
     fn an_entry_round_trips_and_its_hash_is_computed_again() {
-        let catalog = mcp::catalog_of(vec![ToolDecl {
-            name: "echo".into(),
-            description: "Echo".into(),
-            input_schema_json: r#"{"type":"object"}"#.into(),
-        }]);
+        let catalog = mcp::catalog_of(Declarations {
+            tools: vec![ToolDecl {
+                name: "echo".into(),
+                description: "Echo".into(),
+                input_schema_json: r#"{"type":"object"}"#.into(),
+            }],
+            prompts: vec![PromptDecl {
+                name: "greet".into(),
+                declaration_json: r#"{"name":"greet","arguments":[{"name":"who"}]}"#.into(),
+            }],
+            resources: vec![ResourceDecl {
+                uri: "test://a".into(),
+                declaration_json: r#"{"uri":"test://a","name":"a"}"#.into(),
+            }],
+        });
         let entry = Entry {
             transport: TransportKind::StreamableHttp,
             catalog: catalog.clone(),

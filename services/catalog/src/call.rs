@@ -1,13 +1,16 @@
-//! The `call` command: a pinned server starts on the first call of one of its
-//! tools, its live catalog is compared with the session's pin (a tool
-//! removed or changed since is withdrawn), and its transport stays open for
-//! the session's later calls.
+//! The `call` command: a pinned server starts on the first use of one of its
+//! tools, prompts or resources, its live catalog is compared with the
+//! session's pin (an item removed or changed since is withdrawn), and its
+//! transport stays open for the session's later calls.
 //!
 //! One call, step by step: find the pin and the configured server
 //! ([`Call::target`]); make the server ready ([`Call::ready`]: connect, or
-//! re-list after `tools/list_changed`, recording what changed); refuse a
-//! withdrawn tool ([`Call::withdrawn`]); call it ([`Call::invoke`]); classify
-//! the result ([`classify`]); record `mcp.tool.called`.
+//! re-list after a list change, recording what changed); refuse a
+//! withdrawn item ([`Call::withdrawn`]); use it ([`Call::invoke`]: a tool
+//! call, `prompts/get` or `resources/read`); classify the result
+//! ([`classify`]); record `mcp.tool.called` (`mcp.prompt.got`,
+//! `mcp.resource.read`). A prompt's or resource's error codes are the
+//! tool's with its own prefix (`prompt.withdrawn`, `resource.timeout`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,11 +25,11 @@ use crate::config::{ConfiguredServer, Current, Processes};
 use crate::discovery::{Cause, Discoverer, OpenServer};
 use crate::events::{Events, ms, ms_precise};
 use crate::mcp::{self, Failure};
-use crate::request::{codes, error, valid_request_id};
+use crate::request::{MAX_RESOURCE_URI_BYTES, codes, error, valid_bounded, valid_request_id};
 use crate::sessions::{LiveServer, Session, Sessions, Slot};
 use crate::shared::{self, SharedServers};
 use crate::store::{GenerationRef, NewEvent, StoredPin, kinds};
-use crate::tools::{Catalog, CatalogDiff};
+use crate::tools::{Catalog, CatalogDiff, Item};
 
 type Arguments = serde_json::Map<String, serde_json::Value>;
 
@@ -122,7 +125,10 @@ impl Call {
 
     pub async fn handle(&self, request: CatalogCallRequest) -> CatalogCallReply {
         let started = Instant::now();
-        let reply = self.call(&request).await;
+        let mut reply = self.call(&request).await;
+        if let Some(error) = &mut reply.error {
+            error.code = code_for(item_of(&request), &error.code);
+        }
         let outcome = match &reply.error {
             Some(e) => e.code.clone(),
             None => "ok".to_owned(),
@@ -137,7 +143,7 @@ impl Call {
         let validated = valid_request_id("tenant", tenant)
             .and_then(|()| valid_request_id("session_id", session_id))
             .and_then(|()| valid_request_id("server_id", &request.server_id))
-            .and_then(|()| valid_request_id("tool", &request.tool));
+            .and_then(|()| valid_item(request));
         if let Err(message) = validated {
             return call_error(codes::REQUEST_INVALID, message);
         }
@@ -218,13 +224,15 @@ impl Call {
                 format!("server {server_id:?} is not pinned in this session"),
             ));
         };
-        // Tools the server added after the pin stay unadvertised: unknown here.
-        if pin.catalog.tool(&request.tool).is_none() {
+        // Items the server added after the pin stay unadvertised: unknown here.
+        let item = item_of(request);
+        if !pin.catalog.has(item) {
             return Err(call_error(
                 codes::TOOL_NOT_FOUND,
                 format!(
-                    "tool {:?} is not in the session's pin of server {server_id:?}",
-                    request.tool
+                    "{} {:?} is not in the session's pin of server {server_id:?}",
+                    item.kind(),
+                    item.key()
                 ),
             ));
         }
@@ -369,10 +377,10 @@ impl Call {
             Some((catalog, duration)) => (catalog, Some(duration)),
             None => {
                 let listed =
-                    tokio::time::timeout(self.connect_timeout, attached.connection.list_tools())
+                    tokio::time::timeout(self.connect_timeout, attached.connection.list_all())
                         .await;
                 match listed {
-                    Ok(Ok(tools)) => (Arc::new(mcp::catalog_of(tools)), None),
+                    Ok(Ok(declared)) => (Arc::new(mcp::catalog_of(declared)), None),
                     Ok(Err(e)) => {
                         let failure =
                             Failure::from_error(&target.server.spec(), &e, started.elapsed());
@@ -474,9 +482,9 @@ impl Call {
     /// A failed re-list keeps the previous comparison.
     async fn relist(&self, target: &Target<'_>, slot: &mut Slot, connection: &Connection) {
         let server_id = &target.request.server_id;
-        match tokio::time::timeout(self.connect_timeout, connection.list_tools()).await {
-            Ok(Ok(tools)) => {
-                let catalog = Arc::new(mcp::catalog_of(tools));
+        match tokio::time::timeout(self.connect_timeout, connection.list_all()).await {
+            Ok(Ok(declared)) => {
+                let catalog = Arc::new(mcp::catalog_of(declared));
                 self.discovery.relisted(&target.server, catalog.clone());
                 if let Some(live) = slot.live() {
                     live.set_diff(target.pin.catalog.diff(&catalog));
@@ -494,13 +502,13 @@ impl Call {
         }
     }
 
-    /// Refuses a tool removed or changed since the pin (recorded as `withdrawn`).
+    /// Refuses an item removed or changed since the pin (recorded as `withdrawn`).
     async fn withdrawn(&self, target: &Target<'_>, ready: &Ready) -> Option<CatalogCallReply> {
-        let tool = &target.request.tool;
-        if !ready.diff.withdraws(tool) {
+        let item = item_of(target.request);
+        if !ready.diff.withdraws_item(item) {
             return None;
         }
-        let reason = if ready.diff.removed.contains(tool) {
+        let reason = if ready.diff.removes_item(item) {
             "removed"
         } else {
             "changed"
@@ -516,7 +524,9 @@ impl Call {
         Some(call_error(
             codes::TOOL_WITHDRAWN,
             format!(
-                "tool {tool:?} of server {:?} was {reason} since the session pinned it",
+                "{} {:?} of server {:?} was {reason} since the session pinned it",
+                item.kind(),
+                item.key(),
                 target.request.server_id
             ),
         ))
@@ -533,14 +543,19 @@ impl Call {
         arguments: Arguments,
     ) -> (CatalogCallReply, &'static str, Duration) {
         let limits = &target.server.config.limits;
+        let timeout = Duration::from_secs(limits.call_timeout_seconds);
         let started = Instant::now();
-        let result = connection
-            .call_tool(
-                &target.request.tool,
-                arguments,
-                Duration::from_secs(limits.call_timeout_seconds),
-            )
-            .await;
+        let result = match item_of(target.request) {
+            Item::Tool(name) => connection.call_tool(name, arguments, timeout).await,
+            Item::Prompt(name) => connection
+                .get_prompt(name, arguments, timeout)
+                .await
+                .map(whole_result),
+            Item::Resource(uri) => connection
+                .read_resource(uri, timeout)
+                .await
+                .map(whole_result),
+        };
         let duration = started.elapsed();
         let (reply, outcome, transport_broke) = classify(target, result, duration);
         if transport_broke {
@@ -639,6 +654,52 @@ impl Call {
     }
 }
 
+/// What the request names: its prompt, else its resource, else its tool.
+fn item_of(request: &CatalogCallRequest) -> Item<'_> {
+    if !request.prompt.is_empty() {
+        Item::Prompt(&request.prompt)
+    } else if !request.resource_uri.is_empty() {
+        Item::Resource(&request.resource_uri)
+    } else {
+        Item::Tool(&request.tool)
+    }
+}
+
+/// Exactly one of `tool`, `prompt` and `resource_uri`, each a valid id (a
+/// URI may be longer).
+fn valid_item(request: &CatalogCallRequest) -> Result<(), String> {
+    let named = [&request.tool, &request.prompt, &request.resource_uri]
+        .iter()
+        .filter(|v| !v.is_empty())
+        .count();
+    if named > 1 {
+        return Err("name exactly one of tool, prompt and resource_uri".to_owned());
+    }
+    match item_of(request) {
+        Item::Tool(tool) => valid_request_id("tool", tool),
+        Item::Prompt(prompt) => valid_request_id("prompt", prompt),
+        Item::Resource(uri) => valid_bounded("resource_uri", uri, MAX_RESOURCE_URI_BYTES),
+    }
+}
+
+/// The code of a tool's error, for `item`: `tool.timeout` is
+/// `prompt.timeout` for a prompt; server and session codes stay.
+fn code_for(item: Item<'_>, code: &str) -> String {
+    match (item, code.strip_prefix("tool.")) {
+        (Item::Tool(_), _) | (_, None) => code.to_owned(),
+        (item, Some(rest)) => format!("{}.{rest}", item.kind()),
+    }
+}
+
+/// A prompt's or resource's whole result as a call's content.
+fn whole_result(json: String) -> CallOutcome {
+    CallOutcome {
+        is_error: false,
+        content_json: json,
+        structured_content_json: None,
+    }
+}
+
 /// The call's arguments: a JSON object, or nothing.
 fn arguments_of(json: &str) -> Result<Arguments, String> {
     if json.trim().is_empty() {
@@ -730,7 +791,7 @@ fn server_event(target: &Target<'_>, kind: &'static str, payload: serde_json::Va
     }
 }
 
-/// `mcp.tool.called`.
+/// `mcp.tool.called`, `mcp.prompt.got` or `mcp.resource.read`.
 fn called_event(
     target: &Target<'_>,
     first_call: bool,
@@ -738,12 +799,18 @@ fn called_event(
     duration: Duration,
     setup: &Setup,
 ) -> NewEvent {
+    let item = item_of(target.request);
+    let (kind, field) = match item {
+        Item::Tool(_) => (kinds::TOOL_CALLED, "tool"),
+        Item::Prompt(_) => (kinds::PROMPT_GOT, "prompt"),
+        Item::Resource(_) => (kinds::RESOURCE_READ, "uri"),
+    };
     server_event(
         target,
-        kinds::TOOL_CALLED,
+        kind,
         json!({
             "transport": target.server.transport_kind().as_str(),
-            "tool": target.request.tool,
+            field: item.key(),
             "outcome": outcome,
             "first_call": first_call,
             "connected": setup.connected,

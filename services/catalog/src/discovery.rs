@@ -1,13 +1,14 @@
 //! Live discovery: starting or opening a configured server and listing its
-//! tools. It alone writes the memory, and so the shared memory bucket: a
-//! success replaces the server's entry (put), a failure forgets it (delete). It bounds the stdio servers started at once for
+//! tools, prompts and resources. It alone writes the memory, and so the
+//! shared memory bucket: a success replaces the server's entry (put), a
+//! failure forgets it (delete). It bounds the stdio servers started at once for
 //! users (preparations and calls; the warm-up runs on its own) and tracks the
 //! servers closing after a discovery, so shutdown can wait for them.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ctxsync_mcp::{Connection, McpError, TransportKind};
+use ctxsync_mcp::{Connection, Declarations, McpError, Opened, TransportKind};
 use tokio::sync::{Semaphore, SemaphorePermit, mpsc};
 use tokio_util::task::TaskTracker;
 
@@ -33,6 +34,24 @@ impl Cause {
             Self::Warmup => "warmup",
         }
     }
+}
+
+/// An opened server's connection, what it declared, and how long connect
+/// and lists took.
+fn split(opened: Opened) -> (Connection, Declarations, Duration) {
+    let Opened {
+        connection,
+        tools,
+        prompts,
+        resources,
+        duration,
+    } = opened;
+    let declared = Declarations {
+        tools,
+        prompts,
+        resources,
+    };
+    (connection, declared, duration)
 }
 
 /// A successful live discovery.
@@ -89,26 +108,33 @@ impl Discoverer {
         };
         let spec = server.spec();
         let started = Instant::now();
-        let result = if cause == Cause::Warmup {
-            ctxsync_mcp::discover(&spec, timeout)
-                .await
-                .map(|discovery| (discovery.tools, discovery.duration))
-        } else {
-            // A user waits for the tools, not for the server to exit.
-            ctxsync_mcp::open_and_list(&spec, timeout, None)
-                .await
-                .map(|opened| {
-                    self.closing.spawn(opened.connection.close());
-                    (opened.tools, opened.duration)
-                })
-                .map_err(|failed| failed.error)
+        let result = ctxsync_mcp::open_and_list_all(&spec, timeout, None)
+            .await
+            .map_err(|failed| failed.error);
+        let result = match result {
+            // The warm-up goes strictly one server at a time: it waits for the exit.
+            Ok(opened) if cause == Cause::Warmup => {
+                let (connection, declared, duration) = split(opened);
+                connection
+                    .close_within(timeout.saturating_sub(started.elapsed()))
+                    .await;
+                Ok((declared, duration))
+            }
+            // A user waits for the declarations, not for the server to exit.
+            Ok(opened) => {
+                let (connection, declared, duration) = split(opened);
+                self.closing.spawn(connection.close());
+                Ok((declared, duration))
+            }
+            Err(error) => Err(error),
         };
         match result {
-            Ok((tools, duration)) => {
-                let catalog = self.succeeded(server, tools, duration, cause);
+            Ok((declared, duration)) => {
+                let catalog = self.succeeded(server, declared, duration, cause);
                 tracing::debug!(
                     tenant = %server.tenant, server = server.id(), cause = cause.as_str(),
-                    tools = catalog.tools.len(), duration_ms = ms(duration),
+                    tools = catalog.tools.len(), prompts = catalog.prompts.len(),
+                    resources = catalog.resources.len(), duration_ms = ms(duration),
                     "live discovery"
                 );
                 Ok(Live { catalog, duration })
@@ -127,13 +153,16 @@ impl Discoverer {
         let _permit = self.start_slot(server).await;
         let (sender, tools_changed) = mpsc::unbounded_channel();
         let started = Instant::now();
-        match ctxsync_mcp::open_and_list(&server.spec(), timeout, Some(sender)).await {
-            Ok(opened) => Ok(OpenServer {
-                catalog: self.succeeded(server, opened.tools, opened.duration, Cause::Call),
-                connection: opened.connection,
-                duration: opened.duration,
-                tools_changed,
-            }),
+        match ctxsync_mcp::open_and_list_all(&server.spec(), timeout, Some(sender)).await {
+            Ok(opened) => {
+                let (connection, declared, duration) = split(opened);
+                Ok(OpenServer {
+                    catalog: self.succeeded(server, declared, duration, Cause::Call),
+                    connection,
+                    duration,
+                    tools_changed,
+                })
+            }
             Err(failed) => {
                 let failure = self.failed(server, &failed.error, started.elapsed(), Cause::Call);
                 tracing::info!(server = server.id(), error = %failure.message, "call-time connect failed");
@@ -173,12 +202,12 @@ impl Discoverer {
     fn succeeded(
         &self,
         server: &ConfiguredServer,
-        tools: Vec<ctxsync_mcp::ToolDecl>,
+        declared: Declarations,
         duration: Duration,
         cause: Cause,
     ) -> Arc<Catalog> {
         let kind = server.transport_kind();
-        let catalog = Arc::new(mcp::catalog_of(tools));
+        let catalog = Arc::new(mcp::catalog_of(declared));
         self.memory.remember(&server.key, kind, catalog.clone());
         metrics::histogram!(
             "ctxsync_catalog_handshake_seconds",

@@ -12,16 +12,22 @@
 //!   (lazy start, withdrawal rules, the server's call timeout), and the end
 //!   of the MCP session (DELETE, idle expiry, shutdown) ends the catalog
 //!   session, which stops its servers.
+//! * Prompts are served the same way (`prompts/list` as `server__prompt`,
+//!   `prompts/get` through [`Call`]); resources by their own URIs
+//!   (`resources/read` goes to the server that declared the URI, the first
+//!   in configured order when two did).
 //! * A catalog error is a tool result with `isError: true`: its code and
-//!   message in `structuredContent.error` and as text.
-//! * When a call finds tools withdrawn that the client was not told about,
-//!   the session is sent `notifications/tools/list_changed`.
+//!   message in `structuredContent.error` and as text. For a prompt or a
+//!   resource it is a JSON-RPC error carrying the code in `data.code`.
+//! * When a call finds tools, prompts or resources withdrawn that the
+//!   client was not told about, the session is sent the matching
+//!   `notifications/*/list_changed`.
 //! * A session answers only the tenant that opened it: a request with
 //!   another tenant's key is refused (404 before MCP once the session is
 //!   known, and an MCP error inside it).
 
 use std::borrow::Cow;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -33,9 +39,11 @@ use ctxsync_proto::v1::catalog_pin::Source;
 use ctxsync_proto::v1::{CatalogCallReply, CatalogCallRequest, CatalogPrepareRequest};
 use ctxsync_runtime::tenant_keys::{self, Caller, TenantKeys};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData, Extensions,
-    Implementation, InitializeRequestParams, InitializeResult, JsonObject, ListToolsResult,
-    PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorCode, ErrorData,
+    Extensions, GetPromptRequestParams, GetPromptResponse, GetPromptResult, Implementation,
+    InitializeRequestParams, InitializeResult, JsonObject, ListPromptsResult, ListResourcesResult,
+    ListToolsResult, PaginatedRequestParams, Prompt, ProtocolVersion, ReadResourceRequestParams,
+    ReadResourceResponse, ReadResourceResult, Resource, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -46,7 +54,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::call::Call;
 use crate::prepare::Prepare;
-use crate::sessions::Sessions;
+use crate::sessions::{Sessions, Withdrawn};
 
 /// Separates a server's id from its tool's name, as the gate does.
 pub const TOOL_NAME_SEPARATOR: &str = "__";
@@ -220,10 +228,25 @@ fn mcp_session_id(extensions: &Extensions) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// A pinned tool as offered to MCP clients.
+/// A pinned tool as offered to MCP clients (named `server__tool`).
 struct Offered {
     server: String,
+    /// The server's own name of the tool.
+    name: String,
     tool: Tool,
+}
+
+/// A pinned prompt as offered (named `server__prompt`).
+struct OfferedPrompt {
+    server: String,
+    name: String,
+    prompt: Prompt,
+}
+
+/// A pinned resource as offered (by its own URI).
+struct OfferedResource {
+    server: String,
+    resource: Resource,
 }
 
 /// The catalog session an MCP session is bound to at `initialize`.
@@ -231,6 +254,16 @@ struct Bound {
     tenant: String,
     session_id: String,
     tools: Vec<Offered>,
+    prompts: Vec<OfferedPrompt>,
+    resources: Vec<OfferedResource>,
+}
+
+/// Which lists a change of the withdrawals touched.
+#[derive(Debug, Clone, Copy, Default)]
+struct ListsChanged {
+    tools: bool,
+    prompts: bool,
+    resources: bool,
 }
 
 /// One MCP session's state; its drop ends the catalog session.
@@ -238,18 +271,22 @@ struct SessionState {
     endpoint: Arc<Endpoint>,
     bound: OnceLock<Bound>,
     mcp_session_id: OnceLock<String>,
-    /// The withdrawn tools the client's last `tools/list` left out (or it
-    /// was told changed).
-    announced: Mutex<BTreeSet<String>>,
+    /// The withdrawals the client's last lists left out (or it was told
+    /// changed).
+    announced: Mutex<Withdrawn>,
     /// Cancelled when the session ends: stops its watcher.
     ended: CancellationToken,
 }
 
 impl SessionState {
-    /// Remembers `withdrawn` as what the client knows; whether it is news.
-    fn announce(&self, withdrawn: BTreeSet<String>) -> bool {
+    /// Remembers `withdrawn` as what the client knows; which lists it changes.
+    fn announce(&self, withdrawn: Withdrawn) -> ListsChanged {
         let mut announced = self.announced.lock().expect("announced lock");
-        let news = *announced != withdrawn;
+        let news = ListsChanged {
+            tools: announced.tools != withdrawn.tools,
+            prompts: announced.prompts != withdrawn.prompts,
+            resources: announced.resources != withdrawn.resources,
+        };
         *announced = withdrawn;
         news
     }
@@ -313,8 +350,14 @@ impl McpSession {
         Ok(bound)
     }
 
-    async fn withdrawn(&self, bound: &Bound) -> BTreeSet<String> {
+    async fn withdrawn(&self, bound: &Bound) -> Withdrawn {
         withdrawn(&self.endpoint, bound).await
+    }
+
+    /// After a use of the session's servers: tells the client of lists that
+    /// changed under it.
+    async fn announce_changes(&self, bound: &Bound, peer: &Peer<RoleServer>) {
+        notify_lists_changed(self.state.announce(self.withdrawn(bound).await), peer);
     }
 
     async fn prepare(&self, caller: Caller) -> Result<(), ErrorData> {
@@ -334,25 +377,59 @@ impl McpSession {
                 Some(json!({"code": error.code})),
             ));
         }
-        let tools = reply
+        let pins: Vec<_> = reply
             .pins
             .iter()
             .filter(|pin| pin.source() != Source::Failed)
+            .collect();
+        let tools = pins
+            .iter()
             .flat_map(|pin| {
                 pin.tools.iter().map(|tool| Offered {
                     server: pin.server_id.clone(),
+                    name: tool.name.clone(),
                     tool: Tool::new(
-                        format!("{}{TOOL_NAME_SEPARATOR}{}", pin.server_id, tool.name),
+                        offered_name(&pin.server_id, &tool.name),
                         tool.description.clone(),
                         schema_of(&tool.input_schema_json),
                     ),
                 })
             })
             .collect();
+        let prompts = pins
+            .iter()
+            .flat_map(|pin| {
+                pin.prompts.iter().map(|prompt| {
+                    let mut offered = declared_prompt(prompt);
+                    offered.name = offered_name(&pin.server_id, &prompt.name);
+                    OfferedPrompt {
+                        server: pin.server_id.clone(),
+                        name: prompt.name.clone(),
+                        prompt: offered,
+                    }
+                })
+            })
+            .collect();
+        let mut resources: Vec<OfferedResource> = Vec::new();
+        for pin in &pins {
+            for resource in &pin.resources {
+                // Two servers declaring one URI: the first in configured order serves it.
+                if resources.iter().any(|r| r.resource.uri == resource.uri) {
+                    tracing::debug!(server = %pin.server_id, uri = %resource.uri, "resource uri offered by an earlier server");
+                    continue;
+                }
+                resources.push(OfferedResource {
+                    server: pin.server_id.clone(),
+                    resource: declared_resource(resource),
+                });
+            }
+        }
         let bound = Bound {
             tenant: caller.tenant,
             session_id,
             tools,
+            prompts,
+            resources,
         };
         if self.state.bound.set(bound).is_ok() {
             metrics::gauge!("ctxsync_catalog_mcp_sessions").increment(1.0);
@@ -361,26 +438,64 @@ impl McpSession {
     }
 }
 
-/// The tools withdrawn in the catalog session, as offered names.
-async fn withdrawn(endpoint: &Endpoint, bound: &Bound) -> BTreeSet<String> {
+/// What the catalog session's open servers withdrew since the pins.
+async fn withdrawn(endpoint: &Endpoint, bound: &Bound) -> Withdrawn {
     endpoint
         .commands
         .sessions
         .withdrawn(&bound.tenant, &bound.session_id)
         .await
-        .into_iter()
-        .map(|(server, tool)| format!("{server}{TOOL_NAME_SEPARATOR}{tool}"))
-        .collect()
 }
 
-/// Sends `notifications/tools/list_changed`, without holding up the caller.
-fn notify_list_changed(peer: Peer<RoleServer>) {
-    metrics::counter!("ctxsync_catalog_mcp_list_changed_total").increment(1);
-    tokio::spawn(async move {
-        if let Err(error) = peer.notify_tool_list_changed().await {
-            tracing::debug!(%error, "cannot send tools/list_changed");
+/// `server__name`, as the gate names pinned tools.
+fn offered_name(server: &str, name: &str) -> String {
+    format!("{server}{TOOL_NAME_SEPARATOR}{name}")
+}
+
+/// A pinned prompt's declaration as the server gave it (its name, description
+/// and nothing else if the stored text is not a prompt).
+fn declared_prompt(pinned: &ctxsync_proto::v1::McpPrompt) -> Prompt {
+    serde_json::from_str(&pinned.declaration_json).unwrap_or_else(|_| {
+        Prompt::new(
+            pinned.name.clone(),
+            Some(pinned.description.clone()).filter(|d| !d.is_empty()),
+            None,
+        )
+    })
+}
+
+/// A pinned resource's declaration as the server gave it, with its pinned URI.
+fn declared_resource(pinned: &ctxsync_proto::v1::McpResource) -> Resource {
+    let mut declared: Resource = serde_json::from_str(&pinned.declaration_json)
+        .unwrap_or_else(|_| Resource::new(pinned.uri.clone(), pinned.name.clone()));
+    declared.uri.clone_from(&pinned.uri);
+    declared
+}
+
+/// Sends the `notifications/*/list_changed` of the lists that changed,
+/// without holding up the caller.
+fn notify_lists_changed(changed: ListsChanged, peer: &Peer<RoleServer>) {
+    for (list, is_changed) in [
+        ("tools", changed.tools),
+        ("prompts", changed.prompts),
+        ("resources", changed.resources),
+    ] {
+        if !is_changed {
+            continue;
         }
-    });
+        metrics::counter!("ctxsync_catalog_mcp_list_changed_total", "list" => list).increment(1);
+        let peer = peer.clone();
+        tokio::spawn(async move {
+            let sent = match list {
+                "tools" => peer.notify_tool_list_changed().await,
+                "prompts" => peer.notify_prompt_list_changed().await,
+                _ => peer.notify_resource_list_changed().await,
+            };
+            if let Err(error) = sent {
+                tracing::debug!(%error, list, "cannot send a list_changed notification");
+            }
+        });
+    }
 }
 
 /// Until the session ends: when one of its open servers says its tools
@@ -428,9 +543,7 @@ async fn watch_changes(
         let Some(bound) = state.bound.get() else {
             break;
         };
-        if state.announce(withdrawn(&endpoint, bound).await) {
-            notify_list_changed(peer.clone());
-        }
+        notify_lists_changed(state.announce(withdrawn(&endpoint, bound).await), &peer);
     }
 }
 
@@ -486,17 +599,54 @@ fn result_of(reply: CatalogCallReply) -> CallToolResult {
     }
 }
 
+/// A catalog error as the JSON-RPC error of `prompts/get` or `resources/read`:
+/// its code in `data.code`.
+fn rpc_error(error: &ctxsync_proto::v1::CatalogError) -> ErrorData {
+    let code = error.code.as_str();
+    let rpc_code = if code.ends_with(".not_found") || code.ends_with(".withdrawn") {
+        if code.starts_with("resource.") {
+            ErrorCode::RESOURCE_NOT_FOUND
+        } else {
+            ErrorCode::INVALID_PARAMS
+        }
+    } else if code == crate::request::codes::REQUEST_INVALID {
+        ErrorCode::INVALID_PARAMS
+    } else {
+        ErrorCode::INTERNAL_ERROR
+    };
+    ErrorData::new(
+        rpc_code,
+        format!("{code}: {}", error.message),
+        Some(json!({"code": code, "message": error.message})),
+    )
+}
+
+/// A prompt's or resource's result as the catalog relayed it (its JSON text).
+fn relayed<T: serde::de::DeserializeOwned>(reply: CatalogCallReply) -> Result<T, ErrorData> {
+    if let Some(error) = &reply.error {
+        return Err(rpc_error(error));
+    }
+    serde_json::from_str(&reply.content_json).map_err(|e| {
+        ErrorData::internal_error(format!("the server's result cannot be relayed: {e}"), None)
+    })
+}
+
 fn counted(method: &'static str) {
     metrics::counter!("ctxsync_catalog_mcp_requests_total", "method" => method).increment(1);
 }
 
 impl ServerHandler for McpSession {
     fn get_info(&self) -> ServerConfig {
-        let tools = ServerCapabilities::builder()
+        let capabilities = ServerCapabilities::builder()
+            .enable_prompts()
+            .enable_prompts_list_changed()
+            .enable_resources()
+            .enable_resources_list_changed()
             .enable_tools()
-            .enable_tool_list_changed();
+            .enable_tool_list_changed()
+            .build();
         let server = Implementation::new("ctxsync-catalog", env!("CARGO_PKG_VERSION"));
-        ServerConfig::new(tools.build()).with_server_info(server)
+        ServerConfig::new(capabilities).with_server_info(server)
     }
 
     /// Only the versions with sessions (`initialize`): an MCP session is
@@ -555,7 +705,11 @@ impl ServerHandler for McpSession {
         let tools: Vec<Tool> = bound
             .tools
             .iter()
-            .filter(|offered| !withdrawn.contains(offered.tool.name.as_ref()))
+            .filter(|o| {
+                !withdrawn
+                    .tools
+                    .contains(&(o.server.clone(), o.name.clone()))
+            })
             .map(|offered| offered.tool.clone())
             .collect();
         self.state.announce(withdrawn);
@@ -584,7 +738,6 @@ impl ServerHandler for McpSession {
             })
             .into());
         };
-        let tool = &name[offered.server.len() + TOOL_NAME_SEPARATOR.len()..];
         let arguments = request.arguments.unwrap_or_default();
         let reply = self
             .endpoint
@@ -594,13 +747,128 @@ impl ServerHandler for McpSession {
                 tenant: bound.tenant.clone(),
                 session_id: bound.session_id.clone(),
                 server_id: offered.server.clone(),
-                tool: tool.to_owned(),
+                tool: offered.name.clone(),
                 arguments_json: serde_json::Value::Object(arguments).to_string(),
+                ..Default::default()
             })
             .await;
-        if self.state.announce(self.withdrawn(bound).await) {
-            notify_list_changed(context.peer.clone());
-        }
+        self.announce_changes(bound, &context.peer).await;
         Ok(result_of(reply).into())
+    }
+
+    async fn list_prompts(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, ErrorData> {
+        counted("prompts/list");
+        let bound = self.bound(&context.extensions)?;
+        let withdrawn = self.withdrawn(bound).await;
+        let prompts: Vec<Prompt> = bound
+            .prompts
+            .iter()
+            .filter(|o| {
+                !withdrawn
+                    .prompts
+                    .contains(&(o.server.clone(), o.name.clone()))
+            })
+            .map(|offered| offered.prompt.clone())
+            .collect();
+        self.state.announce(withdrawn);
+        let cursor = request.and_then(|r| r.cursor);
+        let (prompts, next) = page(&prompts, cursor.as_deref(), self.endpoint.page_size)?;
+        let mut result = ListPromptsResult::with_all_items(prompts);
+        result.next_cursor = next;
+        Ok(result)
+    }
+
+    async fn get_prompt(
+        &self,
+        request: GetPromptRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, ErrorData> {
+        counted("prompts/get");
+        let bound = self.bound(&context.extensions)?;
+        let Some(offered) = bound.prompts.iter().find(|o| o.prompt.name == request.name) else {
+            return Err(rpc_error(&ctxsync_proto::v1::CatalogError {
+                code: crate::request::codes::PROMPT_NOT_FOUND.to_owned(),
+                message: format!("prompt {:?} is not in this session's pins", request.name),
+            }));
+        };
+        let arguments = request.arguments.unwrap_or_default();
+        let reply = self
+            .endpoint
+            .commands
+            .call
+            .handle(CatalogCallRequest {
+                tenant: bound.tenant.clone(),
+                session_id: bound.session_id.clone(),
+                server_id: offered.server.clone(),
+                prompt: offered.name.clone(),
+                arguments_json: serde_json::Value::Object(arguments).to_string(),
+                ..Default::default()
+            })
+            .await;
+        self.announce_changes(bound, &context.peer).await;
+        relayed::<GetPromptResult>(reply).map(GetPromptResponse::from)
+    }
+
+    async fn list_resources(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        counted("resources/list");
+        let bound = self.bound(&context.extensions)?;
+        let withdrawn = self.withdrawn(bound).await;
+        let resources: Vec<Resource> = bound
+            .resources
+            .iter()
+            .filter(|o| {
+                !withdrawn
+                    .resources
+                    .contains(&(o.server.clone(), o.resource.uri.clone()))
+            })
+            .map(|offered| offered.resource.clone())
+            .collect();
+        self.state.announce(withdrawn);
+        let cursor = request.and_then(|r| r.cursor);
+        let (resources, next) = page(&resources, cursor.as_deref(), self.endpoint.page_size)?;
+        let mut result = ListResourcesResult::with_all_items(resources);
+        result.next_cursor = next;
+        Ok(result)
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        counted("resources/read");
+        let bound = self.bound(&context.extensions)?;
+        let Some(offered) = bound
+            .resources
+            .iter()
+            .find(|o| o.resource.uri == request.uri)
+        else {
+            return Err(rpc_error(&ctxsync_proto::v1::CatalogError {
+                code: crate::request::codes::RESOURCE_NOT_FOUND.to_owned(),
+                message: format!("resource {:?} is not in this session's pins", request.uri),
+            }));
+        };
+        let reply = self
+            .endpoint
+            .commands
+            .call
+            .handle(CatalogCallRequest {
+                tenant: bound.tenant.clone(),
+                session_id: bound.session_id.clone(),
+                server_id: offered.server.clone(),
+                resource_uri: offered.resource.uri.clone(),
+                ..Default::default()
+            })
+            .await;
+        self.announce_changes(bound, &context.peer).await;
+        relayed::<ReadResourceResult>(reply).map(ReadResourceResponse::from)
     }
 }

@@ -1,21 +1,39 @@
-//! The catalog's use of the MCP client: tool declarations to catalogs, and
+//! The catalog's use of the MCP client: declarations to catalogs, and
 //! errors to sanitized texts.
 
 use std::time::Duration;
 
-use ctxsync_mcp::{McpError, Sanitizer, ServerSpec, ToolDecl};
+use ctxsync_mcp::{Declarations, McpError, Sanitizer, ServerSpec};
 
-use crate::tools::{Catalog, Tool};
+use crate::tools::{Catalog, Prompt, Resource, Tool};
 
-pub fn catalog_of(tools: Vec<ToolDecl>) -> Catalog {
-    let hash = ctxsync_mcp::catalog_hash(&tools);
+pub fn catalog_of(declared: Declarations) -> Catalog {
+    let hash =
+        ctxsync_mcp::catalog_hash_all(&declared.tools, &declared.prompts, &declared.resources);
     Catalog {
-        tools: tools
+        tools: declared
+            .tools
             .into_iter()
             .map(|t| Tool {
                 name: t.name,
                 description: t.description,
                 input_schema_json: t.input_schema_json,
+            })
+            .collect(),
+        prompts: declared
+            .prompts
+            .into_iter()
+            .map(|p| Prompt {
+                name: p.name,
+                declaration_json: p.declaration_json,
+            })
+            .collect(),
+        resources: declared
+            .resources
+            .into_iter()
+            .map(|r| Resource {
+                uri: r.uri,
+                declaration_json: r.declaration_json,
             })
             .collect(),
         hash,

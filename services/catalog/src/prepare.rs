@@ -223,6 +223,8 @@ impl Prepare {
                             "transport": transport.as_str(),
                             "catalog_hash": catalog.hash,
                             "tool_count": catalog.tools.len(),
+                            "prompt_count": catalog.prompts.len(),
+                            "resource_count": catalog.resources.len(),
                         }),
                     ));
                     (catalog, PinSource::Pinned)
@@ -237,6 +239,8 @@ impl Prepare {
                             "cause": Cause::Preparation.as_str(),
                             "catalog_hash": live.catalog.hash,
                             "tool_count": live.catalog.tools.len(),
+                            "prompt_count": live.catalog.prompts.len(),
+                            "resource_count": live.catalog.resources.len(),
                         }),
                     ));
                     (&live.catalog, PinSource::Connected)
@@ -349,9 +353,7 @@ impl Prepare {
                         PinSource::Pinned => Source::Pinned,
                         PinSource::Connected => Source::Connected,
                     } as i32,
-                    catalog_hash: pin.catalog.hash,
-                    tools: pin.catalog.tools.iter().map(|t| t.to_proto()).collect(),
-                    ..Default::default()
+                    ..pin.catalog.to_pin()
                 })
                 .collect(),
             error: None,
@@ -369,18 +371,14 @@ fn pin_of((server, outcome): (&ConfiguredServer, Outcome)) -> CatalogPin {
             server_id: server.id().to_owned(),
             transport,
             source: Source::Pinned as i32,
-            catalog_hash: catalog.hash.clone(),
-            tools: catalog.tools.iter().map(|t| t.to_proto()).collect(),
-            ..Default::default()
+            ..catalog.to_pin()
         },
         Outcome::Connected(live) => CatalogPin {
             server_id: server.id().to_owned(),
             transport,
             source: Source::Connected as i32,
-            catalog_hash: live.catalog.hash.clone(),
-            tools: live.catalog.tools.iter().map(|t| t.to_proto()).collect(),
             handshake_ms: ms(live.duration),
-            ..Default::default()
+            ..live.catalog.to_pin()
         },
         Outcome::Failed(failure) => CatalogPin {
             server_id: server.id().to_owned(),

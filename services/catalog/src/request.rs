@@ -12,6 +12,11 @@ pub mod codes {
     pub const TOOL_TIMEOUT: &str = "tool.timeout";
     pub const TOOL_CALL_FAILED: &str = "tool.call_failed";
     pub const TOOL_RESULT_TOO_LARGE: &str = "tool.result_too_large";
+    // A prompt's or resource's codes are the tool's with their own prefix
+    // (`prompt.withdrawn`, `resource.timeout`, ...); these two are named here
+    // because the MCP endpoint answers them itself.
+    pub const PROMPT_NOT_FOUND: &str = "prompt.not_found";
+    pub const RESOURCE_NOT_FOUND: &str = "resource.not_found";
     pub const SERVER_NOT_PINNED: &str = "server.not_pinned";
     pub const SERVER_NOT_CONFIGURED: &str = "server.not_configured";
     /// The replica runs its bound of server processes (`--max-server-processes`).
@@ -51,8 +56,16 @@ pub(crate) fn tenant_of(
     Ok(())
 }
 
-/// A tenant, session, server or tool id: present, storable, bounded.
+/// Longest resource URI accepted in a call, in bytes.
+pub const MAX_RESOURCE_URI_BYTES: usize = 8192;
+
+/// A tenant, session, server, tool or prompt id: present, storable, bounded.
 pub(crate) fn valid_request_id(name: &str, value: &str) -> Result<(), String> {
+    valid_bounded(name, value, MAX_REQUEST_ID_BYTES)
+}
+
+/// Present, storable, at most `max` bytes.
+pub(crate) fn valid_bounded(name: &str, value: &str, max: usize) -> Result<(), String> {
     if value.is_empty() {
         return Err(format!("{name} is empty"));
     }
@@ -60,9 +73,9 @@ pub(crate) fn valid_request_id(name: &str, value: &str) -> Result<(), String> {
     if let Some(at) = value.find('\0') {
         return Err(format!("{name} contains U+0000 (NUL) at byte {at}"));
     }
-    if value.len() > MAX_REQUEST_ID_BYTES {
+    if value.len() > max {
         return Err(format!(
-            "{name} is {} bytes, over the limit of {MAX_REQUEST_ID_BYTES}",
+            "{name} is {} bytes, over the limit of {max}",
             value.len()
         ));
     }

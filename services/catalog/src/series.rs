@@ -123,7 +123,7 @@ pub const SERIES: &[Series] = &[
     ),
     Series::counter(
         "ctxsync_catalog_mcp_list_changed_total",
-        "notifications/tools/list_changed sent to MCP sessions.",
+        "List-changed notifications (tools, prompts, resources) sent to MCP sessions.",
     ),
     Series::gauge(
         "ctxsync_catalog_shared_processes",

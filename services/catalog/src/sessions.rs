@@ -2,7 +2,7 @@
 //! per pinned server, the transport a call opened, which stays open until
 //! the session ends, idles, or the service shuts down.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -13,7 +13,16 @@ use tokio::sync::{OwnedSemaphorePermit, broadcast, watch};
 use tokio::task::JoinHandle;
 
 use crate::store::{self, StoredPin};
-use crate::tools::CatalogDiff;
+use crate::tools::{CatalogDiff, Item};
+
+/// What a session's open servers withdrew since the pin, as
+/// `(server, tool or prompt name)` and `(server, resource URI)`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Withdrawn {
+    pub tools: BTreeSet<(String, String)>,
+    pub prompts: BTreeSet<(String, String)>,
+    pub resources: BTreeSet<(String, String)>,
+}
 
 /// How long listing a session's withdrawals waits for a busy server slot.
 const WITHDRAWN_LOCK_WAIT: Duration = Duration::from_secs(2);
@@ -64,9 +73,9 @@ impl Sessions {
         sessions.iter().map(|s| s.open_transports()).sum()
     }
 
-    /// The pinned tools of a session, as `(server, tool)`, that its open
+    /// The pinned tools, prompts and resources of a session that its open
     /// transports found removed or changed since the pin.
-    pub async fn withdrawn(&self, tenant: &str, session_id: &str) -> Vec<(String, String)> {
+    pub async fn withdrawn(&self, tenant: &str, session_id: &str) -> Withdrawn {
         let session = self
             .inner
             .lock()
@@ -75,7 +84,7 @@ impl Sessions {
             .cloned();
         match session {
             Some(session) => session.withdrawn().await,
-            None => Vec::new(),
+            None => Withdrawn::default(),
         }
     }
 
@@ -241,8 +250,8 @@ impl Session {
         *self.last_used.lock().expect("session lock") = Instant::now();
     }
 
-    async fn withdrawn(&self) -> Vec<(String, String)> {
-        let mut withdrawn = Vec::new();
+    async fn withdrawn(&self) -> Withdrawn {
+        let mut withdrawn = Withdrawn::default();
         for (server, slot) in self.slots() {
             let Some(pin) = self.pins.get(&server) else {
                 continue;
@@ -255,13 +264,18 @@ impl Session {
                 continue;
             };
             if let Some(live) = &slot.live {
-                withdrawn.extend(
-                    pin.catalog
-                        .tools
-                        .iter()
-                        .filter(|tool| live.diff.withdraws(&tool.name))
-                        .map(|tool| (server.clone(), tool.name.clone())),
-                );
+                let catalog = &pin.catalog;
+                let of = |item: Item<'_>| {
+                    live.diff
+                        .withdraws_item(item)
+                        .then(|| (server.clone(), item.key().to_owned()))
+                };
+                let tools = catalog.tools.iter().map(|t| Item::Tool(&t.name));
+                withdrawn.tools.extend(tools.filter_map(of));
+                let prompts = catalog.prompts.iter().map(|p| Item::Prompt(&p.name));
+                withdrawn.prompts.extend(prompts.filter_map(of));
+                let resources = catalog.resources.iter().map(|r| Item::Resource(&r.uri));
+                withdrawn.resources.extend(resources.filter_map(of));
             }
         }
         withdrawn

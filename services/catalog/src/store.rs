@@ -1,5 +1,6 @@
 //! Postgres schema `catalog`: generations (a history of each server's
-//! catalogs, each written once), sessions and their pins, and events.
+//! catalogs, each written once with its tools, prompts and resources),
+//! sessions and their pins, and events.
 //!
 //! Migrations are tracked in `catalog._sqlx_migrations`, apart from the other
 //! services' migration tables in the same database.
@@ -14,7 +15,7 @@ use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::{PgConnection, PgPool, Row, SqlSafeStr};
 
 use crate::config::ServerKey;
-use crate::tools::{Catalog, Tool};
+use crate::tools::{Catalog, Prompt, Resource, Tool};
 use ctxsync_mcp::TransportKind;
 
 /// Payload version of every event this build writes. New fields are additive.
@@ -26,17 +27,28 @@ pub mod kinds {
     pub const SERVER_CONNECT_FAILED: &str = "mcp.server.connect_failed";
     pub const CATALOG_CHANGED: &str = "mcp.catalog.changed";
     pub const TOOL_CALLED: &str = "mcp.tool.called";
+    pub const PROMPT_GOT: &str = "mcp.prompt.got";
+    pub const RESOURCE_READ: &str = "mcp.resource.read";
     pub const SESSION_PREPARED: &str = "catalog.session.prepared";
 }
 
 pub fn migrator() -> Migrator {
-    let mut migrator = Migrator::with_migrations(vec![Migration::new(
-        1,
-        Cow::Borrowed("catalog schema"),
-        MigrationType::Simple,
-        include_str!("../migrations/0001_catalog.sql").into_sql_str(),
-        false,
-    )]);
+    let mut migrator = Migrator::with_migrations(vec![
+        Migration::new(
+            1,
+            Cow::Borrowed("catalog schema"),
+            MigrationType::Simple,
+            include_str!("../migrations/0001_catalog.sql").into_sql_str(),
+            false,
+        ),
+        Migration::new(
+            2,
+            Cow::Borrowed("prompts and resources"),
+            MigrationType::Simple,
+            include_str!("../migrations/0002_prompts_resources.sql").into_sql_str(),
+            false,
+        ),
+    ]);
     migrator.create_schema("catalog");
     migrator.dangerous_set_table_name("catalog._sqlx_migrations");
     migrator
@@ -138,8 +150,8 @@ pub struct GenerationRef<'a> {
 }
 
 /// Writes a generation once: the row with `ON CONFLICT DO NOTHING`, and if
-/// this call created it, all its tools in one statement. Returns whether it
-/// was new.
+/// this call created it, its tools, prompts and resources (one statement
+/// each). Returns whether it was new.
 pub async fn write_generation(
     conn: &mut PgConnection,
     generation: &GenerationRef<'_>,
@@ -179,7 +191,49 @@ pub async fn write_generation(
         .execute(&mut *conn)
         .await?;
     }
-    Ok(inserted)
+    if !inserted {
+        return Ok(false);
+    }
+    let catalog = generation.catalog;
+    let prompts = catalog
+        .prompts
+        .iter()
+        .map(|p| (p.name.as_str(), p.declaration_json.as_str()));
+    write_declarations(conn, generation, "generation_prompts", "name", prompts).await?;
+    let resources = catalog
+        .resources
+        .iter()
+        .map(|r| (r.uri.as_str(), r.declaration_json.as_str()));
+    write_declarations(conn, generation, "generation_resources", "uri", resources).await?;
+    Ok(true)
+}
+
+/// A generation's prompts or resources (`table`, keyed by `key_column`), in order.
+async fn write_declarations<'a>(
+    conn: &mut PgConnection,
+    generation: &GenerationRef<'_>,
+    table: &'static str,
+    key_column: &'static str,
+    items: impl Iterator<Item = (&'a str, &'a str)>,
+) -> Result<(), sqlx::Error> {
+    let (keys, declarations): (Vec<&str>, Vec<&str>) = items.unzip();
+    if keys.is_empty() {
+        return Ok(());
+    }
+    // Both names are this module's constants, never input.
+    let statement = format!(
+        "INSERT INTO catalog.{table} (server_key, catalog_hash, position, {key_column}, declaration_json)
+         SELECT $1, $2, (d.ord - 1)::integer, d.key, d.declaration
+         FROM UNNEST($3::text[], $4::text[]) WITH ORDINALITY AS d(key, declaration, ord)"
+    );
+    sqlx::query(sqlx::AssertSqlSafe(statement))
+        .bind(generation.key.as_str())
+        .bind(&generation.catalog.hash)
+        .bind(&keys)
+        .bind(&declarations)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
 }
 
 /// Generations this process knows are in the history, so a preparation
@@ -337,6 +391,8 @@ pub async fn load_pins(
                 source: PinSource::parse(row.try_get::<&str, _>("source")?),
                 catalog: Catalog {
                     tools: Vec::new(),
+                    prompts: Vec::new(),
+                    resources: Vec::new(),
                     hash: row.try_get("catalog_hash")?,
                 },
             });
@@ -350,5 +406,53 @@ pub async fn load_pins(
             });
         }
     }
+    load_declarations(pool, tenant, session_id, &mut pins).await?;
     Ok(Some(pins))
+}
+
+/// The pinned generations' prompts and resources, into `pins`.
+async fn load_declarations(
+    pool: &PgPool,
+    tenant: &str,
+    session_id: &str,
+    pins: &mut [StoredPin],
+) -> Result<(), sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT p.server_id, 'prompt' AS kind, d.name AS key, d.declaration_json, d.position
+         FROM catalog.pins p
+         JOIN catalog.generation_prompts d
+           ON d.server_key = p.server_key AND d.catalog_hash = p.catalog_hash
+         WHERE p.tenant = $1 AND p.session_id = $2
+         UNION ALL
+         SELECT p.server_id, 'resource', d.uri, d.declaration_json, d.position
+         FROM catalog.pins p
+         JOIN catalog.generation_resources d
+           ON d.server_key = p.server_key AND d.catalog_hash = p.catalog_hash
+         WHERE p.tenant = $1 AND p.session_id = $2
+         ORDER BY 1, 2, 5",
+    )
+    .bind(tenant)
+    .bind(session_id)
+    .fetch_all(pool)
+    .await?;
+    for row in rows {
+        let server_id: &str = row.try_get("server_id")?;
+        let Some(pin) = pins.iter_mut().find(|p| p.server_id == server_id) else {
+            continue;
+        };
+        let key: String = row.try_get("key")?;
+        let declaration_json: String = row.try_get("declaration_json")?;
+        if row.try_get::<&str, _>("kind")? == "prompt" {
+            pin.catalog.prompts.push(Prompt {
+                name: key,
+                declaration_json,
+            });
+        } else {
+            pin.catalog.resources.push(Resource {
+                uri: key,
+                declaration_json,
+            });
+        }
+    }
+    Ok(())
 }

@@ -1,9 +1,9 @@
-//! A server's catalog (its tool declarations and their hash) and the
-//! comparison of a live catalog with a session's pin.
+//! A server's catalog (its tool, prompt and resource declarations and their
+//! hash) and the comparison of a live catalog with a session's pin.
 
 use std::collections::BTreeMap;
 
-use ctxsync_proto::v1::McpTool;
+use ctxsync_proto::v1::{CatalogPin, McpPrompt, McpResource, McpTool};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tool {
@@ -17,19 +17,9 @@ impl Tool {
     /// Same name, description and schema; schemas compare as JSON values so
     /// key order or whitespace is not a change.
     pub fn same_declaration(&self, other: &Tool) -> bool {
-        if self.name != other.name || self.description != other.description {
-            return false;
-        }
-        if self.input_schema_json == other.input_schema_json {
-            return true;
-        }
-        match (
-            serde_json::from_str::<serde_json::Value>(&self.input_schema_json),
-            serde_json::from_str::<serde_json::Value>(&other.input_schema_json),
-        ) {
-            (Ok(a), Ok(b)) => a == b,
-            _ => false,
-        }
+        self.name == other.name
+            && self.description == other.description
+            && same_json(&self.input_schema_json, &other.input_schema_json)
     }
 
     pub fn to_proto(&self) -> McpTool {
@@ -41,15 +31,121 @@ impl Tool {
     }
 }
 
+/// Two JSON texts say the same (key order and whitespace aside).
+fn same_json(a: &str, b: &str) -> bool {
+    a == b
+        || matches!(
+            (
+                serde_json::from_str::<serde_json::Value>(a),
+                serde_json::from_str::<serde_json::Value>(b),
+            ),
+            (Ok(a), Ok(b)) if a == b
+        )
+}
+
+/// A field of a declaration's JSON object, if it is a string.
+fn json_field(declaration_json: &str, field: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(declaration_json)
+        .ok()
+        .and_then(|v| v.get(field).and_then(|f| f.as_str()).map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// A prompt: its name and its whole declaration as the server listed it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prompt {
+    pub name: String,
+    pub declaration_json: String,
+}
+
+impl Prompt {
+    pub fn to_proto(&self) -> McpPrompt {
+        McpPrompt {
+            name: self.name.clone(),
+            description: json_field(&self.declaration_json, "description"),
+            declaration_json: self.declaration_json.clone(),
+        }
+    }
+}
+
+/// A resource: its URI and its whole declaration as the server listed it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resource {
+    pub uri: String,
+    pub declaration_json: String,
+}
+
+impl Resource {
+    pub fn to_proto(&self) -> McpResource {
+        McpResource {
+            uri: self.uri.clone(),
+            name: json_field(&self.declaration_json, "name"),
+            description: json_field(&self.declaration_json, "description"),
+            mime_type: json_field(&self.declaration_json, "mimeType"),
+            declaration_json: self.declaration_json.clone(),
+        }
+    }
+}
+
+/// What a session may use of a server: the item a call names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Item<'a> {
+    Tool(&'a str),
+    Prompt(&'a str),
+    /// By URI.
+    Resource(&'a str),
+}
+
+impl<'a> Item<'a> {
+    /// `tool`, `prompt` or `resource`: for messages and events.
+    pub fn kind(self) -> &'static str {
+        match self {
+            Self::Tool(_) => "tool",
+            Self::Prompt(_) => "prompt",
+            Self::Resource(_) => "resource",
+        }
+    }
+
+    /// The tool's or prompt's name, or the resource's URI.
+    pub fn key(self) -> &'a str {
+        match self {
+            Self::Tool(key) | Self::Prompt(key) | Self::Resource(key) => key,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Catalog {
     pub tools: Vec<Tool>,
+    pub prompts: Vec<Prompt>,
+    pub resources: Vec<Resource>,
     pub hash: String,
 }
 
 impl Catalog {
     pub fn tool(&self, name: &str) -> Option<&Tool> {
         self.tools.iter().find(|t| t.name == name)
+    }
+
+    /// A pin of this catalog: its hash and declarations (the caller adds
+    /// the server, transport and source).
+    pub fn to_pin(&self) -> CatalogPin {
+        CatalogPin {
+            catalog_hash: self.hash.clone(),
+            tools: self.tools.iter().map(Tool::to_proto).collect(),
+            prompts: self.prompts.iter().map(Prompt::to_proto).collect(),
+            resources: self.resources.iter().map(Resource::to_proto).collect(),
+            ..Default::default()
+        }
+    }
+
+    /// Whether the catalog declares `item`.
+    pub fn has(&self, item: Item<'_>) -> bool {
+        match item {
+            Item::Tool(name) => self.tool(name).is_some(),
+            Item::Prompt(name) => self.prompts.iter().any(|p| p.name == name),
+            Item::Resource(uri) => self.resources.iter().any(|r| r.uri == uri),
+        }
     }
 
     /// What changed from `self` (the pin) to `live`, by tool name.
@@ -71,16 +167,70 @@ impl Catalog {
                 diff.added.push((*name).to_owned());
             }
         }
+        diff.prompts = Changes::between(
+            self.prompts
+                .iter()
+                .map(|p| (p.name.as_str(), p.declaration_json.as_str())),
+            live.prompts
+                .iter()
+                .map(|p| (p.name.as_str(), p.declaration_json.as_str())),
+        );
+        diff.resources = Changes::between(
+            self.resources
+                .iter()
+                .map(|r| (r.uri.as_str(), r.declaration_json.as_str())),
+            live.resources
+                .iter()
+                .map(|r| (r.uri.as_str(), r.declaration_json.as_str())),
+        );
         diff
     }
 }
 
-/// Tool names, sorted.
+/// Prompts or resources removed or changed since the pin, by name (URI),
+/// sorted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Changes {
+    pub removed: Vec<String>,
+    pub changed: Vec<String>,
+}
+
+impl Changes {
+    /// Items of `pinned` (key, declaration) gone from `live` or declared otherwise.
+    fn between<'a>(
+        pinned: impl Iterator<Item = (&'a str, &'a str)>,
+        live: impl Iterator<Item = (&'a str, &'a str)>,
+    ) -> Self {
+        let live: BTreeMap<&str, &str> = live.collect();
+        let pinned: BTreeMap<&str, &str> = pinned.collect();
+        let mut changes = Self::default();
+        for (key, declaration) in pinned {
+            match live.get(key) {
+                None => changes.removed.push(key.to_owned()),
+                Some(now) if !same_json(declaration, now) => changes.changed.push(key.to_owned()),
+                Some(_) => {}
+            }
+        }
+        changes
+    }
+
+    fn withdraws(&self, key: &str) -> bool {
+        self.removed.iter().any(|k| k == key) || self.changed.iter().any(|k| k == key)
+    }
+
+    fn removes(&self, key: &str) -> bool {
+        self.removed.iter().any(|k| k == key)
+    }
+}
+
+/// Tool names, sorted; and the prompts and resources withdrawn.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CatalogDiff {
     pub added: Vec<String>,
     pub removed: Vec<String>,
     pub changed: Vec<String>,
+    pub prompts: Changes,
+    pub resources: Changes,
 }
 
 impl CatalogDiff {
@@ -88,11 +238,43 @@ impl CatalogDiff {
     pub fn withdraws(&self, tool: &str) -> bool {
         self.removed.iter().any(|t| t == tool) || self.changed.iter().any(|t| t == tool)
     }
+
+    /// The pinned declaration of `item` no longer holds.
+    pub fn withdraws_item(&self, item: Item<'_>) -> bool {
+        match item {
+            Item::Tool(name) => self.withdraws(name),
+            Item::Prompt(name) => self.prompts.withdraws(name),
+            Item::Resource(uri) => self.resources.withdraws(uri),
+        }
+    }
+
+    /// `item` is gone from the server (not merely changed).
+    pub fn removes_item(&self, item: Item<'_>) -> bool {
+        match item {
+            Item::Tool(name) => self.removed.iter().any(|t| t == name),
+            Item::Prompt(name) => self.prompts.removes(name),
+            Item::Resource(uri) => self.resources.removes(uri),
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn prompt(name: &str, declaration: &str) -> Prompt {
+        Prompt {
+            name: name.into(),
+            declaration_json: declaration.into(),
+        }
+    }
+
+    fn resource(uri: &str) -> Resource {
+        Resource {
+            uri: uri.into(),
+            declaration_json: format!(r#"{{"uri":"{uri}","name":"r"}}"#),
+        }
+    }
 
     fn tool(name: &str, description: &str, schema: &str) -> Tool {
         Tool {
@@ -110,6 +292,12 @@ mod tests {
                 tool("b", "B", "{}"),
                 tool("c", "C", "{}"),
             ],
+            prompts: vec![
+                prompt("kept", r#"{"name":"kept","description":"k"}"#),
+                prompt("gone", r#"{"name":"gone"}"#),
+                prompt("edited", r#"{"name":"edited","description":"old"}"#),
+            ],
+            resources: vec![resource("a://1"), resource("a://2")],
             hash: "1".into(),
         };
         let live = Catalog {
@@ -118,6 +306,12 @@ mod tests {
                 tool("c", "C changed", "{}"),
                 tool("d", "D", "{}"),
             ],
+            prompts: vec![
+                prompt("kept", r#"{ "description": "k", "name": "kept" }"#),
+                prompt("edited", r#"{"name":"edited","description":"new"}"#),
+                prompt("new", r#"{"name":"new"}"#),
+            ],
+            resources: vec![resource("a://2"), resource("a://3")],
             hash: "2".into(),
         };
         let diff = pin.diff(&live);
@@ -126,5 +320,38 @@ mod tests {
         assert_eq!(diff.changed, ["c"]);
         assert!(!diff.withdraws("a"), "reordered schema keys are no change");
         assert!(diff.withdraws("b") && diff.withdraws("c") && !diff.withdraws("d"));
+        assert_eq!(diff.prompts.removed, ["gone"]);
+        assert_eq!(diff.prompts.changed, ["edited"]);
+        assert!(
+            !diff.withdraws_item(Item::Prompt("kept")),
+            "reordered keys are no change"
+        );
+        assert!(
+            !diff.withdraws_item(Item::Prompt("new")),
+            "added since the pin: not withdrawn"
+        );
+        assert!(
+            diff.removes_item(Item::Prompt("gone")) && !diff.removes_item(Item::Prompt("edited"))
+        );
+        assert_eq!(diff.resources.removed, ["a://1"]);
+        assert!(diff.withdraws_item(Item::Resource("a://1")));
+        assert!(!diff.withdraws_item(Item::Resource("a://2")));
+        assert!(diff.withdraws_item(Item::Tool("b")) && !diff.withdraws_item(Item::Tool("a")));
+    }
+
+    #[test]
+    fn proto_fields_come_from_the_declaration() {
+        let r = Resource {
+            uri: "a://1".into(),
+            declaration_json: r#"{"uri":"a://1","name":"one","mimeType":"text/plain"}"#.into(),
+        };
+        let proto = r.to_proto();
+        assert_eq!(
+            (proto.name.as_str(), proto.mime_type.as_str()),
+            ("one", "text/plain")
+        );
+        assert_eq!(proto.description, "");
+        let p = prompt("p", r#"{"name":"p","description":"says hi"}"#);
+        assert_eq!(p.to_proto().description, "says hi");
     }
 }

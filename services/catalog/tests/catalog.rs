@@ -915,6 +915,7 @@ async fn a_session_is_bound_to_the_tenant_of_its_subject() {
             server_id: "fx".into(),
             tool: "echo".into(),
             arguments_json: echo.to_string(),
+            ..Default::default()
         },
         None,
         Duration::from_secs(30),

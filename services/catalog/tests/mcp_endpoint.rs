@@ -597,3 +597,251 @@ async fn a_revoked_key_is_refused_once_its_revocation_arrives() {
     assert_eq!(status, 200, "another key of the tenant still works: {body}");
     endpoint.harness.stop().await;
 }
+
+/// `notes` with two prompts and two resources besides its tools.
+const DECLARED_BEFORE: &str = r#"{
+  "tools": [{"name":"echo","description":"Echo"},{"name":"add","description":"Add"}],
+  "prompts": [{"name":"greet","description":"Greets","arguments":["who"]},
+              {"name":"farewell","description":"Says goodbye"}],
+  "resources": [{"uri":"notes://a","name":"a","text":"alpha"},
+                {"uri":"notes://b","name":"b","text":"beta"}]
+}"#;
+/// `farewell` and `notes://b` are gone, `greet` is unchanged.
+const DECLARED_AFTER: &str = r#"{
+  "tools": [{"name":"echo","description":"Echo"},{"name":"add","description":"Add"}],
+  "prompts": [{"name":"greet","description":"Greets","arguments":["who"]}],
+  "resources": [{"uri":"notes://a","name":"a","text":"alpha"}]
+}"#;
+
+fn sorted(mut names: Vec<String>) -> Vec<String> {
+    names.sort();
+    names
+}
+
+/// Prompts and resources are remembered, pinned and served like tools: the
+/// pins carry them (also when read back from Postgres), a warm session lists
+/// them without a start, `prompts/get` and `resources/read` start the server
+/// lazily (the fixture's and server-everything's), and after the server
+/// drops one the session is told (`list_changed`) and refused with
+/// `prompt.withdrawn` / `resource.withdrawn`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompts_and_resources_are_pinned_served_lazily_and_withdrawn() {
+    let everything = server("everything", &mcp_fixture::reference::everything());
+    let endpoint = Endpoint::start(vec![everything], settings()).await;
+    std::fs::write(&endpoint.tools_file, DECLARED_BEFORE).unwrap();
+
+    // The gate's preparation (NATS) discovers both servers live; its pins
+    // carry the prompts and resources, and so does the stored session.
+    let prepared = endpoint.harness.prepare("acme", "gate-session").await;
+    assert_eq!(prepared.error, None);
+    let notes = prepared
+        .pins
+        .iter()
+        .find(|p| p.server_id == "notes")
+        .unwrap();
+    let prompt_names: Vec<&str> = notes.prompts.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(prompt_names, ["greet", "farewell"]);
+    assert_eq!(notes.prompts[0].description, "Greets");
+    let uris: Vec<&str> = notes.resources.iter().map(|r| r.uri.as_str()).collect();
+    assert_eq!(uris, ["notes://a", "notes://b"]);
+    assert_eq!(notes.resources[0].mime_type, "text/plain");
+    let everything_pin = prepared
+        .pins
+        .iter()
+        .find(|p| p.server_id == "everything")
+        .unwrap();
+    assert!(
+        everything_pin
+            .prompts
+            .iter()
+            .any(|p| p.name == "simple-prompt"),
+        "{:?}",
+        everything_pin.prompts
+    );
+    assert!(!everything_pin.resources.is_empty());
+    let again = endpoint.harness.prepare("acme", "gate-session").await;
+    assert!(again.follow_up, "answered from the stored pins");
+    // A stored pin has no handshake time; the rest is what was pinned.
+    let without_timing = |pins: &[ctxsync_proto::v1::CatalogPin]| {
+        let mut pins = pins.to_vec();
+        pins.iter_mut().for_each(|p| p.handshake_ms = 0);
+        pins
+    };
+    assert_eq!(
+        without_timing(&again.pins),
+        without_timing(&prepared.pins),
+        "Postgres keeps prompts and resources"
+    );
+    assert!(endpoint.no_fixture_running().await);
+    let warm = endpoint.starts();
+
+    // A warm MCP session lists them with no start.
+    let (changed_tx, mut changed) = tokio::sync::mpsc::unbounded_channel();
+    let spec = ServerSpec {
+        name: "catalog".into(),
+        transport: TransportSpec::StreamableHttp {
+            url: endpoint.url.clone(),
+            headers: BTreeMap::from([("Authorization".into(), format!("Bearer {}", endpoint.key))]),
+        },
+    };
+    let options = ConnectOptions {
+        tools_changed: Some(changed_tx),
+        ..ConnectOptions::default()
+    };
+    let client = Connection::connect(&spec, options).await.unwrap();
+    let prompts = sorted(
+        client
+            .list_prompts()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|p| p.name)
+            .collect(),
+    );
+    assert!(prompts.contains(&"notes__greet".to_owned()), "{prompts:?}");
+    assert!(
+        prompts.contains(&"notes__farewell".to_owned()),
+        "{prompts:?}"
+    );
+    assert!(
+        prompts.contains(&"everything__simple-prompt".to_owned()),
+        "{prompts:?}"
+    );
+    let resources = client.list_resources().await.unwrap();
+    let resource_uris: Vec<&str> = resources.iter().map(|r| r.uri.as_str()).collect();
+    assert!(resource_uris.contains(&"notes://a") && resource_uris.contains(&"notes://b"));
+    let everything_uri = everything_pin.resources[0].uri.clone();
+    assert!(resource_uris.contains(&everything_uri.as_str()));
+    assert_eq!(
+        endpoint.starts(),
+        warm,
+        "listing prompts and resources started nothing"
+    );
+
+    // First use starts the server; the answers are the servers' own.
+    let greeting: Value = serde_json::from_str(
+        &client
+            .get_prompt(
+                "notes__greet",
+                json!({"who": "ada"}).as_object().unwrap().clone(),
+                DEADLINE,
+            )
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        greeting["messages"][0]["content"]["text"], r#"prompt greet with {"who":"ada"}"#,
+        "{greeting}"
+    );
+    assert_eq!(
+        endpoint.starts(),
+        warm + 1,
+        "prompts/get started the server once"
+    );
+    let read: Value =
+        serde_json::from_str(&client.read_resource("notes://a", DEADLINE).await.unwrap()).unwrap();
+    assert_eq!(read["contents"][0]["text"], "alpha", "{read}");
+    assert_eq!(
+        endpoint.starts(),
+        warm + 1,
+        "the session's server stays open"
+    );
+    let simple: Value = serde_json::from_str(
+        &client
+            .get_prompt("everything__simple-prompt", Default::default(), DEADLINE)
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        simple["messages"][0]["content"]["text"], "This is a simple prompt without arguments.",
+        "{simple}"
+    );
+    let document: Value = serde_json::from_str(
+        &client
+            .read_resource(&everything_uri, DEADLINE)
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        document["contents"][0]["uri"],
+        everything_uri.as_str(),
+        "{document}"
+    );
+
+    // The server drops a prompt and a resource: the client is told, the
+    // lists leave them out, and using them is refused.
+    std::fs::write(&endpoint.tools_file, DECLARED_AFTER).unwrap();
+    tokio::time::timeout(DEADLINE, changed.recv())
+        .await
+        .expect("a list_changed notification within 30 s")
+        .unwrap();
+    let withdrawn_prompt = tokio::time::timeout(DEADLINE, async {
+        loop {
+            let names: Vec<String> = client
+                .list_prompts()
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|p| p.name)
+                .collect();
+            if !names.contains(&"notes__farewell".to_owned()) {
+                return names;
+            }
+            changed.recv().await;
+        }
+    })
+    .await
+    .expect("the withdrawn prompt leaves the list");
+    assert!(withdrawn_prompt.contains(&"notes__greet".to_owned()));
+    let uris_after: Vec<String> = client
+        .list_resources()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.uri)
+        .collect();
+    assert!(
+        !uris_after.contains(&"notes://b".to_owned()),
+        "{uris_after:?}"
+    );
+    assert!(
+        uris_after.contains(&"notes://a".to_owned()),
+        "{uris_after:?}"
+    );
+    let refused = client
+        .get_prompt("notes__farewell", Default::default(), DEADLINE)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("prompt.withdrawn"), "{refused}");
+    assert!(refused.contains("(code -32602)"), "{refused}");
+    let refused = client
+        .read_resource("notes://b", DEADLINE)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("resource.withdrawn"), "{refused}");
+    assert!(refused.contains("(code -32002)"), "{refused}");
+    let unknown = client
+        .read_resource("notes://never-declared", DEADLINE)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(unknown.contains("resource.not_found"), "{unknown}");
+    // An unchanged prompt still works.
+    assert!(
+        client
+            .get_prompt("notes__greet", Default::default(), DEADLINE)
+            .await
+            .is_ok()
+    );
+    client.close().await;
+    assert!(
+        endpoint.no_fixture_running().await,
+        "the session's server stopped"
+    );
+    endpoint.harness.stop().await;
+}

@@ -395,6 +395,7 @@ async fn an_entry_of_another_release_is_pinned_until_the_warmup_discovers_it_fir
         catalog_hash: "whatever".into(),
         discovered_at_unix_ms: 1,
         release: "0.0.0-previous".into(),
+        ..Default::default()
     };
     store
         .put(
@@ -467,6 +468,7 @@ async fn a_session_pinned_from_another_release_answers_withdrawn_when_its_tools_
         catalog_hash: String::new(),
         discovered_at_unix_ms: 1,
         release: "0.0.0-previous".into(),
+        ..Default::default()
     };
     let key = catalog::config::ServerKey::of("acme", &fx);
     store

@@ -5,7 +5,10 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use rmcp::model::{CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, Tool};
+use rmcp::model::{
+    CallToolRequestParams, ClientCapabilities, ClientConfig, GetPromptRequestParams,
+    Implementation, JsonObject, Prompt, ReadResourceRequestParams, Resource, Tool,
+};
 use rmcp::service::{ClientInitializeError, NotificationContext, RunningService, ServiceError};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -17,7 +20,9 @@ use tokio::task::JoinHandle;
 
 use crate::error::McpError;
 use crate::error::chain;
-use crate::spec::{ServerInfo, ServerSpec, ToolDecl, TransportSpec};
+use crate::spec::{
+    Declarations, PromptDecl, ResourceDecl, ServerInfo, ServerSpec, ToolDecl, TransportSpec,
+};
 use crate::text::clean_text;
 
 /// How much of a stdio server's stderr is kept for error messages (the tail).
@@ -69,13 +74,29 @@ struct ClientSide {
     tools_changed: Option<UnboundedSender<String>>,
 }
 
-impl ClientHandler for ClientSide {
-    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
-        tracing::debug!(server = %self.server_name, "tools/list_changed received");
+impl ClientSide {
+    fn list_changed(&self, notification: &'static str) {
+        tracing::debug!(server = %self.server_name, notification, "list change received");
         if let Some(sender) = &self.tools_changed {
             // A closed receiver only means nobody listens any more.
             let _ = sender.send(self.server_name.clone());
         }
+    }
+}
+
+impl ClientHandler for ClientSide {
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.list_changed("tools/list_changed");
+    }
+
+    // Prompts and resources are pinned like tools: a change of either is
+    // the same "list again" signal.
+    async fn on_prompt_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.list_changed("prompts/list_changed");
+    }
+
+    async fn on_resource_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.list_changed("resources/list_changed");
     }
 
     fn get_info(&self) -> ClientConfig {
@@ -232,6 +253,97 @@ impl Connection {
         Ok(tools.into_iter().map(tool_decl).collect())
     }
 
+    /// Tools, prompts and resources, one list after the other.
+    pub async fn list_all(&self) -> Result<Declarations, McpError> {
+        Ok(Declarations {
+            tools: self.list_tools().await?,
+            prompts: self.list_prompts().await?,
+            resources: self.list_resources().await?,
+        })
+    }
+
+    /// Every prompt the server offers (following pagination); none when it
+    /// does not advertise prompts or answers `prompts/list` with an error
+    /// (a server's tools stay usable whatever its prompts do).
+    pub async fn list_prompts(&self) -> Result<Vec<PromptDecl>, McpError> {
+        if !self.offers(|c| c.prompts.is_some()) {
+            return Ok(Vec::new());
+        }
+        let listed = self.service.peer().list_all_prompts().await;
+        Ok(self
+            .or_none("prompts/list", listed)?
+            .into_iter()
+            .map(prompt_decl)
+            .collect())
+    }
+
+    /// Every resource the server offers (following pagination); none when it
+    /// does not advertise resources or answers `resources/list` with an error.
+    pub async fn list_resources(&self) -> Result<Vec<ResourceDecl>, McpError> {
+        if !self.offers(|c| c.resources.is_some()) {
+            return Ok(Vec::new());
+        }
+        let listed = self.service.peer().list_all_resources().await;
+        Ok(self
+            .or_none("resources/list", listed)?
+            .into_iter()
+            .map(resource_decl)
+            .collect())
+    }
+
+    fn offers(&self, capability: impl Fn(&rmcp::model::ServerCapabilities) -> bool) -> bool {
+        self.service
+            .peer_info()
+            .is_some_and(|info| capability(&info.capabilities))
+    }
+
+    /// A list the server refused (a JSON-RPC error) is an empty one; a broken
+    /// transport or a timeout is still an error.
+    fn or_none<T>(
+        &self,
+        method: &str,
+        listed: Result<Vec<T>, ServiceError>,
+    ) -> Result<Vec<T>, McpError> {
+        match listed {
+            Ok(items) => Ok(items),
+            Err(ServiceError::McpError(data)) => {
+                tracing::debug!(server = %self.server_name, method, code = data.code.0, "list refused: taken as empty");
+                Ok(Vec::new())
+            }
+            Err(error) => Err(self.service_error(error)),
+        }
+    }
+
+    /// `prompts/get`: the result (`description`, `messages`) as JSON text;
+    /// gives up (and cancels the request) after `timeout`.
+    pub async fn get_prompt(
+        &self,
+        name: &str,
+        arguments: JsonObject,
+        timeout: Duration,
+    ) -> Result<String, McpError> {
+        let mut request = GetPromptRequestParams::new(name);
+        if !arguments.is_empty() {
+            request = request.with_arguments(arguments);
+        }
+        let result = tokio::time::timeout(timeout, self.service.peer().get_prompt(request))
+            .await
+            .map_err(|_| McpError::Timeout { after: timeout })?
+            .map_err(|error| self.service_error(error))?;
+        Ok(serde_json::to_string(&result).expect("a prompt result serializes to JSON"))
+    }
+
+    /// `resources/read`: the result (`contents`) as JSON text; gives up (and
+    /// cancels the request) after `timeout`.
+    pub async fn read_resource(&self, uri: &str, timeout: Duration) -> Result<String, McpError> {
+        let request = ReadResourceRequestParams::new(uri);
+        let result = tokio::time::timeout(timeout, self.service.peer().read_resource(request))
+            .await
+            .map_err(|_| McpError::Timeout { after: timeout })?
+            .map_err(|error| self.service_error(error))?;
+        Ok(serde_json::to_string(&result).expect("a resource result serializes to JSON"))
+    }
+
     /// Calls `name` with `arguments`; gives up (and cancels the request) after `timeout`.
     pub async fn call_tool(
         &self,
@@ -337,6 +449,22 @@ fn tool_decl(tool: Tool) -> ToolDecl {
             .unwrap_or_default(),
         input_schema_json: serde_json::to_string(&*tool.input_schema)
             .expect("a JSON object serializes"),
+    }
+}
+
+/// A prompt's declaration; its name cleaned of control characters (the
+/// JSON text escapes them).
+fn prompt_decl(prompt: Prompt) -> PromptDecl {
+    PromptDecl {
+        name: clean_text(&prompt.name).into_owned(),
+        declaration_json: serde_json::to_string(&prompt).expect("a prompt serializes to JSON"),
+    }
+}
+
+fn resource_decl(resource: Resource) -> ResourceDecl {
+    ResourceDecl {
+        uri: clean_text(&resource.uri).into_owned(),
+        declaration_json: serde_json::to_string(&resource).expect("a resource serializes to JSON"),
     }
 }
 

@@ -5,8 +5,10 @@
 //!   bounded by a handshake timeout (rmcp has none of its own).
 //! * [`open_and_list`] is connect + list tools within one deadline, killing
 //!   the server on failure: every caller opens servers through it.
-//!   [`discover`] adds the close, within the same deadline.
-//! * [`catalog_hash`] fingerprints a tool list.
+//!   [`discover`] adds the close, within the same deadline;
+//!   [`open_and_list_all`] also lists prompts and resources (the catalog's).
+//! * [`catalog_hash`] fingerprints a tool list, [`catalog_hash_all`] a
+//!   server's tools, prompts and resources.
 //! * [`Sanitizer`] must be applied to every error text before it leaves the
 //!   process: [`McpError`]'s `Display` can contain URLs with credentials,
 //!   argument values and server stderr.
@@ -26,12 +28,17 @@ use sha2::{Digest, Sha256};
 
 pub use connection::{CallOutcome, ConnectOptions, Connection, STDERR_TAIL_BYTES};
 pub use error::McpError;
-pub use open::{Discovery, OpenError, OpenStep, Opened, discover, open_and_list};
+pub use open::{
+    Discovery, OpenError, OpenStep, Opened, discover, open_and_list, open_and_list_all,
+};
 pub use sanitize::{
     MAX_SANITIZED_LEN, MIN_INHERITED_SECRET_LEN, MIN_SECRET_LEN, REDACTED, Sanitizer,
     is_harmless_env_name, is_secret_env_name, process_env,
 };
-pub use spec::{ServerInfo, ServerSpec, ToolDecl, TransportKind, TransportSpec};
+pub use spec::{
+    Declarations, PromptDecl, ResourceDecl, ServerInfo, ServerSpec, ToolDecl, TransportKind,
+    TransportSpec,
+};
 pub use text::{clean_string, clean_text};
 
 /// SHA-256 (hex) over the tool list sorted by name: the same tools give the same
@@ -49,6 +56,42 @@ pub fn catalog_hash(tools: &[ToolDecl]) -> String {
     for tool in sorted {
         // Length-prefixed fields: no two different lists serialize the same.
         for field in [&tool.name, &tool.description, &tool.input_schema_json] {
+            hasher.update((field.len() as u64).to_be_bytes());
+            hasher.update(field.as_bytes());
+        }
+    }
+    hex::encode(hasher.finalize())
+}
+
+/// [`catalog_hash`] of the tools, extended by the prompts and resources when
+/// there are any: a server without either hashes as its tools alone (so
+/// memory entries and generations from before prompts were listed keep
+/// their hash).
+pub fn catalog_hash_all(
+    tools: &[ToolDecl],
+    prompts: &[PromptDecl],
+    resources: &[ResourceDecl],
+) -> String {
+    let tools_hash = catalog_hash(tools);
+    if prompts.is_empty() && resources.is_empty() {
+        return tools_hash;
+    }
+    let mut prompts: Vec<[&str; 2]> = prompts
+        .iter()
+        .map(|p| [p.name.as_str(), p.declaration_json.as_str()])
+        .collect();
+    prompts.sort_unstable();
+    let mut resources: Vec<[&str; 2]> = resources
+        .iter()
+        .map(|r| [r.uri.as_str(), r.declaration_json.as_str()])
+        .collect();
+    resources.sort_unstable();
+    let mut hasher = Sha256::new();
+    hasher.update(tools_hash.as_bytes());
+    for (section, items) in [(b'p', &prompts), (b'r', &resources)] {
+        hasher.update([section]);
+        hasher.update((items.len() as u64).to_be_bytes());
+        for field in items.iter().flatten() {
             hasher.update((field.len() as u64).to_be_bytes());
             hasher.update(field.as_bytes());
         }
@@ -85,5 +128,35 @@ mod tests {
             catalog_hash(&[tool("a", "bc")])
         );
         assert_ne!(catalog_hash(&[]), catalog_hash(&a));
+    }
+
+    #[test]
+    fn catalog_hash_all_is_the_tools_hash_without_prompts_or_resources() {
+        let tools = [tool("a", "first")];
+        assert_eq!(catalog_hash_all(&tools, &[], &[]), catalog_hash(&tools));
+        let prompt = |name: &str, json: &str| PromptDecl {
+            name: name.into(),
+            declaration_json: json.into(),
+        };
+        let resource = |uri: &str| ResourceDecl {
+            uri: uri.into(),
+            declaration_json: format!(r#"{{"uri":"{uri}","name":"r"}}"#),
+        };
+        let with_prompt = catalog_hash_all(&tools, &[prompt("p", "{}")], &[]);
+        assert_ne!(with_prompt, catalog_hash(&tools));
+        assert_ne!(
+            with_prompt,
+            catalog_hash_all(&tools, &[prompt("p", r#"{"description":"x"}"#)], &[])
+        );
+        // A prompt is not a resource of the same text.
+        assert_ne!(
+            catalog_hash_all(&tools, &[prompt("test://x", "{}")], &[]),
+            catalog_hash_all(&tools, &[], &[resource("test://x")])
+        );
+        // Order of listing does not matter.
+        assert_eq!(
+            catalog_hash_all(&tools, &[], &[resource("a://1"), resource("a://2")]),
+            catalog_hash_all(&tools, &[], &[resource("a://2"), resource("a://1")])
+        );
     }
 }

@@ -8,7 +8,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::connection::{ConnectOptions, Connection};
 use crate::error::McpError;
-use crate::spec::{ServerInfo, ServerSpec, ToolDecl};
+use crate::spec::{Declarations, PromptDecl, ResourceDecl, ServerInfo, ServerSpec, ToolDecl};
 
 /// A bound over the client's own handshake bound: a connect that hangs
 /// outside the handshake (it should not) is dropped, and a dropped half-made
@@ -20,8 +20,19 @@ const CONNECT_BACKSTOP: Duration = Duration::from_secs(2);
 pub struct Opened {
     pub connection: Connection,
     pub tools: Vec<ToolDecl>,
+    /// Listed only by [`open_and_list_all`]; empty otherwise.
+    pub prompts: Vec<PromptDecl>,
+    pub resources: Vec<ResourceDecl>,
     /// Connect plus list.
     pub duration: Duration,
+}
+
+/// What to list after the handshake.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Listing {
+    Tools,
+    /// Tools, prompts and resources.
+    All,
 }
 
 /// The step of [`open_and_list`] that failed.
@@ -29,7 +40,8 @@ pub struct Opened {
 pub enum OpenStep {
     /// Spawn or open, and the MCP handshake.
     Connect,
-    /// `tools/list` after a completed handshake.
+    /// `tools/list` after a completed handshake (and, for
+    /// [`open_and_list_all`], `prompts/list` and `resources/list`).
     ListTools,
 }
 
@@ -52,6 +64,26 @@ pub async fn open_and_list(
     spec: &ServerSpec,
     timeout: Duration,
     tools_changed: Option<UnboundedSender<String>>,
+) -> Result<Opened, OpenError> {
+    open(spec, timeout, tools_changed, Listing::Tools).await
+}
+
+/// [`open_and_list`], also listing the server's prompts and resources
+/// (when it advertises them) within the same deadline: what a gateway
+/// serves.
+pub async fn open_and_list_all(
+    spec: &ServerSpec,
+    timeout: Duration,
+    tools_changed: Option<UnboundedSender<String>>,
+) -> Result<Opened, OpenError> {
+    open(spec, timeout, tools_changed, Listing::All).await
+}
+
+async fn open(
+    spec: &ServerSpec,
+    timeout: Duration,
+    tools_changed: Option<UnboundedSender<String>>,
+    listing: Listing,
 ) -> Result<Opened, OpenError> {
     let started = Instant::now();
     let deadline = started + timeout;
@@ -76,10 +108,21 @@ pub async fn open_and_list(
         }
     };
     let remaining = deadline.saturating_duration_since(Instant::now());
-    match tokio::time::timeout(remaining, connection.list_tools()).await {
-        Ok(Ok(tools)) => Ok(Opened {
+    let listed = async {
+        match listing {
+            Listing::Tools => Ok(Declarations {
+                tools: connection.list_tools().await?,
+                ..Declarations::default()
+            }),
+            Listing::All => connection.list_all().await,
+        }
+    };
+    match tokio::time::timeout(remaining, listed).await {
+        Ok(Ok(declared)) => Ok(Opened {
             connection,
-            tools,
+            tools: declared.tools,
+            prompts: declared.prompts,
+            resources: declared.resources,
             duration: started.elapsed(),
         }),
         Ok(Err(error)) => {

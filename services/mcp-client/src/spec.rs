@@ -109,6 +109,32 @@ pub struct ToolDecl {
     pub input_schema_json: String,
 }
 
+/// A prompt as the server declared it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PromptDecl {
+    pub name: String,
+    /// The whole `Prompt` object as listed (title, description, arguments,
+    /// icons), as JSON text: served again as the server gave it.
+    pub declaration_json: String,
+}
+
+/// A resource as the server declared it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResourceDecl {
+    pub uri: String,
+    /// The whole `Resource` object as listed (name, title, description,
+    /// MIME type, size, annotations), as JSON text.
+    pub declaration_json: String,
+}
+
+/// Everything a server declared: what a gateway pins.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Declarations {
+    pub tools: Vec<ToolDecl>,
+    pub prompts: Vec<PromptDecl>,
+    pub resources: Vec<ResourceDecl>,
+}
+
 /// What the server said about itself in the handshake.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServerInfo {

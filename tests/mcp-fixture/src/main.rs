@@ -9,8 +9,11 @@ use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData,
-    Implementation, InitializeRequestParams, InitializeResult, ListToolsResult,
-    PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    GetPromptRequestParams, GetPromptResponse, GetPromptResult, Implementation,
+    InitializeRequestParams, InitializeResult, ListPromptsResult, ListResourcesResult,
+    ListToolsResult, PaginatedRequestParams, Prompt, PromptArgument, PromptMessage,
+    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource,
+    ResourceContents, Role, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -32,6 +35,8 @@ enum Mode {
     /// A valid server with no tools.
     ZeroTools,
     /// Tools read from `--tools-file` on every list; `--watch` notifies changes.
+    /// The file is an array of tools, or an object with `tools`, `prompts`
+    /// and `resources` (this mode alone offers prompts and resources).
     ChangingTools,
     /// Rejects `initialize` with an error (also written to stderr) that echoes
     /// its env values, its args and `--url`.
@@ -99,6 +104,40 @@ struct ToolSpec {
     description: String,
 }
 
+#[derive(Clone, Debug, Deserialize)]
+struct PromptSpec {
+    name: String,
+    #[serde(default)]
+    description: String,
+    /// Argument names (optional arguments).
+    #[serde(default)]
+    arguments: Vec<String>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+struct ResourceSpec {
+    uri: String,
+    name: String,
+    /// What `resources/read` answers.
+    #[serde(default)]
+    text: String,
+}
+
+/// `--tools-file`: an array of tools, or tools, prompts and resources.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+enum ToolsFile {
+    Tools(Vec<ToolSpec>),
+    All {
+        #[serde(default)]
+        tools: Vec<ToolSpec>,
+        #[serde(default)]
+        prompts: Vec<PromptSpec>,
+        #[serde(default)]
+        resources: Vec<ResourceSpec>,
+    },
+}
+
 #[derive(Clone)]
 struct Fixture {
     args: Arc<Args>,
@@ -114,8 +153,11 @@ impl Fixture {
                 let path = self.args.tools_file.as_ref().ok_or_else(|| {
                     ErrorData::internal_error("changing-tools needs --tools-file", None)
                 })?;
-                let specs = read_tools_file(path)
-                    .map_err(|e| ErrorData::internal_error(format!("{e:#}"), None))?;
+                let specs = match read_tools_file(path)
+                    .map_err(|e| ErrorData::internal_error(format!("{e:#}"), None))?
+                {
+                    ToolsFile::Tools(tools) | ToolsFile::All { tools, .. } => tools,
+                };
                 Ok(specs
                     .into_iter()
                     .map(|spec| {
@@ -192,7 +234,27 @@ fn object(value: Value) -> Arc<serde_json::Map<String, Value>> {
     }
 }
 
-fn read_tools_file(path: &Path) -> anyhow::Result<Vec<ToolSpec>> {
+impl Fixture {
+    /// The tools file's prompts and resources (none in other modes).
+    fn prompts_and_resources(&self) -> Result<(Vec<PromptSpec>, Vec<ResourceSpec>), ErrorData> {
+        let Some(path) = &self.args.tools_file else {
+            return Ok((Vec::new(), Vec::new()));
+        };
+        if self.args.mode != Mode::ChangingTools {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        match read_tools_file(path)
+            .map_err(|e| ErrorData::internal_error(format!("{e:#}"), None))?
+        {
+            ToolsFile::Tools(_) => Ok((Vec::new(), Vec::new())),
+            ToolsFile::All {
+                prompts, resources, ..
+            } => Ok((prompts, resources)),
+        }
+    }
+}
+
+fn read_tools_file(path: &Path) -> anyhow::Result<ToolsFile> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
@@ -200,13 +262,22 @@ fn read_tools_file(path: &Path) -> anyhow::Result<Vec<ToolSpec>> {
 
 impl ServerHandler for Fixture {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(
+        let capabilities = if self.args.mode == Mode::ChangingTools {
+            ServerCapabilities::builder()
+                .enable_prompts()
+                .enable_prompts_list_changed()
+                .enable_resources()
+                .enable_resources_list_changed()
+                .enable_tools()
+                .enable_tool_list_changed()
+                .build()
+        } else {
             ServerCapabilities::builder()
                 .enable_tools()
                 .enable_tool_list_changed()
-                .build(),
-        )
-        .with_server_info(Implementation::new(
+                .build()
+        };
+        ServerConfig::new(capabilities).with_server_info(Implementation::new(
             "mcp-fixture",
             env!("CARGO_PKG_VERSION"),
         ))
@@ -299,6 +370,77 @@ impl ServerHandler for Fixture {
         };
         Ok(result.into())
     }
+
+    async fn list_prompts(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, ErrorData> {
+        let (prompts, _) = self.prompts_and_resources()?;
+        Ok(ListPromptsResult::with_all_items(
+            prompts
+                .into_iter()
+                .map(|p| {
+                    let arguments = p.arguments.into_iter().map(PromptArgument::new).collect();
+                    Prompt::new(p.name, Some(p.description), Some(arguments))
+                })
+                .collect(),
+        ))
+    }
+
+    /// One user message naming the prompt and its arguments.
+    async fn get_prompt(
+        &self,
+        request: GetPromptRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, ErrorData> {
+        let (prompts, _) = self.prompts_and_resources()?;
+        let Some(prompt) = prompts.into_iter().find(|p| p.name == request.name) else {
+            return Err(ErrorData::invalid_params(
+                format!("unknown prompt {}", request.name),
+                None,
+            ));
+        };
+        let arguments = Value::Object(request.arguments.unwrap_or_default());
+        let text = format!("prompt {} with {arguments}", prompt.name);
+        Ok(
+            GetPromptResult::new(vec![PromptMessage::new_text(Role::User, text)])
+                .with_description(prompt.description)
+                .into(),
+        )
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        let (_, resources) = self.prompts_and_resources()?;
+        Ok(ListResourcesResult::with_all_items(
+            resources
+                .into_iter()
+                .map(|r| Resource::new(r.uri, r.name).with_mime_type("text/plain"))
+                .collect(),
+        ))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        let (_, resources) = self.prompts_and_resources()?;
+        let Some(resource) = resources.into_iter().find(|r| r.uri == request.uri) else {
+            return Err(ErrorData::resource_not_found(
+                format!("unknown resource {}", request.uri),
+                None,
+            ));
+        };
+        Ok(
+            ReadResourceResult::new(vec![ResourceContents::text(resource.text, resource.uri)])
+                .into(),
+        )
+    }
 }
 
 /// Notifies every session when the tools file's content changes (polling:
@@ -313,6 +455,8 @@ async fn watch_tools_file(path: PathBuf, peers: Arc<Mutex<Vec<Peer<RoleServer>>>
             let current: Vec<Peer<RoleServer>> = peers.lock().expect("peers lock").clone();
             for peer in current {
                 let _ = peer.notify_tool_list_changed().await;
+                let _ = peer.notify_prompt_list_changed().await;
+                let _ = peer.notify_resource_list_changed().await;
             }
         }
     }

@@ -250,6 +250,7 @@ impl Harness {
                 server_id: server.into(),
                 tool: tool.into(),
                 arguments_json: arguments_json.into(),
+                ..Default::default()
             },
         )
         .await
