@@ -258,6 +258,23 @@ struct Bound {
     resources: Vec<OfferedResource>,
 }
 
+impl Bound {
+    /// A catalog call of this session to `server` (the caller names what).
+    fn call(&self, server: &str) -> CatalogCallRequest {
+        CatalogCallRequest {
+            tenant: self.tenant.clone(),
+            session_id: self.session_id.clone(),
+            server_id: server.to_owned(),
+            ..Default::default()
+        }
+    }
+}
+
+/// A withdrawal's key: the server and the item's name (or URI).
+fn key(server: &str, name: &str) -> (String, String) {
+    (server.to_owned(), name.to_owned())
+}
+
 /// Which lists a change of the withdrawals touched.
 #[derive(Debug, Clone, Copy, Default)]
 struct ListsChanged {
@@ -354,10 +371,33 @@ impl McpSession {
         withdrawn(&self.endpoint, bound).await
     }
 
-    /// After a use of the session's servers: tells the client of lists that
-    /// changed under it.
-    async fn announce_changes(&self, bound: &Bound, peer: &Peer<RoleServer>) {
+    /// A catalog call for the session, then the lists that changed under
+    /// the client meanwhile are announced to it.
+    async fn relay(
+        &self,
+        bound: &Bound,
+        call: CatalogCallRequest,
+        peer: &Peer<RoleServer>,
+    ) -> CatalogCallReply {
+        let reply = self.endpoint.commands.call.handle(call).await;
         notify_lists_changed(self.state.announce(self.withdrawn(bound).await), peer);
+        reply
+    }
+
+    /// One page of what `pick` keeps of the session's pins (less the
+    /// withdrawals, which the client now knows), and the next cursor.
+    async fn listed<T: Clone>(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: &RequestContext<RoleServer>,
+        pick: impl FnOnce(&Bound, &Withdrawn) -> Vec<T>,
+    ) -> Result<(Vec<T>, Option<String>), ErrorData> {
+        let bound = self.bound(&context.extensions)?;
+        let withdrawn = self.withdrawn(bound).await;
+        let items = pick(bound, &withdrawn);
+        self.state.announce(withdrawn);
+        let cursor = request.and_then(|r| r.cursor);
+        page(&items, cursor.as_deref(), self.endpoint.page_size)
     }
 
     async fn prepare(&self, caller: Caller) -> Result<(), ErrorData> {
@@ -700,21 +740,13 @@ impl ServerHandler for McpSession {
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         counted("tools/list");
-        let bound = self.bound(&context.extensions)?;
-        let withdrawn = self.withdrawn(bound).await;
-        let tools: Vec<Tool> = bound
-            .tools
-            .iter()
-            .filter(|o| {
-                !withdrawn
-                    .tools
-                    .contains(&(o.server.clone(), o.name.clone()))
+        let (tools, next) = self
+            .listed(request, &context, |bound, withdrawn| {
+                let offered = bound.tools.iter();
+                let kept = offered.filter(|o| !withdrawn.tools.contains(&key(&o.server, &o.name)));
+                kept.map(|o| o.tool.clone()).collect()
             })
-            .map(|offered| offered.tool.clone())
-            .collect();
-        self.state.announce(withdrawn);
-        let cursor = request.and_then(|r| r.cursor);
-        let (tools, next) = page(&tools, cursor.as_deref(), self.endpoint.page_size)?;
+            .await?;
         let mut result = ListToolsResult::with_all_items(tools);
         result.next_cursor = next;
         Ok(result)
@@ -739,21 +771,12 @@ impl ServerHandler for McpSession {
             .into());
         };
         let arguments = request.arguments.unwrap_or_default();
-        let reply = self
-            .endpoint
-            .commands
-            .call
-            .handle(CatalogCallRequest {
-                tenant: bound.tenant.clone(),
-                session_id: bound.session_id.clone(),
-                server_id: offered.server.clone(),
-                tool: offered.name.clone(),
-                arguments_json: serde_json::Value::Object(arguments).to_string(),
-                ..Default::default()
-            })
-            .await;
-        self.announce_changes(bound, &context.peer).await;
-        Ok(result_of(reply).into())
+        let call = CatalogCallRequest {
+            tool: offered.name.clone(),
+            arguments_json: serde_json::Value::Object(arguments).to_string(),
+            ..bound.call(&offered.server)
+        };
+        Ok(result_of(self.relay(bound, call, &context.peer).await).into())
     }
 
     async fn list_prompts(
@@ -762,21 +785,14 @@ impl ServerHandler for McpSession {
         context: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, ErrorData> {
         counted("prompts/list");
-        let bound = self.bound(&context.extensions)?;
-        let withdrawn = self.withdrawn(bound).await;
-        let prompts: Vec<Prompt> = bound
-            .prompts
-            .iter()
-            .filter(|o| {
-                !withdrawn
-                    .prompts
-                    .contains(&(o.server.clone(), o.name.clone()))
+        let (prompts, next) = self
+            .listed(request, &context, |bound, withdrawn| {
+                let offered = bound.prompts.iter();
+                let kept =
+                    offered.filter(|o| !withdrawn.prompts.contains(&key(&o.server, &o.name)));
+                kept.map(|o| o.prompt.clone()).collect()
             })
-            .map(|offered| offered.prompt.clone())
-            .collect();
-        self.state.announce(withdrawn);
-        let cursor = request.and_then(|r| r.cursor);
-        let (prompts, next) = page(&prompts, cursor.as_deref(), self.endpoint.page_size)?;
+            .await?;
         let mut result = ListPromptsResult::with_all_items(prompts);
         result.next_cursor = next;
         Ok(result)
@@ -796,20 +812,12 @@ impl ServerHandler for McpSession {
             }));
         };
         let arguments = request.arguments.unwrap_or_default();
-        let reply = self
-            .endpoint
-            .commands
-            .call
-            .handle(CatalogCallRequest {
-                tenant: bound.tenant.clone(),
-                session_id: bound.session_id.clone(),
-                server_id: offered.server.clone(),
-                prompt: offered.name.clone(),
-                arguments_json: serde_json::Value::Object(arguments).to_string(),
-                ..Default::default()
-            })
-            .await;
-        self.announce_changes(bound, &context.peer).await;
+        let call = CatalogCallRequest {
+            prompt: offered.name.clone(),
+            arguments_json: serde_json::Value::Object(arguments).to_string(),
+            ..bound.call(&offered.server)
+        };
+        let reply = self.relay(bound, call, &context.peer).await;
         relayed::<GetPromptResult>(reply).map(GetPromptResponse::from)
     }
 
@@ -819,21 +827,17 @@ impl ServerHandler for McpSession {
         context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
         counted("resources/list");
-        let bound = self.bound(&context.extensions)?;
-        let withdrawn = self.withdrawn(bound).await;
-        let resources: Vec<Resource> = bound
-            .resources
-            .iter()
-            .filter(|o| {
-                !withdrawn
-                    .resources
-                    .contains(&(o.server.clone(), o.resource.uri.clone()))
+        let (resources, next) = self
+            .listed(request, &context, |bound, withdrawn| {
+                let offered = bound.resources.iter();
+                let kept = offered.filter(|o| {
+                    !withdrawn
+                        .resources
+                        .contains(&key(&o.server, &o.resource.uri))
+                });
+                kept.map(|o| o.resource.clone()).collect()
             })
-            .map(|offered| offered.resource.clone())
-            .collect();
-        self.state.announce(withdrawn);
-        let cursor = request.and_then(|r| r.cursor);
-        let (resources, next) = page(&resources, cursor.as_deref(), self.endpoint.page_size)?;
+            .await?;
         let mut result = ListResourcesResult::with_all_items(resources);
         result.next_cursor = next;
         Ok(result)
@@ -856,19 +860,11 @@ impl ServerHandler for McpSession {
                 message: format!("resource {:?} is not in this session's pins", request.uri),
             }));
         };
-        let reply = self
-            .endpoint
-            .commands
-            .call
-            .handle(CatalogCallRequest {
-                tenant: bound.tenant.clone(),
-                session_id: bound.session_id.clone(),
-                server_id: offered.server.clone(),
-                resource_uri: offered.resource.uri.clone(),
-                ..Default::default()
-            })
-            .await;
-        self.announce_changes(bound, &context.peer).await;
+        let call = CatalogCallRequest {
+            resource_uri: offered.resource.uri.clone(),
+            ..bound.call(&offered.server)
+        };
+        let reply = self.relay(bound, call, &context.peer).await;
         relayed::<ReadResourceResult>(reply).map(ReadResourceResponse::from)
     }
 }
