@@ -1,7 +1,7 @@
 // An MCP client on the official TypeScript SDK (@modelcontextprotocol/sdk),
 // driven by ctxsync's tests; the same scenario and output as client.py.
 //
-// node client.cjs --url URL --key KEY [--call NAME --arguments JSON]
+// node client.cjs --url URL --key KEY [--prompt NAME --read URI] [--call NAME --arguments JSON]
 //   [--change-file PATH --change-to JSON --call-after NAME]
 // The SDK is resolved from CTXSYNC_MCP_SERVERS_DIR (tests/mcp-servers/install.sh).
 "use strict";
@@ -33,6 +33,8 @@ const { values: args } = parseArgs({
     "change-file": { type: "string" },
     "change-to": { type: "string", default: "[]" },
     "call-after": { type: "string" },
+    prompt: { type: "string" },
+    read: { type: "string" },
   },
 });
 
@@ -44,12 +46,12 @@ function resultJson(result) {
   };
 }
 
-async function listAll(client) {
+async function listAll(client, method = "listTools", field = "tools", key = "name") {
   const names = [];
   let cursor;
   do {
-    const page = await client.listTools(cursor ? { cursor } : undefined);
-    names.push(...page.tools.map((tool) => tool.name));
+    const page = await client[method](cursor ? { cursor } : undefined);
+    names.push(...page[field].map((item) => item[key]));
     cursor = page.nextCursor;
   } while (cursor);
   return names;
@@ -72,6 +74,14 @@ async function main() {
   out.tools = await listAll(client);
   out.connect_to_list_ms = performance.now() - started;
   const toolArguments = JSON.parse(args.arguments);
+  if (args.prompt) {
+    out.prompts = await listAll(client, "listPrompts", "prompts");
+    out.resources = await listAll(client, "listResources", "resources", "uri");
+    const prompt = await client.getPrompt({ name: args.prompt });
+    out.prompt_text = prompt.messages[0].content.text;
+    const read = await client.readResource({ uri: args.read });
+    out.read_uri = read.contents[0].uri;
+  }
   if (args.call) {
     out.first_call = resultJson(await client.callTool({ name: args.call, arguments: toolArguments }));
   }

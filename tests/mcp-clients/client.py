@@ -1,7 +1,8 @@
 """An MCP client on the official Python SDK (`mcp`), driven by ctxsync's tests.
 
 Connects to a streamable-HTTP MCP endpoint with a tenant key, lists every
-tool (following nextCursor), optionally calls a tool; with --change-file it
+tool (following nextCursor), optionally calls a tool; with --prompt it lists
+every prompt and resource, gets that prompt and reads --read; with --change-file it
 then rewrites that file (the fixture server's tools file), waits for
 notifications/tools/list_changed, lists again and calls --call-after.
 Prints one JSON object on stdout; exits 0 unless the client itself failed.
@@ -29,12 +30,12 @@ def result_json(result):
     }
 
 
-async def list_all(session):
+async def list_all(session, method="list_tools", field="tools", key="name"):
     names, cursor = [], None
     while True:
         params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
-        page = await session.list_tools(params=params)
-        names.extend(tool.name for tool in page.tools)
+        page = await getattr(session, method)(params=params)
+        names.extend(str(getattr(item, key)) for item in getattr(page, field))
         cursor = page.next_cursor
         if not cursor:
             return names
@@ -57,6 +58,13 @@ async def run(args):
                 out["protocol"] = str(init.protocol_version)
                 out["tools"] = await list_all(session)
                 out["connect_to_list_ms"] = (time.monotonic() - started) * 1000
+                if args.prompt:
+                    out["prompts"] = await list_all(session, "list_prompts", "prompts")
+                    out["resources"] = await list_all(session, "list_resources", "resources", "uri")
+                    prompt = await session.get_prompt(args.prompt)
+                    out["prompt_text"] = prompt.messages[0].content.text
+                    read = await session.read_resource(args.read)
+                    out["read_uri"] = str(read.contents[0].uri)
                 if args.call:
                     result = await session.call_tool(args.call, json.loads(args.arguments))
                     out["first_call"] = result_json(result)
@@ -83,6 +91,8 @@ def main():
     parser.add_argument("--change-file")
     parser.add_argument("--change-to", default="[]")
     parser.add_argument("--call-after")
+    parser.add_argument("--prompt")
+    parser.add_argument("--read")
     args = parser.parse_args()
     asyncio.run(asyncio.wait_for(run(args), 120))
 

@@ -1,6 +1,6 @@
 //! The catalog as an MCP server (`/mcp`): the official Python and TypeScript
-//! SDKs, tenant keys, lazy starts, withdrawal, list_changed, session end and
-//! the process bound, against the real catalog, NATS, Postgres, the fixture
+//! SDKs, tenant keys, lazy starts, withdrawal, list_changed, prompts and
+//! resources, session end and the process bound, against the real catalog, NATS, Postgres, the fixture
 //! and server-everything.
 
 mod common;
@@ -205,6 +205,18 @@ async fn sdk_scenario(program: PathBuf, script: &str) {
         endpoint.no_fixture_running().await,
         "the preparation's discovery ended"
     );
+    // server-everything's prompts and resources, as the gate's pins carry them.
+    let pins = endpoint.harness.prepare("acme", "gate-session").await.pins;
+    let everything = pins.iter().find(|p| p.server_id == "everything").unwrap();
+    let gate_prompts: Vec<String> = everything
+        .prompts
+        .iter()
+        .map(|p| format!("everything{}{}", catalog::TOOL_NAME_SEPARATOR, p.name))
+        .collect();
+    let gate_uris: Vec<String> = everything.resources.iter().map(|r| r.uri.clone()).collect();
+    let document = gate_uris
+        .first()
+        .expect("server-everything declares resources");
 
     let tools_file = endpoint.tools_file.display().to_string();
     let out = run_client(
@@ -225,6 +237,10 @@ async fn sdk_scenario(program: PathBuf, script: &str) {
             TOOLS_AFTER,
             "--call-after",
             "notes__echo",
+            "--prompt",
+            "everything__simple-prompt",
+            "--read",
+            document,
         ],
     )
     .await;
@@ -234,12 +250,19 @@ async fn sdk_scenario(program: PathBuf, script: &str) {
         "the newest version with sessions"
     );
     assert_eq!(names(&out["tools"]), gate, "{out}");
+    assert_eq!(names(&out["prompts"]), sorted(gate_prompts), "{out}");
+    assert_eq!(names(&out["resources"]), sorted(gate_uris.clone()), "{out}");
+    assert_eq!(
+        out["prompt_text"], "This is a simple prompt without arguments.",
+        "{out}"
+    );
+    assert_eq!(out["read_uri"], document.as_str(), "{out}");
     assert_eq!(out["first_call"]["is_error"], false, "{out}");
     assert_eq!(text_of(&out["first_call"]), "hello", "{out}");
     assert_eq!(
         endpoint.starts(),
         warm_starts + 1,
-        "the call started the server once: initialize pinned from memory"
+        "the call started the server once: initialize and the lists pinned from memory"
     );
     assert_eq!(out["list_changed"], true, "{out}");
     assert!(
