@@ -14,11 +14,17 @@ use crate::stats::Latency;
 use crate::steps::{BenchError, Sizes, Step};
 
 const WARMUP: usize = 50;
+/// Idleness before each publish of the idle pub→sub floor: about a push's
+/// transaction, which precedes each wake.
+pub const IDLE_GAP: Duration = Duration::from_millis(2);
 const PAYLOAD: &[u8] = &[b'x'; 128];
 
 #[derive(Debug, Clone, Default)]
 pub struct Floors {
     pub nats_pub_sub: Latency,
+    /// `nats_pub_sub` with [`IDLE_GAP`] of idleness before each publish:
+    /// threads (ours and the server's) park as they do before a wake.
+    pub nats_pub_sub_idle: Latency,
     pub nats_request_reply: Latency,
     pub postgres: PostgresFloor,
     /// snapshot-store's read API round trip (what the gate does once per wake), for the breakdown.
@@ -61,8 +67,9 @@ async fn connect(env: &Env, name: &str) -> Result<async_nats::Client, BenchError
         .client)
 }
 
-/// One message at a time from one connection to a subscriber on another.
-pub async fn pub_sub(env: &Env, samples: usize) -> Result<Latency, BenchError> {
+/// One message at a time from one connection to a subscriber on another,
+/// each publish after `idle` of idleness (none: back to back).
+pub async fn pub_sub(env: &Env, samples: usize, idle: Duration) -> Result<Latency, BenchError> {
     let publisher = connect(env, "bench-floor-pub").await?;
     let subscriber = connect(env, "bench-floor-sub").await?;
     let subject = env.subjects.bench_floor("pubsub");
@@ -75,6 +82,9 @@ pub async fn pub_sub(env: &Env, samples: usize) -> Result<Latency, BenchError> {
         .step("subscribe")?;
     let mut latencies = Vec::with_capacity(samples);
     for i in 0..WARMUP + samples {
+        if !idle.is_zero() {
+            tokio::time::sleep(idle).await;
+        }
         let started = Instant::now();
         publisher
             .publish(subject.clone(), PAYLOAD.into())

@@ -47,7 +47,11 @@ async fn sections(
     let mut report = Report::new(quick, env.describe());
 
     progress.step("floors: raw NATS publish→subscribe");
-    report.floors.nats_pub_sub = floors::pub_sub(env, sizes.floor_samples).await?;
+    report.floors.nats_pub_sub =
+        floors::pub_sub(env, sizes.floor_samples, std::time::Duration::ZERO).await?;
+    progress.step("floors: raw NATS publish→subscribe after idleness");
+    let idle_samples = (sizes.floor_samples / 6).max(50);
+    report.floors.nats_pub_sub_idle = floors::pub_sub(env, idle_samples, floors::IDLE_GAP).await?;
     progress.step("floors: raw NATS request/reply");
     report.floors.nats_request_reply = floors::request_reply(env, sizes.floor_samples).await?;
     progress.step("floors: raw NATS fan-out (one publish, ten replies)");

@@ -277,6 +277,8 @@ impl Report {
             }),
             floors: Some(v1::BenchFloors {
                 nats_pub_sub: Some(f.nats_pub_sub.to_proto()),
+                nats_pub_sub_idle: Some(f.nats_pub_sub_idle.to_proto()),
+                idle_gap_ms: count(crate::floors::IDLE_GAP.as_millis() as usize),
                 nats_request_reply: Some(f.nats_request_reply.to_proto()),
                 postgres: Some(v1::BenchPostgresFloor {
                     single_client: Some(f.postgres.single_client.to_proto()),
@@ -396,6 +398,15 @@ impl Report {
         let _ = writeln!(out, "\n{:<48} {:>10} {:>10}", "floors", "p50", "p99");
         let f = &self.floors;
         row(&mut out, "raw NATS publish→subscribe", &f.nats_pub_sub, "");
+        row(
+            &mut out,
+            &format!(
+                "  the same, {} ms idle before each",
+                crate::floors::IDLE_GAP.as_millis()
+            ),
+            &f.nats_pub_sub_idle,
+            "",
+        );
         let fan = &f.nats_fan_out;
         row(
             &mut out,
@@ -454,12 +465,20 @@ impl Report {
                 )
             };
             let total = case.chats * case.rounds;
-            let extra = format!(
+            let mut extra = format!(
                 "{}/{} correct, {:.1}× pub→sub",
                 case.correct,
                 total,
                 ratio(case.latency.p50_us, f.nats_pub_sub.p50_us)
             );
+            // A wake follows a quiet spell: also against the floor measured so.
+            if case.chats == 1 && f.nats_pub_sub_idle.samples > 0 {
+                let _ = write!(
+                    extra,
+                    " ({:.1}× idle pub→sub)",
+                    ratio(case.latency.p50_us, f.nats_pub_sub_idle.p50_us)
+                );
+            }
             row(&mut out, &label, &case.latency, &extra);
             row(
                 &mut out,

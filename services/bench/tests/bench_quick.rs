@@ -112,6 +112,7 @@ async fn check_report(report: &Value, mode: &str) {
     assert!(services.starts_with(&format!("{mode}:")), "{services}");
     for floor in [
         "floors.nats_pub_sub",
+        "floors.nats_pub_sub_idle",
         "floors.nats_request_reply",
         "floors.postgres.single_client",
         "floors.store_read",
@@ -119,6 +120,7 @@ async fn check_report(report: &Value, mode: &str) {
     ] {
         assert_latency(&report, floor);
     }
+    assert_eq!(number(&report, "floors.idle_gap_ms"), 2.0);
     assert!(number(&report, "floors.postgres.per_second") > 0.0);
     assert_eq!(number(&report, "floors.postgres.clients"), 8.0);
     // The fan-out floor has the shape of the 1,000-chat case: 100 agents, ten chats each.

@@ -81,12 +81,15 @@ pub struct StartupOutcome {
 /// What a push did.
 #[derive(Debug)]
 pub enum PushOutcome {
-    /// Both events carry the state after the commit.
+    /// Both events are to carry `state`, the state after the commit (left
+    /// out of them here: the publisher moves the one state from one event to
+    /// the other instead of copying it).
     Accepted {
         /// The phase-or-run-id-changed event to publish, if either changed.
         discovery_changed: Option<Box<DiscoveryChanged>>,
         /// The every-push event.
         snapshot_committed: Box<SnapshotCommitted>,
+        state: Box<AgentState>,
     },
     Dropped {
         reason: PushDropReason,
@@ -544,7 +547,7 @@ impl Store {
         // The event's commit time is when COMMIT returned, not when the row
         // was stamped inside the transaction: waits are measured from it.
         let committed_at = Some(timestamp(Utc::now()));
-        let mut discovery_changed = (stored_phase != Some(phase)
+        let discovery_changed = (stored_phase != Some(phase)
             || stored_run_id.as_deref() != Some(push.agent_run_id.as_str()))
         .then(|| {
             Box::new(DiscoveryChanged {
@@ -564,7 +567,7 @@ impl Store {
         });
         // Every accepted push is announced, unchanged content included: its
         // version and receive time still changed, and watchers show those.
-        let mut snapshot_committed = Box::new(SnapshotCommitted {
+        let snapshot_committed = Box::new(SnapshotCommitted {
             agent_id: agent_id.to_string(),
             agent_run_id: push.agent_run_id.clone(),
             version: push.version,
@@ -592,15 +595,10 @@ impl Store {
             resources: push.resources,
             revision: locked.revision,
         };
-        // Both events carry the state: a watcher follows them on two
-        // subscriptions and may see either first.
-        if let Some(event) = discovery_changed.as_mut() {
-            event.state = Some(state.clone());
-        }
-        snapshot_committed.state = Some(state);
         Ok(PushOutcome::Accepted {
             discovery_changed,
             snapshot_committed,
+            state: Box::new(state),
         })
     }
 

@@ -76,11 +76,10 @@ impl StateLimit {
     /// The bound now: the server's max_payload is read per event, since a
     /// reconnect may reach a server with another one.
     fn effective(self, nats: &async_nats::Client) -> usize {
-        self.max_bytes.min(
-            nats.server_info()
-                .max_payload
-                .saturating_sub(EVENT_HEADROOM_BYTES),
-        )
+        // max_payload() is the client's copy of the server's limit (an atomic
+        // read); server_info() would clone the whole INFO on every event.
+        self.max_bytes
+            .min(nats.max_payload().saturating_sub(EVENT_HEADROOM_BYTES))
     }
 
     /// Leaves `state` out of an event when it is over the limit.
@@ -435,19 +434,18 @@ async fn handle_push(
     match result {
         Ok(PushOutcome::Accepted {
             discovery_changed,
-            snapshot_committed,
+            mut snapshot_committed,
+            state,
         }) => {
-            metrics::counter!("ctxsync_store_pushes_total", "outcome" => "accepted").increment(1);
-            tracing::info!(agent_id = %request.agent_id, %trace_id, version, "push committed");
+            // Chats waiting for discovery wake on DiscoveryChanged: it goes
+            // out first, before the logs, the metrics and the other event.
+            // Both events carry the same state (a watcher follows them on
+            // two subscriptions and may see either first): its size is
+            // checked once, and it moves from one event to the other.
+            let mut state = Some(*state);
+            limit.apply(nats, &request.agent_id, &mut state);
             if let Some(mut event) = discovery_changed {
-                limit.apply(nats, &event.agent_id, &mut event.state);
-                tracing::info!(
-                    agent_id = %event.agent_id,
-                    %trace_id,
-                    run_id = %event.snapshot_agent_run_id,
-                    phase = event.phase().as_str_name(),
-                    "discovery changed"
-                );
+                event.state = state;
                 publish(
                     nats,
                     subjects.discovery_changed(&event.agent_id),
@@ -455,16 +453,25 @@ async fn handle_push(
                     &event,
                 )
                 .await;
+                state = event.state.take();
+                tracing::info!(
+                    agent_id = %event.agent_id,
+                    %trace_id,
+                    run_id = %event.snapshot_agent_run_id,
+                    phase = event.phase().as_str_name(),
+                    "discovery changed"
+                );
             }
-            let mut event = snapshot_committed;
-            limit.apply(nats, &event.agent_id, &mut event.state);
+            snapshot_committed.state = state;
             publish(
                 nats,
-                subjects.snapshot_committed(&event.agent_id),
+                subjects.snapshot_committed(&snapshot_committed.agent_id),
                 trace,
-                &event,
+                &snapshot_committed,
             )
             .await;
+            metrics::counter!("ctxsync_store_pushes_total", "outcome" => "accepted").increment(1);
+            tracing::info!(agent_id = %request.agent_id, %trace_id, version, "push committed");
             StorePushReply {
                 response: Some(PushContextStateResponse {
                     accepted: true,

@@ -3,6 +3,9 @@
 //!
 //! One wait ("attempt") per (chat, agent, run id) runs in its own task, so
 //! concurrent callers join it and a caller that goes away cancels nothing.
+//! An event whose view ends waits ends them where it is applied (see
+//! [`Gate::apply_event`]): their callers wake without a hop through each
+//! wait's task, which then only goes away.
 //! A timed-out attempt is remembered for a while so the chat's later first
 //! turns don't wait again; a finished one is forgotten at once. Every turn
 //! is answered from the agent's view (see [`super::watch`]): a fresh one at
@@ -85,8 +88,38 @@ struct Outcome {
 }
 
 enum Attempt {
-    Waiting(watch::Receiver<Option<Arc<Outcome>>>),
+    Waiting(Arc<Waiting>),
     TimedOut { expires_at: Instant },
+}
+
+/// A wait in progress. Ended once, by whoever gets there first: the event
+/// that brings a view ending it, or the wait's own task (a read, the
+/// deadline, the drain).
+struct Waiting {
+    key: AttemptKey,
+    started: Instant,
+    /// The answer, for every caller joined to the wait.
+    outcome: watch::Sender<Option<Arc<Outcome>>>,
+    /// Cancelled (under the attempts lock) by whoever ends the wait.
+    ended: CancellationToken,
+}
+
+/// How a wait ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// A view ended it (ready or legacy).
+    Woken,
+    /// Its deadline passed first (or its views ended).
+    TimedOut,
+    /// The drain cut it short.
+    Stopped,
+}
+
+#[derive(Default)]
+struct Attempts {
+    by_key: HashMap<AttemptKey, Attempt>,
+    /// The waiting ones of each agent, for the events that end them.
+    waiting: HashMap<String, Vec<Arc<Waiting>>>,
 }
 
 /// Counters of one gate instance (the Prometheus metrics are process-wide).
@@ -109,7 +142,7 @@ struct Inner {
     /// Where first-turn decisions are announced for the latency report.
     waits: Option<WaitAnnouncer>,
     watches: Watches,
-    attempts: Mutex<HashMap<AttemptKey, Attempt>>,
+    attempts: Mutex<Attempts>,
     stats: Stats,
     shutdown: CancellationToken,
     /// Cancelled when the drain window after shutdown has passed.
@@ -274,7 +307,7 @@ impl Gate {
                 settings,
                 catalog: None,
                 waits: None,
-                attempts: Mutex::new(HashMap::new()),
+                attempts: Mutex::new(Attempts::default()),
                 stats: Stats {
                     attempts_started: AtomicU64::new(0),
                     attempts_joined: AtomicU64::new(0),
@@ -323,7 +356,12 @@ impl Gate {
 
     /// Attempts in memory: waiting ones and remembered timed-out ones.
     pub fn attempts_held(&self) -> usize {
-        self.inner.attempts.lock().expect("attempts lock").len()
+        self.inner
+            .attempts
+            .lock()
+            .expect("attempts lock")
+            .by_key
+            .len()
     }
 
     /// Store reads made by this gate so far.
@@ -332,9 +370,36 @@ impl Gate {
     }
 
     /// An event for `agent_id` (it says what a commit left); agents nobody
-    /// asked about are not kept.
+    /// asked about are not kept. A view it brings that ends waits ends the
+    /// agent's waits here, so their callers are the next to run (no hop
+    /// through each wait's task first).
     pub fn apply_event(&self, agent_id: &str, update: EventUpdate) {
-        self.inner.watches.on_event(agent_id, update);
+        let Some(view) = self.inner.watches.on_event(agent_id, update) else {
+            return;
+        };
+        if !view.readiness.ends_wait() {
+            return;
+        }
+        let ended = {
+            let mut attempts = self.inner.attempts.lock().expect("attempts lock");
+            match attempts.waiting.remove(agent_id) {
+                Some(waits) => waits
+                    .into_iter()
+                    .filter(|waiting| {
+                        end_locked(&mut attempts, waiting, End::Woken, &self.inner.settings)
+                    })
+                    .collect::<Vec<_>>(),
+                None => return,
+            }
+        };
+        for waiting in ended {
+            self.send_outcome(
+                &waiting,
+                view.readiness.decision(),
+                view.clone(),
+                End::Woken,
+            );
+        }
     }
 
     /// Events may have been lost: distrusts every view and re-reads the ones
@@ -385,11 +450,11 @@ impl Gate {
         metrics::gauge!("ctxsync_gate_views").set(views as f64);
         let now = Instant::now();
         let mut attempts = self.inner.attempts.lock().expect("attempts lock");
-        attempts.retain(|_, attempt| match attempt {
+        attempts.by_key.retain(|_, attempt| match attempt {
             Attempt::TimedOut { expires_at } => *expires_at > now,
             Attempt::Waiting(_) => true,
         });
-        attempts.len()
+        attempts.by_key.len()
     }
 
     /// The current projection of an agent, without waiting.
@@ -618,7 +683,7 @@ impl Gate {
 
         let (mut outcome, joined) = {
             let mut attempts = self.inner.attempts.lock().expect("attempts lock");
-            match attempts.get(&key) {
+            match attempts.by_key.get(&key) {
                 Some(Attempt::TimedOut { expires_at }) if *expires_at > Instant::now() => {
                     drop(attempts);
                     // The view above was this turn's one refresh: still not ready.
@@ -626,13 +691,13 @@ impl Gate {
                     reply.attempt_reused = true;
                     return reply;
                 }
-                Some(Attempt::Waiting(outcome)) => {
+                Some(Attempt::Waiting(waiting)) => {
                     self.inner
                         .stats
                         .attempts_joined
                         .fetch_add(1, Ordering::SeqCst);
                     metrics::counter!("ctxsync_gate_attempts_joined_total").increment(1);
-                    (outcome.clone(), true)
+                    (waiting.outcome.subscribe(), true)
                 }
                 _ if self.inner.shutdown.is_cancelled() => {
                     drop(attempts);
@@ -642,7 +707,24 @@ impl Gate {
                 }
                 _ => {
                     let (tx, rx) = watch::channel(None);
-                    attempts.insert(key.clone(), Attempt::Waiting(rx.clone()));
+                    let waiting = Arc::new(Waiting {
+                        key: key.clone(),
+                        started,
+                        outcome: tx,
+                        ended: CancellationToken::new(),
+                    });
+                    attempts
+                        .by_key
+                        .insert(key, Attempt::Waiting(waiting.clone()));
+                    attempts
+                        .waiting
+                        .entry(agent_id.to_owned())
+                        .or_default()
+                        .push(waiting.clone());
+                    // Counted here, not in the task: an event may end the
+                    // wait before the task first runs.
+                    self.inner.stats.waiting.send_modify(|n| *n += 1);
+                    metrics::gauge!("ctxsync_gate_waiters").increment(1.0);
                     drop(attempts);
                     self.inner
                         .stats
@@ -650,7 +732,7 @@ impl Gate {
                         .fetch_add(1, Ordering::SeqCst);
                     let gate = self.clone();
                     tokio::spawn(async move {
-                        gate.wait(key, interest, view, views, started, tx).await;
+                        gate.wait(waiting, interest, view, views).await;
                     });
                     (rx, false)
                 }
@@ -670,31 +752,27 @@ impl Gate {
 
     fn forget_timed_out(&self, key: &AttemptKey) {
         let mut attempts = self.inner.attempts.lock().expect("attempts lock");
-        if matches!(attempts.get(key), Some(Attempt::TimedOut { .. })) {
-            attempts.remove(key);
+        if matches!(attempts.by_key.get(key), Some(Attempt::TimedOut { .. })) {
+            attempts.by_key.remove(key);
         }
     }
 
-    /// One attempt: waits until a view ends the wait, or the deadline.
+    /// One attempt: waits until a view ends the wait, or the deadline; or
+    /// goes away once an event ended it (see [`Gate::apply_event`]).
     async fn wait(
         self,
-        key: AttemptKey,
+        waiting: Arc<Waiting>,
         interest: Interest,
         mut view: Arc<View>,
         mut views: watch::Receiver<Published>,
-        started: Instant,
-        outcome: watch::Sender<Option<Arc<Outcome>>>,
     ) {
         let settings = &self.inner.settings;
-        let stats = &self.inner.stats;
-        stats.waiting.send_modify(|n| *n += 1);
-        metrics::gauge!("ctxsync_gate_waiters").increment(1.0);
+        let key = &waiting.key;
         tracing::debug!(agent_id = %key.agent_id, chat_id = %key.chat_id, readiness = ?view.readiness, "first turn waits for discovery");
 
-        let mut stopped = false;
-        let decision = loop {
+        let (decision, end) = loop {
             if view.readiness.ends_wait() {
-                break view.readiness.decision();
+                break (view.readiness.decision(), End::Woken);
             }
             // The grace covers "not reported yet"; once the run reports
             // PENDING, the pending timeout applies (both from the start).
@@ -704,11 +782,13 @@ impl Gate {
                 settings.stale_grace
             };
             tokio::select! {
-                // A view that ends the wait wins over a deadline passing at the same time.
+                // An event ended it: nothing is left to do.
                 biased;
+                _ = waiting.ended.cancelled() => return,
+                // A view that ends the wait wins over a deadline passing at the same time.
                 changed = views.changed() => {
                     if changed.is_err() {
-                        break view.readiness.decision();
+                        break (view.readiness.decision(), End::TimedOut);
                     }
                     let published = views.borrow_and_update().clone();
                     // A failed read keeps the last view: the reader retries it.
@@ -716,47 +796,83 @@ impl Gate {
                         view = next;
                     }
                 }
-                _ = tokio::time::sleep_until(started + limit) => {
-                    break view.readiness.decision();
+                _ = tokio::time::sleep_until(waiting.started + limit) => {
+                    break (view.readiness.decision(), End::TimedOut);
                 }
                 _ = self.inner.drained.cancelled() => {
-                    stopped = true;
-                    break GateDecision::ShuttingDown;
+                    break (GateDecision::ShuttingDown, End::Stopped);
                 }
             }
         };
         drop(interest);
-
-        let woken = !stopped && view.readiness.ends_wait();
-        let timed_out = !stopped && !woken;
-        {
+        let ended = {
             let mut attempts = self.inner.attempts.lock().expect("attempts lock");
-            if timed_out {
-                attempts.insert(
-                    key.clone(),
-                    Attempt::TimedOut {
-                        expires_at: Instant::now() + settings.attempt_ttl,
-                    },
-                );
-            } else {
-                attempts.remove(&key);
+            let ended = end_locked(&mut attempts, &waiting, end, settings);
+            if ended && let Some(waits) = attempts.waiting.get_mut(&key.agent_id) {
+                waits.retain(|other| !Arc::ptr_eq(other, &waiting));
+                if waits.is_empty() {
+                    attempts.waiting.remove(&key.agent_id);
+                }
             }
+            ended
+        };
+        if ended {
+            self.send_outcome(&waiting, decision, view, end);
         }
+    }
+
+    /// Sends an ended wait's answer, then records it: the callers' wake
+    /// comes before the bookkeeping.
+    fn send_outcome(&self, waiting: &Waiting, decision: GateDecision, view: Arc<View>, end: End) {
+        let woken_by_commit = (end == End::Woken)
+            .then_some(view.woken_by_commit)
+            .flatten();
+        waiting
+            .outcome
+            .send_replace(Some(Arc::new(Outcome { decision, view })));
+        let key = &waiting.key;
         let label = decision.label();
+        let waited = waiting.started.elapsed();
         metrics::counter!("ctxsync_gate_waits_total", "outcome" => label).increment(1);
         metrics::histogram!("ctxsync_gate_wait_seconds", "outcome" => label)
-            .record(started.elapsed().as_secs_f64());
-        if woken && let Some(commit) = view.woken_by_commit {
+            .record(waited.as_secs_f64());
+        if let Some(commit) = woken_by_commit {
             let latency = SystemTime::now()
                 .duration_since(commit)
                 .unwrap_or_default()
                 .as_secs_f64();
             metrics::histogram!("ctxsync_gate_wake_seconds").record(latency);
         }
-        tracing::debug!(agent_id = %key.agent_id, chat_id = %key.chat_id, outcome = label, waited_ms = millis(started.elapsed()), "first-turn wait ended");
+        tracing::debug!(agent_id = %key.agent_id, chat_id = %key.chat_id, outcome = label, waited_ms = millis(waited), "first-turn wait ended");
         metrics::gauge!("ctxsync_gate_waiters").decrement(1.0);
-        // The answer first: whoever waits for no waits finds it sent.
-        outcome.send_replace(Some(Arc::new(Outcome { decision, view })));
-        stats.waiting.send_modify(|n| *n -= 1);
+        // After the answer: whoever waits for no waits finds it sent.
+        self.inner.stats.waiting.send_modify(|n| *n -= 1);
     }
+}
+
+/// Ends `waiting` in the attempts (under their lock) unless it has ended
+/// already; returns whether this call ended it. A timed-out attempt is
+/// remembered, so the chat's later first turns don't wait again. The
+/// caller removes it from the agent's waits.
+fn end_locked(
+    attempts: &mut Attempts,
+    waiting: &Arc<Waiting>,
+    end: End,
+    settings: &GateSettings,
+) -> bool {
+    if waiting.ended.is_cancelled() {
+        return false;
+    }
+    waiting.ended.cancel();
+    if end == End::TimedOut {
+        attempts.by_key.insert(
+            waiting.key.clone(),
+            Attempt::TimedOut {
+                expires_at: Instant::now() + settings.attempt_ttl,
+            },
+        );
+    } else {
+        attempts.by_key.remove(&waiting.key);
+    }
+    true
 }

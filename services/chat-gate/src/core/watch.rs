@@ -168,9 +168,10 @@ impl AgentWatch {
         }
     }
 
-    fn on_event(&self, update: EventUpdate) {
+    /// Applies an event; returns the view it published, if it brought one.
+    fn on_event(&self, update: EventUpdate) -> Option<Arc<View>> {
         if self.lock().shows(update.revision) {
-            return;
+            return None;
         }
         match update.state {
             Some(state) => {
@@ -178,28 +179,30 @@ impl AgentWatch {
                 let view = Arc::new(View::new(&self.agent_id, state, update.committed_at));
                 let mut state = self.lock();
                 if state.shows(view.revision()) {
-                    return;
+                    return None;
                 }
                 state.latest = Some(view.clone());
-                metrics::counter!("ctxsync_gate_view_updates_total", "source" => "event")
-                    .increment(1);
                 // Published under the lock, so views never go out of order.
                 self.views.send_replace(Published {
                     seq: state.finished,
-                    result: Some(Ok(view)),
+                    result: Some(Ok(view.clone())),
                 });
+                drop(state);
+                metrics::counter!("ctxsync_gate_view_updates_total", "source" => "event")
+                    .increment(1);
+                Some(view)
             }
             None => {
                 let mut state = self.lock();
                 if state.shows(update.revision) {
-                    return;
+                    return None;
                 }
                 if update.committed_at.is_some() {
                     state.commit_at = update.committed_at;
                 }
                 if state.reading {
                     state.announced = state.announced.max(update.revision);
-                    return;
+                    return None;
                 }
                 state.fresh_in = None;
                 if self.holders.load(Ordering::SeqCst) > 0 && !state.requested {
@@ -207,6 +210,7 @@ impl AgentWatch {
                     drop(state);
                     self.refresh.notify_one();
                 }
+                None
             }
         }
     }
@@ -493,13 +497,20 @@ impl Watches {
     }
 
     /// An event for `agent_id`; agents without a watch are not kept.
-    pub fn on_event(&self, agent_id: &str, update: EventUpdate) {
-        if let Some(watch) = self.get(agent_id) {
-            if update.state.is_some() {
-                self.inner.confirm(&watch);
-            }
-            watch.on_event(update);
+    /// Returns the view the event brought, if it published one.
+    pub fn on_event(&self, agent_id: &str, update: EventUpdate) -> Option<Arc<View>> {
+        let watch = self.get(agent_id)?;
+        if update.state.is_some() {
+            self.inner.confirm(&watch);
         }
+        watch.on_event(update)
+    }
+
+    /// Whether `agent_id`'s view already shows `revision` (an event of that
+    /// revision would change nothing).
+    pub fn shows(&self, agent_id: &str, revision: u64) -> bool {
+        self.get(agent_id)
+            .is_some_and(|watch| watch.lock().shows(revision))
     }
 
     fn all(&self) -> Vec<Arc<AgentWatch>> {

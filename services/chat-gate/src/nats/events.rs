@@ -23,6 +23,14 @@ fn timestamp_to_system(ts: Option<&pbjson_types::Timestamp>) -> Option<SystemTim
     SystemTime::UNIX_EPOCH.checked_add(Duration::new(seconds, nanos))
 }
 
+/// The revision of a [`SnapshotCommitted`] alone (its tag there): prost
+/// skips the other fields, the state included, without building them.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RevisionOnly {
+    #[prost(uint64, tag = "7")]
+    revision: u64,
+}
+
 /// Every applied event, as the context page's live stream sees it: the
 /// agent and what the event said (its state when it carried one).
 pub type PageFeed = tokio::sync::broadcast::Sender<std::sync::Arc<(String, EventUpdate)>>;
@@ -75,15 +83,26 @@ pub fn apply_events(
         // Most commits are of agents nobody asks about: skip decoding their
         // states (the subject ends with the agent id).
         let agent_id = message.subject.rsplit('.').next().unwrap_or_default();
-        if !gate.watches().is_watched(agent_id) && feed.receiver_count() == 0 {
-            return;
+        if feed.receiver_count() == 0 {
+            if !gate.watches().is_watched(agent_id) {
+                return;
+            }
+            // A commit that changed the discovery is also announced by its
+            // DiscoveryChanged, usually applied just before: this one then
+            // changes nothing, and decoding its state would only delay the
+            // turns that event woke (they run once this task yields).
+            if let Ok(head) = RevisionOnly::decode(&message.payload[..])
+                && gate.watches().shows(agent_id, head.revision)
+            {
+                return;
+            }
         }
         match SnapshotCommitted::decode(message.payload) {
             Ok(event) => {
                 let committed_at = timestamp_to_system(event.committed_at.as_ref());
                 let update = EventUpdate::new(event.revision, event.state, committed_at);
                 feed_page(&feed, &event.agent_id, &update);
-                gate.apply_event(&event.agent_id, update)
+                gate.apply_event(&event.agent_id, update);
             }
             Err(error) => {
                 tracing::warn!(subject = %message.subject, %error, "malformed snapshot event ignored")
