@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ctxsync_mcp::{Connection, Declarations, McpError, Opened, TransportKind};
+use ctxsync_mcp::{Connection, Declarations, McpError, TransportKind};
 use tokio::sync::{Semaphore, SemaphorePermit, mpsc};
 use tokio_util::task::TaskTracker;
 
@@ -34,24 +34,6 @@ impl Cause {
             Self::Warmup => "warmup",
         }
     }
-}
-
-/// An opened server's connection, what it declared, and how long connect
-/// and lists took.
-fn split(opened: Opened) -> (Connection, Declarations, Duration) {
-    let Opened {
-        connection,
-        tools,
-        prompts,
-        resources,
-        duration,
-    } = opened;
-    let declared = Declarations {
-        tools,
-        prompts,
-        resources,
-    };
-    (connection, declared, duration)
 }
 
 /// A successful live discovery.
@@ -114,17 +96,16 @@ impl Discoverer {
         let result = match result {
             // The warm-up goes strictly one server at a time: it waits for the exit.
             Ok(opened) if cause == Cause::Warmup => {
-                let (connection, declared, duration) = split(opened);
-                connection
+                opened
+                    .connection
                     .close_within(timeout.saturating_sub(started.elapsed()))
                     .await;
-                Ok((declared, duration))
+                Ok((opened.declared, opened.duration))
             }
             // A user waits for the declarations, not for the server to exit.
             Ok(opened) => {
-                let (connection, declared, duration) = split(opened);
-                self.closing.spawn(connection.close());
-                Ok((declared, duration))
+                self.closing.spawn(opened.connection.close());
+                Ok((opened.declared, opened.duration))
             }
             Err(error) => Err(error),
         };
@@ -154,15 +135,12 @@ impl Discoverer {
         let (sender, tools_changed) = mpsc::unbounded_channel();
         let started = Instant::now();
         match ctxsync_mcp::open_and_list_all(&server.spec(), timeout, Some(sender)).await {
-            Ok(opened) => {
-                let (connection, declared, duration) = split(opened);
-                Ok(OpenServer {
-                    catalog: self.succeeded(server, declared, duration, Cause::Call),
-                    connection,
-                    duration,
-                    tools_changed,
-                })
-            }
+            Ok(opened) => Ok(OpenServer {
+                catalog: self.succeeded(server, opened.declared, opened.duration, Cause::Call),
+                connection: opened.connection,
+                duration: opened.duration,
+                tools_changed,
+            }),
             Err(failed) => {
                 let failure = self.failed(server, &failed.error, started.elapsed(), Cause::Call);
                 tracing::info!(server = server.id(), error = %failure.message, "call-time connect failed");

@@ -538,8 +538,9 @@ fn notify_lists_changed(changed: ListsChanged, peer: &Peer<RoleServer>) {
     }
 }
 
-/// Until the session ends: when one of its open servers says its tools
-/// changed, re-lists it and tells the client if that withdrew a tool.
+/// Until the session ends: when one of its open servers says its tools,
+/// prompts or resources changed, re-lists it and tells the client of the
+/// lists that withdrew something.
 async fn watch_changes(
     endpoint: Arc<Endpoint>,
     state: std::sync::Weak<SessionState>,

@@ -23,18 +23,12 @@ pub fn catalog_of(declared: Declarations) -> Catalog {
         prompts: declared
             .prompts
             .into_iter()
-            .map(|p| Prompt {
-                name: p.name,
-                declaration_json: p.declaration_json,
-            })
+            .map(|p| Prompt::declared(p.name, p.declaration_json))
             .collect(),
         resources: declared
             .resources
             .into_iter()
-            .map(|r| Resource {
-                uri: r.uri,
-                declaration_json: r.declaration_json,
-            })
+            .map(|r| Resource::declared(r.uri, r.declaration_json))
             .collect(),
         hash,
     }

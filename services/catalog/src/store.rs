@@ -443,15 +443,13 @@ async fn load_declarations(
         let key: String = row.try_get("key")?;
         let declaration_json: String = row.try_get("declaration_json")?;
         if row.try_get::<&str, _>("kind")? == "prompt" {
-            pin.catalog.prompts.push(Prompt {
-                name: key,
-                declaration_json,
-            });
+            pin.catalog
+                .prompts
+                .push(Prompt::declared(key, declaration_json));
         } else {
-            pin.catalog.resources.push(Resource {
-                uri: key,
-                declaration_json,
-            });
+            pin.catalog
+                .resources
+                .push(Resource::declared(key, declaration_json));
         }
     }
     Ok(())

@@ -43,12 +43,18 @@ fn same_json(a: &str, b: &str) -> bool {
         )
 }
 
-/// A field of a declaration's JSON object, if it is a string.
-fn json_field(declaration_json: &str, field: &str) -> String {
-    serde_json::from_str::<serde_json::Value>(declaration_json)
-        .ok()
-        .and_then(|v| v.get(field).and_then(|f| f.as_str()).map(str::to_owned))
+/// A declaration's JSON (null if it is not JSON).
+fn parsed(declaration_json: &str) -> serde_json::Value {
+    serde_json::from_str(declaration_json).unwrap_or_default()
+}
+
+/// A string field of a declaration; empty when absent or not a string.
+fn json_field(declaration: &serde_json::Value, field: &str) -> String {
+    declaration
+        .get(field)
+        .and_then(|f| f.as_str())
         .unwrap_or_default()
+        .to_owned()
 }
 
 /// A prompt: its name and its whole declaration as the server listed it.
@@ -56,13 +62,24 @@ fn json_field(declaration_json: &str, field: &str) -> String {
 pub struct Prompt {
     pub name: String,
     pub declaration_json: String,
+    /// From the declaration, read once: pins are built on every preparation.
+    description: String,
 }
 
 impl Prompt {
+    pub fn declared(name: String, declaration_json: String) -> Self {
+        let declaration = parsed(&declaration_json);
+        Self {
+            description: json_field(&declaration, "description"),
+            name,
+            declaration_json,
+        }
+    }
+
     pub fn to_proto(&self) -> McpPrompt {
         McpPrompt {
             name: self.name.clone(),
-            description: json_field(&self.declaration_json, "description"),
+            description: self.description.clone(),
             declaration_json: self.declaration_json.clone(),
         }
     }
@@ -73,15 +90,30 @@ impl Prompt {
 pub struct Resource {
     pub uri: String,
     pub declaration_json: String,
+    /// From the declaration, read once.
+    name: String,
+    description: String,
+    mime_type: String,
 }
 
 impl Resource {
+    pub fn declared(uri: String, declaration_json: String) -> Self {
+        let declaration = parsed(&declaration_json);
+        Self {
+            name: json_field(&declaration, "name"),
+            description: json_field(&declaration, "description"),
+            mime_type: json_field(&declaration, "mimeType"),
+            uri,
+            declaration_json,
+        }
+    }
+
     pub fn to_proto(&self) -> McpResource {
         McpResource {
             uri: self.uri.clone(),
-            name: json_field(&self.declaration_json, "name"),
-            description: json_field(&self.declaration_json, "description"),
-            mime_type: json_field(&self.declaration_json, "mimeType"),
+            name: self.name.clone(),
+            description: self.description.clone(),
+            mime_type: self.mime_type.clone(),
             declaration_json: self.declaration_json.clone(),
         }
     }
@@ -263,17 +295,11 @@ mod tests {
     use super::*;
 
     fn prompt(name: &str, declaration: &str) -> Prompt {
-        Prompt {
-            name: name.into(),
-            declaration_json: declaration.into(),
-        }
+        Prompt::declared(name.into(), declaration.into())
     }
 
     fn resource(uri: &str) -> Resource {
-        Resource {
-            uri: uri.into(),
-            declaration_json: format!(r#"{{"uri":"{uri}","name":"r"}}"#),
-        }
+        Resource::declared(uri.into(), format!(r#"{{"uri":"{uri}","name":"r"}}"#))
     }
 
     fn tool(name: &str, description: &str, schema: &str) -> Tool {
@@ -341,10 +367,10 @@ mod tests {
 
     #[test]
     fn proto_fields_come_from_the_declaration() {
-        let r = Resource {
-            uri: "a://1".into(),
-            declaration_json: r#"{"uri":"a://1","name":"one","mimeType":"text/plain"}"#.into(),
-        };
+        let r = Resource::declared(
+            "a://1".into(),
+            r#"{"uri":"a://1","name":"one","mimeType":"text/plain"}"#.into(),
+        );
         let proto = r.to_proto();
         assert_eq!(
             (proto.name.as_str(), proto.mime_type.as_str()),

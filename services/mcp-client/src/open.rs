@@ -8,7 +8,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::connection::{ConnectOptions, Connection};
 use crate::error::McpError;
-use crate::spec::{Declarations, PromptDecl, ResourceDecl, ServerInfo, ServerSpec, ToolDecl};
+use crate::spec::{Declarations, ServerInfo, ServerSpec, ToolDecl};
 
 /// A bound over the client's own handshake bound: a connect that hangs
 /// outside the handshake (it should not) is dropped, and a dropped half-made
@@ -19,10 +19,8 @@ const CONNECT_BACKSTOP: Duration = Duration::from_secs(2);
 #[derive(Debug)]
 pub struct Opened {
     pub connection: Connection,
-    pub tools: Vec<ToolDecl>,
-    /// Listed only by [`open_and_list_all`]; empty otherwise.
-    pub prompts: Vec<PromptDecl>,
-    pub resources: Vec<ResourceDecl>,
+    /// Its tools; its prompts and resources only from [`open_and_list_all`].
+    pub declared: Declarations,
     /// Connect plus list.
     pub duration: Duration,
 }
@@ -120,9 +118,7 @@ async fn open(
     match tokio::time::timeout(remaining, listed).await {
         Ok(Ok(declared)) => Ok(Opened {
             connection,
-            tools: declared.tools,
-            prompts: declared.prompts,
-            resources: declared.resources,
+            declared,
             duration: started.elapsed(),
         }),
         Ok(Err(error)) => {
@@ -162,7 +158,7 @@ pub async fn discover(spec: &ServerSpec, timeout: Duration) -> Result<Discovery,
         .close_within(deadline.saturating_duration_since(Instant::now()))
         .await;
     Ok(Discovery {
-        tools: opened.tools,
+        tools: opened.declared.tools,
         server_info,
         duration: opened.duration,
     })

@@ -600,7 +600,7 @@ async fn connect_and_list(
     tools_changed: mpsc::UnboundedSender<String>,
 ) -> Result<(Connection, Vec<ToolDecl>), String> {
     match ctxsync_mcp::open_and_list(spec, timeout, Some(tools_changed)).await {
-        Ok(opened) => Ok((opened.connection, opened.tools)),
+        Ok(opened) => Ok((opened.connection, opened.declared.tools)),
         Err(failed) => Err(match (failed.step, failed.error) {
             (OpenStep::ListTools, McpError::Timeout { .. }) => format!(
                 "tools/list did not answer within {}",
