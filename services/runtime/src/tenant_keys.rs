@@ -22,7 +22,7 @@ use ctxsync_proto::v1::{TenantKeyRevoked, VerifyTenantKeyReply, VerifyTenantKeyR
 use futures::StreamExt;
 use prost::Message;
 use sha2::{Digest, Sha256};
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, broadcast};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -86,6 +86,22 @@ struct Cache {
     unknown: HashMap<Digest32, Instant>,
 }
 
+/// What holders of a key's resources (event streams, MCP sessions) learn
+/// of revocations, so that a revoked key stops working at once, not when
+/// its cache entry ages out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyChange {
+    /// The key with this id was revoked: end what it holds.
+    Revoked { key_id: String },
+    /// Revocation events may have been lost (a NATS gap): every holder
+    /// checks its key again ([`TenantKeys::authenticate`]).
+    Unknown,
+}
+
+/// Changes queued for a slow holder; past it the holder sees `Lagged` and
+/// must treat it as [`KeyChange::Unknown`].
+const KEY_CHANGES_BUFFER: usize = 256;
+
 /// Verifies tenant keys against snapshot-store, with a cache.
 #[derive(Clone)]
 pub struct TenantKeys {
@@ -96,6 +112,7 @@ pub struct TenantKeys {
     lookups: Arc<Semaphore>,
     /// The counter of outcomes (`outcome` label), named by the service.
     metric: &'static str,
+    changes: broadcast::Sender<KeyChange>,
 }
 
 /// The key's format, checked before anything is looked up.
@@ -147,7 +164,14 @@ impl TenantKeys {
             cache: Arc::default(),
             lookups: Arc::new(Semaphore::new(MAX_LOOKUPS)),
             metric,
+            changes: broadcast::channel(KEY_CHANGES_BUFFER).0,
         }
+    }
+
+    /// Revocations (and gaps) from now on. A receiver that lags behind
+    /// (`RecvError::Lagged`) has missed changes and checks its key again.
+    pub fn changes(&self) -> broadcast::Receiver<KeyChange> {
+        self.changes.subscribe()
     }
 
     /// The caller an `Authorization` header names.
@@ -226,17 +250,59 @@ impl TenantKeys {
         None
     }
 
-    /// Drops a revoked key from the cache.
+    /// Drops a revoked key from the cache and tells the holders of its resources.
     pub fn revoked(&self, key_id: &str) {
-        let mut cache = self.cache.lock().expect("key cache lock");
-        cache.valid.retain(|_, (caller, _)| caller.key_id != key_id);
+        {
+            let mut cache = self.cache.lock().expect("key cache lock");
+            cache.valid.retain(|_, (caller, _)| caller.key_id != key_id);
+        }
+        // No receiver is not an error: nothing holds a resource of any key.
+        let _ = self.changes.send(KeyChange::Revoked {
+            key_id: key_id.to_owned(),
+        });
     }
 
-    /// Forgets every remembered key (events may have been lost).
+    /// Forgets every remembered key (events may have been lost) and asks
+    /// every holder to check its key again.
     pub fn forget_all(&self) {
-        let mut cache = self.cache.lock().expect("key cache lock");
-        cache.valid.clear();
-        cache.unknown.clear();
+        {
+            let mut cache = self.cache.lock().expect("key cache lock");
+            cache.valid.clear();
+            cache.unknown.clear();
+        }
+        let _ = self.changes.send(KeyChange::Unknown);
+    }
+
+    /// Resolves once `key` (which authenticated as `caller`) stops being
+    /// valid: at its revocation event, or when a check after a gap in the
+    /// events finds it unknown. A check the store cannot answer now is
+    /// retried every second: a resource is not ended for an outage, nor
+    /// kept past one without its key being checked.
+    pub async fn until_revoked(&self, caller: &Caller, key: &str) {
+        let mut changes = self.changes();
+        loop {
+            let recheck = match changes.recv().await {
+                Ok(KeyChange::Revoked { key_id }) if key_id == caller.key_id => return,
+                Ok(KeyChange::Revoked { .. }) => false,
+                Ok(KeyChange::Unknown) | Err(broadcast::error::RecvError::Lagged(_)) => true,
+                // The follower stopped (shutdown): nothing will revoke the key any more.
+                Err(broadcast::error::RecvError::Closed) => std::future::pending().await,
+            };
+            if !recheck {
+                continue;
+            }
+            loop {
+                match self.verify(key).await {
+                    Ok(now) if now.key_id == caller.key_id => break,
+                    Ok(_) | Err(AuthError::Unknown | AuthError::Missing | AuthError::Malformed) => {
+                        return;
+                    }
+                    Err(AuthError::Unavailable(_)) => {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                }
+            }
+        }
     }
 
     /// Keys remembered as valid now.
