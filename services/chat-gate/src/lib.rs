@@ -90,6 +90,19 @@ pub struct Config {
     /// 0 disables it.
     #[arg(long, env = "CTXSYNC_GATE_SWEEP_INTERVAL", default_value = "2m", value_parser = humantime::parse_duration)]
     pub sweep_interval: Duration,
+
+    /// Context-page event streams open at once with one tenant key; past it
+    /// a stream is refused with 429.
+    #[arg(long, env = "CTXSYNC_GATE_MAX_STREAMS_PER_KEY", default_value_t = 8)]
+    pub max_streams_per_key: usize,
+
+    /// Context-page event streams open at once for one tenant (all its keys).
+    #[arg(long, env = "CTXSYNC_GATE_MAX_STREAMS_PER_TENANT", default_value_t = 32)]
+    pub max_streams_per_tenant: usize,
+
+    /// Unredeemed event tickets one tenant holds at once.
+    #[arg(long, env = "CTXSYNC_GATE_MAX_TICKETS_PER_TENANT", default_value_t = 32)]
+    pub max_tickets_per_tenant: usize,
 }
 
 impl Config {
@@ -108,7 +121,31 @@ impl Config {
             max_views: settings.views.max_views,
             view_ttl: settings.views.idle_ttl,
             sweep_interval: Duration::from_secs(120),
+            max_streams_per_key: page::PageLimits::default().streams_per_key,
+            max_streams_per_tenant: page::PageLimits::default().streams_per_tenant,
+            max_tickets_per_tenant: page::PageLimits::default().tickets_per_tenant,
         }
+    }
+
+    fn page_limits(&self) -> Result<page::PageLimits, StartError> {
+        for (env, value) in [
+            ("CTXSYNC_GATE_MAX_STREAMS_PER_KEY", self.max_streams_per_key),
+            ("CTXSYNC_GATE_MAX_STREAMS_PER_TENANT", self.max_streams_per_tenant),
+            ("CTXSYNC_GATE_MAX_TICKETS_PER_TENANT", self.max_tickets_per_tenant),
+        ] {
+            if value == 0 {
+                return Err(StartError::Setting {
+                    env,
+                    value: "0".into(),
+                    reason: "must be above zero (the context page needs one)",
+                });
+            }
+        }
+        Ok(page::PageLimits {
+            streams_per_key: self.max_streams_per_key,
+            streams_per_tenant: self.max_streams_per_tenant,
+            tickets_per_tenant: self.max_tickets_per_tenant,
+        })
     }
 
     fn settings(&self) -> Result<GateSettings, StartError> {
@@ -228,6 +265,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, St
     let subjects: Subjects = config.common.subjects()?;
     let http_limits = config.common.http.limits()?;
     let settings = config.settings()?;
+    let page_limits = config.page_limits()?;
     let nats = ctxsync_runtime::nats::connect(&config.common, "chat-gate").await?;
     let store = nats::StoreReader::new(&nats, &subjects, settings.store_timeout);
     let page_reader = store.clone();
@@ -249,15 +287,18 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, St
     );
 
     // The event subscriptions are in place (confirmed by a round trip, not
-    // just written) before the first turn is served.
-    let discovery = subscribe(&nats, subjects.discovery_changed_all()).await?;
-    let snapshots = subscribe(&nats, subjects.snapshot_committed_all()).await?;
-    let revocations = subscribe(&nats, subjects.tenant_key_revoked()).await?;
+    // just written) before the first turn is served. They share the turns'
+    // connection (the responder's, when one is configured): events
+    // delivered before a turn are applied before it (`nats::turns`).
+    let events = nats.responder();
+    let discovery = subscribe(events, subjects.discovery_changed_all()).await?;
+    let snapshots = subscribe(events, subjects.snapshot_committed_all()).await?;
+    let revocations = subscribe(events, subjects.tenant_key_revoked()).await?;
     let tasks_stop = gate.drained().child_token();
     let tasks = vec![
-        nats::events::recheck_after_gaps(gate.clone(), keys.clone(), &nats, tasks_stop.clone()),
+        nats::events::recheck_after_gaps(gate.clone(), keys.clone(), events, tasks_stop.clone()),
         gate.spawn_housekeeping(config.sweep_interval, tasks_stop.clone()),
-        tenant_keys::spawn_follow(keys.clone(), revocations, &nats, tasks_stop.clone()),
+        tenant_keys::spawn_follow(keys.clone(), revocations, events, tasks_stop.clone()),
     ];
 
     // The context page's live streams (`page`), fed with the applied events.
@@ -286,7 +327,8 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, St
                 page_reader,
                 page_feed,
                 shutdown.clone(),
-            );
+            )
+            .with_limits(page_limits);
             match page_catalog {
                 Some(catalog) => page.with_catalog(catalog),
                 None => page,

@@ -15,8 +15,12 @@
 //!   `PageEvent`) for the tenant's agents, fed by the store events the gate
 //!   applies to its views (the ones that wake waiting chats); no polling.
 //!   An EventSource cannot send headers and a key never goes in a URL, hence
-//!   the ticket. A stream ends after [`STREAM_MAX_AGE`] (the page gets a new
-//!   ticket), so a revoked key stops streaming within the key cache's time.
+//!   the ticket. A ticket remembers the key it was issued for: redeeming it
+//!   checks that key again, and a stream ends within a second of its key's
+//!   revocation (and after [`STREAM_MAX_AGE`] anyway: the page gets a new
+//!   ticket). Streams per key and per tenant, and tickets per tenant, are
+//!   bounded ([`PageLimits`]); past a bound the answer is 429, and one
+//!   tenant's streams never take another's place.
 //!
 //! * `GET /api/v1/catalog?window_seconds=` — the tenant's catalog servers
 //!   (pin source from memory, warm-up state) and its latency aggregates
@@ -52,8 +56,145 @@ use ctxsync_runtime::tenant_keys::{Caller, TenantKeys};
 
 /// How long an event-stream ticket can be redeemed.
 pub const TICKET_TTL: Duration = Duration::from_secs(30);
-/// Tickets outstanding at most (past it the oldest go).
+/// Tickets outstanding at most, all tenants together (past it a ticket is
+/// refused, never another tenant's evicted).
 const MAX_TICKETS: usize = 10_000;
+/// Agents one stream remembers having sent (past it, it forgets them all).
+const MAX_SENT: usize = 10_000;
+
+/// The page's per-key and per-tenant bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageLimits {
+    /// Event streams open at once with one key.
+    pub streams_per_key: usize,
+    /// Event streams open at once for one tenant (all its keys).
+    pub streams_per_tenant: usize,
+    /// Tickets outstanding at once for one tenant.
+    pub tickets_per_tenant: usize,
+}
+
+impl Default for PageLimits {
+    fn default() -> Self {
+        Self {
+            streams_per_key: 8,
+            streams_per_tenant: 32,
+            tickets_per_tenant: 32,
+        }
+    }
+}
+
+/// A ticket: whose it is and the key it was issued for (checked again on
+/// redemption: a key revoked meanwhile opens nothing).
+struct Ticket {
+    caller: Caller,
+    key: String,
+    issued: Instant,
+}
+
+/// Streams open now, per key id and per tenant.
+#[derive(Default)]
+struct OpenStreams {
+    per_key: HashMap<String, usize>,
+    per_tenant: HashMap<String, usize>,
+}
+
+/// One open stream's place in [`OpenStreams`], given back when the stream ends.
+struct StreamSlot {
+    open: Arc<Mutex<OpenStreams>>,
+    caller: Caller,
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        let mut open = self.open.lock().expect("stream count lock");
+        let OpenStreams {
+            per_key,
+            per_tenant,
+        } = &mut *open;
+        for (map, id) in [
+            (per_key, &self.caller.key_id),
+            (per_tenant, &self.caller.tenant),
+        ] {
+            if let Some(count) = map.get_mut(id) {
+                *count -= 1;
+                if *count == 0 {
+                    map.remove(id);
+                }
+            }
+        }
+        metrics::gauge!("ctxsync_gate_page_streams").decrement(1.0);
+    }
+}
+
+/// Why the page refused to open a stream or issue a ticket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    StreamsPerKey,
+    StreamsPerTenant,
+    TicketsPerTenant,
+    TicketsFull,
+}
+
+impl Refusal {
+    fn reason(self) -> &'static str {
+        match self {
+            Self::StreamsPerKey => "streams_per_key",
+            Self::StreamsPerTenant => "streams_per_tenant",
+            Self::TicketsPerTenant => "tickets_per_tenant",
+            Self::TicketsFull => "tickets_full",
+        }
+    }
+
+    fn answer(self, limits: PageLimits) -> Response {
+        let (limit, message) = match self {
+            Self::StreamsPerKey => (
+                "CTXSYNC_GATE_MAX_STREAMS_PER_KEY",
+                format!(
+                    "this key has {} event streams open, the most it may: close one",
+                    limits.streams_per_key
+                ),
+            ),
+            Self::StreamsPerTenant => (
+                "CTXSYNC_GATE_MAX_STREAMS_PER_TENANT",
+                format!(
+                    "this tenant has {} event streams open, the most it may: close one",
+                    limits.streams_per_tenant
+                ),
+            ),
+            Self::TicketsPerTenant => (
+                "CTXSYNC_GATE_MAX_TICKETS_PER_TENANT",
+                format!(
+                    "this tenant holds {} unredeemed event tickets, the most it may: redeem or let them expire ({} s)",
+                    limits.tickets_per_tenant,
+                    TICKET_TTL.as_secs()
+                ),
+            ),
+            Self::TicketsFull => (
+                "tickets",
+                format!("{MAX_TICKETS} event tickets are outstanding on this gate: retry"),
+            ),
+        };
+        metrics::counter!("ctxsync_gate_page_refused_total", "reason" => self.reason())
+            .increment(1);
+        too_many(limit, message)
+    }
+}
+
+/// A 429 `HttpErrorReply` naming the bound, with `Retry-After`.
+fn too_many(limit: &str, message: String) -> Response {
+    let reply = ctxsync_proto::v1::HttpErrorReply {
+        error: Some(ctxsync_proto::v1::HttpError {
+            code: "too_many".to_owned(),
+            message,
+            limit: limit.to_owned(),
+        }),
+    };
+    let mut response = (StatusCode::TOO_MANY_REQUESTS, axum::Json(reply)).into_response();
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
+}
 /// How long one event stream lasts before the page asks for a new ticket.
 pub const STREAM_MAX_AGE: Duration = ctxsync_runtime::tenant_keys::KEY_CACHE_TTL;
 /// Agents of one list answer at most.
@@ -74,7 +215,9 @@ pub struct Page {
     pub catalog: Option<CatalogClient>,
     /// Ends every stream: a shutdown is not held up by open pages.
     shutdown: tokio_util::sync::CancellationToken,
-    tickets: Arc<Mutex<HashMap<String, (String, Instant)>>>,
+    limits: PageLimits,
+    tickets: Arc<Mutex<HashMap<String, Ticket>>>,
+    streams: Arc<Mutex<OpenStreams>>,
 }
 
 impl Page {
@@ -92,8 +235,15 @@ impl Page {
             feed,
             catalog: None,
             shutdown,
+            limits: PageLimits::default(),
             tickets: Arc::default(),
+            streams: Arc::default(),
         }
+    }
+
+    pub fn with_limits(mut self, limits: PageLimits) -> Self {
+        self.limits = limits;
+        self
     }
 
     pub fn with_catalog(mut self, catalog: CatalogClient) -> Self {
@@ -101,31 +251,60 @@ impl Page {
         self
     }
 
-    fn issue_ticket(&self, caller: &Caller) -> String {
+    fn issue_ticket(&self, caller: &Caller, key: &str) -> Result<String, Refusal> {
         let ticket = format!(
             "cxt_{}{}",
             uuid::Uuid::new_v4().simple(),
             uuid::Uuid::new_v4().simple()
         );
         let mut tickets = self.tickets.lock().expect("ticket lock");
-        tickets.retain(|_, (_, at)| at.elapsed() < TICKET_TTL);
-        if tickets.len() >= MAX_TICKETS
-            && let Some(oldest) = tickets
-                .iter()
-                .min_by_key(|(_, (_, at))| *at)
-                .map(|(t, _)| t.clone())
-        {
-            tickets.remove(&oldest);
+        tickets.retain(|_, t| t.issued.elapsed() < TICKET_TTL);
+        let held = tickets
+            .values()
+            .filter(|t| t.caller.tenant == caller.tenant)
+            .count();
+        if held >= self.limits.tickets_per_tenant {
+            return Err(Refusal::TicketsPerTenant);
         }
-        tickets.insert(ticket.clone(), (caller.tenant.clone(), Instant::now()));
-        ticket
+        if tickets.len() >= MAX_TICKETS {
+            return Err(Refusal::TicketsFull);
+        }
+        tickets.insert(
+            ticket.clone(),
+            Ticket {
+                caller: caller.clone(),
+                key: key.to_owned(),
+                issued: Instant::now(),
+            },
+        );
+        Ok(ticket)
     }
 
-    /// The tenant of a ticket, once: a redeemed or expired ticket is gone.
-    fn redeem(&self, ticket: &str) -> Option<String> {
+    /// A ticket, once: a redeemed or expired ticket is gone.
+    fn redeem(&self, ticket: &str) -> Option<Ticket> {
         let mut tickets = self.tickets.lock().expect("ticket lock");
-        let (tenant, at) = tickets.remove(ticket)?;
-        (at.elapsed() < TICKET_TTL).then_some(tenant)
+        let ticket = tickets.remove(ticket)?;
+        (ticket.issued.elapsed() < TICKET_TTL).then_some(ticket)
+    }
+
+    /// A place for one more stream of `caller`, within both bounds.
+    fn open_stream(&self, caller: &Caller) -> Result<StreamSlot, Refusal> {
+        let mut open = self.streams.lock().expect("stream count lock");
+        if open.per_key.get(&caller.key_id).copied().unwrap_or(0) >= self.limits.streams_per_key {
+            return Err(Refusal::StreamsPerKey);
+        }
+        if open.per_tenant.get(&caller.tenant).copied().unwrap_or(0)
+            >= self.limits.streams_per_tenant
+        {
+            return Err(Refusal::StreamsPerTenant);
+        }
+        *open.per_key.entry(caller.key_id.clone()).or_default() += 1;
+        *open.per_tenant.entry(caller.tenant.clone()).or_default() += 1;
+        metrics::gauge!("ctxsync_gate_page_streams").increment(1.0);
+        Ok(StreamSlot {
+            open: self.streams.clone(),
+            caller: caller.clone(),
+        })
     }
 }
 
@@ -332,8 +511,18 @@ async fn ticket(State(page): State<Page>, headers: HeaderMap) -> Response {
         Ok(caller) => caller,
         Err(refused) => return refused,
     };
+    // Authenticated above: the header holds a well-formed key.
+    let key = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| ctxsync_runtime::tenant_keys::bearer(Some(v)).ok())
+        .unwrap_or_default();
+    let ticket = match page.issue_ticket(&caller, key) {
+        Ok(ticket) => ticket,
+        Err(refusal) => return refusal.answer(page.limits),
+    };
     let mut response = axum::Json(EventTicketReply {
-        ticket: page.issue_ticket(&caller),
+        ticket,
         expires_in_seconds: TICKET_TTL.as_secs() as u32,
     })
     .into_response();
@@ -367,12 +556,33 @@ async fn events(
         Ok(query) => query,
         Err(refused) => return *refused,
     };
-    let Some(tenant) = page.redeem(&query.ticket) else {
-        return error(
+    let unknown_ticket = || {
+        error(
             StatusCode::UNAUTHORIZED,
             "unauthenticated",
             "unknown, used or expired event ticket: get one with POST /api/v1/events/ticket",
-        );
+        )
+    };
+    let Some(ticket) = page.redeem(&query.ticket) else {
+        return unknown_ticket();
+    };
+    // The key the ticket was issued for, checked again: revoked meanwhile,
+    // the ticket opens nothing.
+    let bearer = format!("Bearer {}", ticket.key);
+    match page.keys.authenticate(Some(&bearer)).await {
+        Ok(now) if now == ticket.caller => {}
+        Ok(_) | Err(ctxsync_runtime::tenant_keys::AuthError::Unknown) => return unknown_ticket(),
+        Err(refusal) => return ctxsync_runtime::tenant_keys::refusal_response(refusal),
+    }
+    let slot = match page.open_stream(&ticket.caller) {
+        Ok(slot) => slot,
+        Err(refusal) => return refusal.answer(page.limits),
+    };
+    let tenant = ticket.caller.tenant.clone();
+    // Ends the stream at the key's revocation (within the event's delivery).
+    let revoked: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> = {
+        let keys = page.keys.clone();
+        Box::pin(async move { keys.until_revoked(&ticket.caller, &ticket.key).await })
     };
     let receiver = page.feed.subscribe();
     let deadline = tokio::time::Instant::now() + STREAM_MAX_AGE;
@@ -386,12 +596,19 @@ async fn events(
     // Each commit publishes two events (discovery and snapshot): the stream
     // sends an agent once per revision, newest only.
     let sent: HashMap<String, u64> = HashMap::new();
-    let changes = futures::stream::unfold((receiver, sent), move |(mut receiver, mut sent)| {
+    // The slot lives in the stream's state: it is given back when the
+    // stream ends, however it ends (the client gone included).
+    let state = (receiver, sent, revoked, slot);
+    let changes = futures::stream::unfold(state, move |(mut receiver, mut sent, mut revoked, slot)| {
         let (tenant, reader, shutdown) = (tenant.clone(), reader.clone(), shutdown.clone());
         async move {
             loop {
                 let next = tokio::select! {
                     () = shutdown.cancelled() => return None,
+                    () = &mut revoked => {
+                        tracing::info!(tenant = %tenant, "event stream ended: its key was revoked");
+                        return None;
+                    }
                     next = tokio::time::timeout_at(deadline, receiver.recv()) => next,
                 };
                 let change = match next {
@@ -402,7 +619,7 @@ async fn events(
                         sent.clear();
                         return Some((
                             Event::default().event("resync").data("{}"),
-                            (receiver, sent),
+                            (receiver, sent, revoked, slot),
                         ));
                     }
                     Ok(Ok(change)) => change,
@@ -422,7 +639,7 @@ async fn events(
                 if state.agent.as_ref().is_none_or(|a| a.tenant != tenant) {
                     continue;
                 }
-                if sent.len() >= MAX_TICKETS {
+                if sent.len() >= MAX_SENT {
                     sent.clear();
                 }
                 sent.insert(agent_id.clone(), state.revision);
@@ -434,7 +651,10 @@ async fn events(
                     projection: Some(context(agent_id, &state)),
                 };
                 let data = serde_json::to_string(&event).unwrap_or_default();
-                return Some((Event::default().event("agent").data(data), (receiver, sent)));
+                return Some((
+                    Event::default().event("agent").data(data),
+                    (receiver, sent, revoked, slot),
+                ));
             }
         }
     })

@@ -65,6 +65,20 @@ pub const SERIES: &[Series] = &[
         "ctxsync_gate_wake_seconds",
         "From the store's commit of a completed discovery to the waiting turn's wake, in seconds.",
     ),
+    Series::counter(
+        "ctxsync_gate_page_refused_total",
+        "Context-page event streams and tickets refused at a bound, by reason (streams_per_key, streams_per_tenant, tickets_per_tenant, tickets_full).",
+    )
+    .zeroed(&[
+        &[("reason", "streams_per_key")],
+        &[("reason", "streams_per_tenant")],
+        &[("reason", "tickets_per_tenant")],
+        &[("reason", "tickets_full")],
+    ]),
+    Series::gauge(
+        "ctxsync_gate_page_streams",
+        "Context-page event streams open now.",
+    ),
     Series::gauge(
         "ctxsync_gate_waiters",
         "First turns waiting for discovery now.",

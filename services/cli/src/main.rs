@@ -297,6 +297,7 @@ async fn connect(
     let target = ctxsync_runtime::nats::NatsTarget {
         url: connection.nats_url.clone(),
         tls: connection.nats_tls.clone(),
+        ..Default::default()
     };
     let nats = ctxsync_runtime::nats::connect(target, "ctxsync-cli").await?;
     Ok((subjects, nats))

@@ -31,6 +31,23 @@ pub struct CommonArgs {
     #[command(flatten)]
     pub nats_tls: NatsTlsArgs,
 
+    /// NATS URL (or cluster list) of a second connection, as another NATS
+    /// user, that receives the requests this service answers and sends the
+    /// answers (for chat-gate also the store's events, which its turns are
+    /// ordered after). Unset: the one connection of NATS_URL does both. A
+    /// deployment sets it so that the user that answers may publish only
+    /// into inboxes: no reply can be aimed elsewhere.
+    #[arg(long, env = "NATS_RESPONDER_URL", value_parser = NatsResponderUrlParser)]
+    pub nats_responder_url: Option<String>,
+
+    /// Comma-separated prefixes a request's reply subject must start with to
+    /// be answered; `{tenant}` in an entry stands for the tenant a tenant
+    /// subject names (`_INBOX.chat-{tenant}.`) and such an entry applies to
+    /// tenant subjects only. Requests whose reply subject is elsewhere are
+    /// refused unexecuted and counted.
+    #[arg(long, env = "CTXSYNC_REPLY_INBOX_PREFIXES", default_value = crate::rpc::DEFAULT_REPLY_INBOX, value_parser = crate::rpc::ReplyInboxes::parse_arg)]
+    pub reply_inbox_prefixes: crate::rpc::ReplyInboxes,
+
     /// Prefix of every NATS subject, so environments can share one NATS server.
     #[arg(long, env = "CTXSYNC_SUBJECT_PREFIX", default_value = ctxsync_proto::subjects::DEFAULT_PREFIX)]
     pub subject_prefix: String,
@@ -66,6 +83,8 @@ impl CommonArgs {
         Self {
             nats_url: nats_url.into(),
             nats_tls: NatsTlsArgs::default(),
+            nats_responder_url: None,
+            reply_inbox_prefixes: crate::rpc::ReplyInboxes::default(),
             subject_prefix: subject_prefix.into(),
             http_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             log_format: LogFormat::Text,
@@ -465,11 +484,15 @@ impl DatabaseArgs {
 
 /// How `NATS_URL` is named in messages.
 pub const NATS_URL_OPTION: &str = "NATS_URL (--nats-url)";
+/// How `NATS_RESPONDER_URL` is named in messages.
+pub const NATS_RESPONDER_URL_OPTION: &str = "NATS_RESPONDER_URL (--nats-responder-url)";
 
 /// An entry of `NATS_URL` that is not a NATS server URL.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid {NATS_URL_OPTION} entry {entry:?}: {reason}")]
+#[error("invalid {option} entry {entry:?}: {reason}")]
 pub struct NatsUrlError {
+    /// The setting, as named in messages.
+    pub option: &'static str,
     /// The entry, credentials redacted.
     pub entry: String,
     pub reason: String,
@@ -480,7 +503,16 @@ pub struct NatsUrlError {
 /// `host:port` means `nats://`) with a host; user and password, when given,
 /// must be the same in every entry that names them (the client sends one).
 pub fn parse_nats_urls(value: &str) -> Result<Vec<async_nats::ServerAddr>, NatsUrlError> {
+    parse_nats_urls_of(NATS_URL_OPTION, value)
+}
+
+/// [`parse_nats_urls`] for the setting named `option` in messages.
+pub fn parse_nats_urls_of(
+    option: &'static str,
+    value: &str,
+) -> Result<Vec<async_nats::ServerAddr>, NatsUrlError> {
     let invalid = |entry: &str, reason: &str| NatsUrlError {
+        option,
         entry: redact_nats_entry(entry),
         reason: reason.to_owned(),
     };
@@ -572,6 +604,23 @@ fn redact_nats_entry(entry: &str) -> String {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NatsUrlParser;
 
+/// [`NatsUrlParser`] of `--nats-responder-url`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NatsResponderUrlParser;
+
+impl clap::builder::TypedValueParser for NatsResponderUrlParser {
+    type Value = String;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<String, clap::Error> {
+        parse_url_arg(NATS_RESPONDER_URL_OPTION, cmd, value)
+    }
+}
+
 impl clap::builder::TypedValueParser for NatsUrlParser {
     type Value = String;
 
@@ -581,20 +630,26 @@ impl clap::builder::TypedValueParser for NatsUrlParser {
         _arg: Option<&clap::Arg>,
         value: &std::ffi::OsStr,
     ) -> Result<String, clap::Error> {
-        use clap::error::ErrorKind;
-        let value = value.to_str().ok_or_else(|| {
-            clap::Error::raw(
-                ErrorKind::InvalidUtf8,
-                format!("invalid {NATS_URL_OPTION}: not UTF-8\n"),
-            )
-            .with_cmd(cmd)
-        })?;
-        parse_nats_urls(value)
-            .map(|_| value.to_owned())
-            .map_err(|e| {
-                clap::Error::raw(ErrorKind::ValueValidation, format!("{e}\n")).with_cmd(cmd)
-            })
+        parse_url_arg(NATS_URL_OPTION, cmd, value)
     }
+}
+
+fn parse_url_arg(
+    option: &'static str,
+    cmd: &clap::Command,
+    value: &std::ffi::OsStr,
+) -> Result<String, clap::Error> {
+    use clap::error::ErrorKind;
+    let value = value.to_str().ok_or_else(|| {
+        clap::Error::raw(
+            ErrorKind::InvalidUtf8,
+            format!("invalid {option}: not UTF-8\n"),
+        )
+        .with_cmd(cmd)
+    })?;
+    parse_nats_urls_of(option, value)
+        .map(|_| value.to_owned())
+        .map_err(|e| clap::Error::raw(ErrorKind::ValueValidation, format!("{e}\n")).with_cmd(cmd))
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -124,6 +124,11 @@ pub const COMMON: &[Series] = &[
         "Requests picked up past their deadline and dropped unexecuted, by subject.",
     )
     .dynamic(),
+    Series::counter(
+        "ctxsync_rpc_reply_refused_total",
+        "Requests refused unexecuted because their reply subject was outside the permitted inboxes, by subject.",
+    )
+    .dynamic(),
     Series::gauge(
         "ctxsync_http_connections_open",
         "HTTP connections open now, by listener address.",

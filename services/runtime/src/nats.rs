@@ -11,7 +11,11 @@ use std::time::Duration;
 
 use async_nats::{Client, ConnectOptions, Event};
 
-use crate::config::{CommonArgs, NatsTlsArgs, NatsUrlError, parse_nats_urls, redact_nats_urls};
+use crate::config::{
+    CommonArgs, NATS_RESPONDER_URL_OPTION, NATS_URL_OPTION, NatsTlsArgs, NatsUrlError,
+    parse_nats_urls, parse_nats_urls_of, redact_nats_urls,
+};
+use crate::rpc::ReplyInboxes;
 use tokio::sync::watch;
 
 /// The reconnect backoff never grows past this: a waiting chat must not sit
@@ -26,9 +30,24 @@ pub struct NatsConnection {
     gaps: watch::Receiver<u64>,
     closed: watch::Receiver<bool>,
     permissions: Arc<Permissions>,
+    /// The second connection (`NATS_RESPONDER_URL`) that receives requests
+    /// and sends the answers, when one is configured.
+    responder: Option<Box<NatsConnection>>,
+    reply_inboxes: ReplyInboxes,
 }
 
 impl NatsConnection {
+    /// The connection requests are received and answered on: the
+    /// responder connection when one is configured, else this one.
+    pub fn responder(&self) -> &NatsConnection {
+        self.responder.as_deref().unwrap_or(self)
+    }
+
+    /// Where this service's answers may go.
+    pub fn reply_inboxes(&self) -> &ReplyInboxes {
+        &self.reply_inboxes
+    }
+
     /// Changes each time the client has reconnected (after the initial connect).
     pub fn reconnects(&self) -> watch::Receiver<u64> {
         self.reconnects.clone()
@@ -41,8 +60,13 @@ impl NatsConnection {
         self.gaps.clone()
     }
 
+    /// Connected (both connections, when a responder is configured).
     pub fn is_connected(&self) -> bool {
         self.client.connection_state() == async_nats::connection::State::Connected
+            && self
+                .responder
+                .as_deref()
+                .is_none_or(NatsConnection::is_connected)
     }
 
     /// The user this connection logs in as (for messages; never a password or token).
@@ -54,7 +78,11 @@ impl NatsConnection {
     /// last reconnect (subscriptions, which a reconnect sends again): `Err`
     /// naming the subjects and the user while there is any.
     pub fn permissions_check(&self) -> Result<(), String> {
-        self.permissions.check()
+        self.permissions.check()?;
+        match &self.responder {
+            Some(responder) => responder.permissions_check(),
+            None => Ok(()),
+        }
     }
 }
 
@@ -263,9 +291,14 @@ impl Permissions {
 pub enum NatsConnectError {
     #[error(transparent)]
     Url(#[from] NatsUrlError),
-    /// `url` is the whole `NATS_URL`, credentials redacted.
-    #[error("cannot connect to NATS at {url} (NATS_URL): {reason}")]
-    Connect { url: String, reason: String },
+    /// `url` is the whole `NATS_URL` (or `NATS_RESPONDER_URL`: `option`),
+    /// credentials redacted.
+    #[error("cannot connect to NATS at {url} ({option}): {reason}")]
+    Connect {
+        option: &'static str,
+        url: String,
+        reason: String,
+    },
 }
 
 /// Where NATS is and how to reach it: the URL (`nats://` or `tls://`, with
@@ -275,13 +308,16 @@ pub enum NatsConnectError {
 pub struct NatsTarget {
     pub url: String,
     pub tls: NatsTlsArgs,
+    /// A second connection's URL, for receiving and answering requests.
+    pub responder_url: Option<String>,
+    pub reply_inboxes: ReplyInboxes,
 }
 
 impl From<&str> for NatsTarget {
     fn from(url: &str) -> Self {
         Self {
             url: url.to_owned(),
-            tls: NatsTlsArgs::default(),
+            ..Self::default()
         }
     }
 }
@@ -297,6 +333,8 @@ impl From<&CommonArgs> for NatsTarget {
         Self {
             url: common.nats_url.clone(),
             tls: common.nats_tls.clone(),
+            responder_url: common.nats_responder_url.clone(),
+            reply_inboxes: common.reply_inbox_prefixes.clone(),
         }
     }
 }
@@ -307,14 +345,37 @@ impl From<&CommonArgs> for NatsTarget {
 /// goes to any of them or to a peer the cluster announced (async-nats adds
 /// the `connect_urls` of the server's INFO to its pool). TLS is used for
 /// `tls://` URLs and whenever a TLS option is set, always with rustls on ring.
+///
+/// With a responder URL a second connection, named `<client_name>-rpc`,
+/// receives the requests the service answers (see [`NatsConnection::responder`]).
 pub async fn connect(
     target: impl Into<NatsTarget>,
     client_name: &str,
 ) -> Result<NatsConnection, NatsConnectError> {
-    ctxsync_tls::install_default_provider();
     let target = target.into();
-    let url = target.url.as_str();
-    let servers = parse_nats_urls(url)?;
+    let mut connection = connect_one(NATS_URL_OPTION, &target.url, &target.tls, client_name).await?;
+    if let Some(url) = target.responder_url.as_deref() {
+        let responder = connect_one(
+            NATS_RESPONDER_URL_OPTION,
+            url,
+            &target.tls,
+            &format!("{client_name}-rpc"),
+        )
+        .await?;
+        connection.responder = Some(Box::new(responder));
+    }
+    connection.reply_inboxes = target.reply_inboxes;
+    Ok(connection)
+}
+
+async fn connect_one(
+    option: &'static str,
+    url: &str,
+    tls: &NatsTlsArgs,
+    client_name: &str,
+) -> Result<NatsConnection, NatsConnectError> {
+    ctxsync_tls::install_default_provider();
+    let servers = parse_nats_urls_of(option, url)?;
     // The recorder first: a series recorded before it is installed is lost.
     let _ = crate::metrics::handle();
     // Present from the start, so `increase()` alerts see the first reconnect.
@@ -400,14 +461,15 @@ pub async fn connect(
             }
         });
     let tls_url = servers.iter().any(|addr| addr.tls_required());
-    if tls_url || target.tls.is_set() {
+    if tls_url || tls.is_set() {
         // Our config rather than async-nats' own: ring, explicitly.
-        let config = match target.tls.client_config() {
+        let config = match tls.client_config() {
             Ok(Some(config)) => Ok(config),
             Ok(None) => ctxsync_tls::client_config(None, None),
             Err(error) => Err(error),
         }
         .map_err(|error| NatsConnectError::Connect {
+            option,
             url: redact_nats_urls(url),
             reason: error.to_string(),
         })?;
@@ -425,6 +487,7 @@ pub async fn connect(
         .connect(servers)
         .await
         .map_err(|e| NatsConnectError::Connect {
+            option,
             url: redact_nats_urls(url),
             reason: e.to_string(),
         })?;
@@ -434,12 +497,17 @@ pub async fn connect(
         gaps,
         closed,
         permissions,
+        responder: None,
+        reply_inboxes: ReplyInboxes::default(),
     })
 }
 
 /// Flushes pending publishes and drains the connection, waiting (bounded) for
 /// the Closed event: `drain()` itself returns before draining has finished.
 pub async fn drain(connection: &NatsConnection, deadline: Duration) {
+    if let Some(responder) = &connection.responder {
+        Box::pin(drain(responder, deadline)).await;
+    }
     let client = &connection.client;
     let _ = tokio::time::timeout(deadline, client.flush()).await;
     if let Err(error) = client.drain().await {

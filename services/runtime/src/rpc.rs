@@ -125,6 +125,138 @@ impl Incoming {
     }
 }
 
+/// The reply subjects answered by default: any inbox (`_INBOX.` is where
+/// every NATS client receives its replies), never a subject that means
+/// something (an event, a bucket, another service's requests).
+pub const DEFAULT_REPLY_INBOX: &str = "_INBOX.";
+
+/// Where a service's answers may go: a request whose reply subject starts
+/// with none of these prefixes is refused unexecuted. A prefix holding
+/// `{tenant}` applies to tenant subjects only (their last token is the
+/// caller's tenant), so a tenant's requests are answered only into that
+/// tenant's own inboxes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplyInboxes {
+    prefixes: Vec<String>,
+}
+
+impl Default for ReplyInboxes {
+    fn default() -> Self {
+        Self {
+            prefixes: vec![DEFAULT_REPLY_INBOX.to_owned()],
+        }
+    }
+}
+
+const TENANT_PLACEHOLDER: &str = "{tenant}";
+
+/// A `CTXSYNC_REPLY_INBOX_PREFIXES` that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid CTXSYNC_REPLY_INBOX_PREFIXES entry {entry:?}: {reason}")]
+pub struct ReplyInboxesError {
+    pub entry: String,
+    pub reason: &'static str,
+}
+
+impl ReplyInboxes {
+    /// Comma-separated prefixes, each ending with `.`, without wildcards or
+    /// blanks, with `{tenant}` at most once and as a whole token.
+    pub fn parse(value: &str) -> Result<Self, ReplyInboxesError> {
+        let mut prefixes = Vec::new();
+        for entry in value.split(',').map(str::trim) {
+            let invalid = |reason| ReplyInboxesError {
+                entry: entry.to_owned(),
+                reason,
+            };
+            if entry.is_empty() {
+                return Err(invalid("an empty entry"));
+            }
+            if !entry.ends_with('.') || entry.starts_with('.') || entry.contains("..") {
+                return Err(invalid(
+                    "expected whole subject tokens ending with a dot, e.g. _INBOX.",
+                ));
+            }
+            if entry.contains(['*', '>', ' ', '\t']) {
+                return Err(invalid("a prefix holds no wildcard or blank"));
+            }
+            let placeholders = entry.matches(TENANT_PLACEHOLDER).count();
+            let without = entry.replace(TENANT_PLACEHOLDER, "");
+            if placeholders > 1 || without.contains(['{', '}']) {
+                return Err(invalid("the only placeholder is {tenant}, at most once"));
+            }
+            prefixes.push(entry.to_owned());
+        }
+        Ok(Self { prefixes })
+    }
+
+    /// clap's parser of the setting.
+    pub fn parse_arg(value: &str) -> Result<Self, ReplyInboxesError> {
+        Self::parse(value)
+    }
+
+    /// Whether a request (on a tenant subject: `tenant` is its tenant) may
+    /// be answered on `reply`.
+    pub fn permits(&self, reply: &str, tenant: Option<&str>) -> bool {
+        // A reply subject is a plain subject: no wildcard, no empty token.
+        if reply.is_empty()
+            || reply.contains(['*', '>', ' ', '\t', '\r', '\n'])
+            || reply.split('.').any(str::is_empty)
+        {
+            return false;
+        }
+        self.prefixes.iter().any(|prefix| {
+            let allowed = match (prefix.split_once(TENANT_PLACEHOLDER), tenant) {
+                (None, _) => std::borrow::Cow::Borrowed(prefix.as_str()),
+                (Some((head, tail)), Some(tenant)) if !tenant.is_empty() => {
+                    std::borrow::Cow::Owned(format!("{head}{tenant}{tail}"))
+                }
+                (Some(_), _) => return false,
+            };
+            reply.len() > allowed.len() && reply.starts_with(allowed.as_ref())
+        })
+    }
+}
+
+impl std::fmt::Display for ReplyInboxes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.prefixes.join(","))
+    }
+}
+
+/// Whether a request on `subject` (served as `pattern`) may be answered on
+/// `reply`; a refusal is counted and logged (at most once a second: the
+/// reply subject is the caller's to choose, and so is the rate).
+pub fn reply_permitted(
+    inboxes: &ReplyInboxes,
+    pattern: &str,
+    subject: &str,
+    reply: &str,
+) -> bool {
+    // A served pattern ending in a wildcard token is a tenant subject.
+    let tenant = pattern
+        .ends_with(".*")
+        .then(|| subject.rsplit('.').next().unwrap_or_default());
+    if inboxes.permits(reply, tenant) {
+        return true;
+    }
+    metrics::counter!("ctxsync_rpc_reply_refused_total", "subject" => pattern.to_owned())
+        .increment(1);
+    static LAST_WARNING: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    if LAST_WARNING.swap(now, std::sync::atomic::Ordering::Relaxed) != now {
+        let shown: String = reply.chars().take(120).collect();
+        tracing::warn!(
+            subject = %subject,
+            reply = %shown,
+            permitted = %inboxes,
+            "request refused unexecuted: its reply subject is outside the permitted inboxes"
+        );
+    }
+    false
+}
+
 /// How many requests one replica handles at once; more wait in the subscription.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 512;
 
@@ -194,10 +326,14 @@ where
     Fut: Future<Output = Resp> + Send + 'static,
 {
     // Only once the server has the subscription may the service call itself ready.
+    let responder = connection.responder();
     let mut subscriber =
-        crate::nats::subscribe(connection, subject.clone(), Some(queue_group)).await?;
+        crate::nats::subscribe(responder, subject.clone(), Some(queue_group)).await?;
     metrics::counter!("ctxsync_rpc_expired_total", "subject" => subject.clone()).increment(0);
-    let client = connection.client.clone();
+    metrics::counter!("ctxsync_rpc_reply_refused_total", "subject" => subject.clone())
+        .increment(0);
+    let client = responder.client.clone();
+    let inboxes = connection.reply_inboxes().clone();
     let handler = Arc::new(handler);
     let permits = Arc::new(Semaphore::new(max_in_flight));
     let tracker = TaskTracker::new();
@@ -228,6 +364,9 @@ where
                 tracing::debug!(%subject, "request without reply subject ignored");
                 continue;
             };
+            if !reply_permitted(&inboxes, &subject, &message.subject, &reply_to) {
+                continue;
+            }
             let Ok(permit) = permits.clone().acquire_owned().await else {
                 break;
             };
@@ -277,5 +416,88 @@ async fn sleep_until_some(at: Option<tokio::time::Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_go_only_into_the_permitted_inboxes() {
+        let any = ReplyInboxes::default();
+        assert!(any.permits("_INBOX.chat-demo.abc.1", None));
+        assert!(any.permits("_INBOX.x", Some("demo")));
+        for aimed in [
+            "$KV.ctxsync_catalog_memory.0123abcd",
+            "ctxsync.events.discovery.agent-1",
+            "ctxsync.events.tenant_key.revoked",
+            "ctxsync.catalog.prepare.other",
+            "_INBOX.",
+            "_INBOX",
+            "_INBOX.>",
+            "_INBOX.*.x",
+            "_INBOX..x",
+            "_INBOXES.x",
+            "",
+        ] {
+            assert!(!any.permits(aimed, None), "{aimed:?} permitted");
+            assert!(!any.permits(aimed, Some("demo")), "{aimed:?} permitted");
+        }
+
+        let per_tenant = ReplyInboxes::parse("_INBOX.chat-{tenant}., _INBOX.chat-gate.").unwrap();
+        assert!(per_tenant.permits("_INBOX.chat-demo.n.1", Some("demo")));
+        assert!(per_tenant.permits("_INBOX.chat-gate.n.1", Some("demo")));
+        assert!(!per_tenant.permits("_INBOX.chat-other.n.1", Some("demo")));
+        assert!(!per_tenant.permits("_INBOX.chat-demo.n.1", Some("dem")));
+        // A tenant entry never applies where no tenant is named.
+        assert!(!per_tenant.permits("_INBOX.chat-demo.n.1", None));
+        assert!(per_tenant.permits("_INBOX.chat-gate.n.1", None));
+    }
+
+    #[test]
+    fn unusable_prefixes_are_named() {
+        for (value, reason) in [
+            ("", "empty"),
+            ("_INBOX", "ending with a dot"),
+            ("_INBOX.>.", "wildcard"),
+            ("_INBOX.{tenant}.{tenant}.", "at most once"),
+            ("_INBOX.{user}.", "placeholder"),
+            ("_INBOX.,", "empty"),
+        ] {
+            let error = ReplyInboxes::parse(value).unwrap_err().to_string();
+            assert!(
+                error.starts_with("invalid CTXSYNC_REPLY_INBOX_PREFIXES entry"),
+                "{error}"
+            );
+            assert!(error.contains(reason), "{value}: {error}");
+        }
+        assert_eq!(
+            ReplyInboxes::parse("_INBOX.").unwrap(),
+            ReplyInboxes::default()
+        );
+    }
+
+    #[test]
+    fn a_tenant_subject_is_one_served_with_a_wildcard_last_token() {
+        let per_tenant = ReplyInboxes::parse("_INBOX.chat-{tenant}.").unwrap();
+        assert!(reply_permitted(
+            &per_tenant,
+            "ctxsync.gate.turn.*",
+            "ctxsync.gate.turn.demo",
+            "_INBOX.chat-demo.n.1"
+        ));
+        assert!(!reply_permitted(
+            &per_tenant,
+            "ctxsync.gate.turn.*",
+            "ctxsync.gate.turn.demo",
+            "_INBOX.chat-other.n.1"
+        ));
+        assert!(!reply_permitted(
+            &per_tenant,
+            "ctxsync.store.agent.get",
+            "ctxsync.store.agent.get",
+            "_INBOX.chat-demo.n.1"
+        ));
     }
 }

@@ -245,6 +245,7 @@ async fn nats_over_tls_with_a_ca_file() {
             NatsTarget {
                 url: url.clone(),
                 tls: with_ca(&ca),
+                ..NatsTarget::default()
             },
             "tls-test",
         )
@@ -271,6 +272,7 @@ async fn nats_over_tls_with_a_ca_file() {
                 nats_ca_file: Some(missing.clone()),
                 ..NatsTlsArgs::default()
             },
+            ..NatsTarget::default()
         },
         "tls-test",
     )
@@ -299,6 +301,7 @@ async fn nats_with_a_client_certificate() {
                 nats_client_cert: Some(client.cert),
                 nats_client_key: Some(client.key),
             },
+            ..NatsTarget::default()
         },
         "tls-test",
     )
@@ -312,6 +315,7 @@ async fn nats_with_a_client_certificate() {
             NatsTarget {
                 url,
                 tls: with_ca(&ca),
+                ..NatsTarget::default()
             },
             "tls-test",
         ),

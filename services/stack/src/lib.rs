@@ -392,6 +392,10 @@ fn common_env(service: Service, common: &CommonArgs) -> Result<Vec<(String, Stri
         http_addr.set_port(port);
     }
     let http = &common.http;
+    let responder = common
+        .nats_responder_url
+        .iter()
+        .map(|url| ("NATS_RESPONDER_URL".to_owned(), url.clone()));
     let mut env: Vec<(String, String)> = vec![
         ("NATS_URL".into(), common.nats_url.clone()),
         (
@@ -404,6 +408,10 @@ fn common_env(service: Service, common: &CommonArgs) -> Result<Vec<(String, Stri
             duration(common.shutdown_grace),
         ),
         ("CTXSYNC_LOG".into(), common.log_filter.clone()),
+        (
+            "CTXSYNC_REPLY_INBOX_PREFIXES".into(),
+            common.reply_inbox_prefixes.to_string(),
+        ),
         (
             "CTXSYNC_HTTP_HEADER_TIMEOUT".into(),
             duration(http.http_header_timeout),
@@ -421,6 +429,7 @@ fn common_env(service: Service, common: &CommonArgs) -> Result<Vec<(String, Stri
             http.http_max_connections.to_string(),
         ),
     ];
+    env.extend(responder);
     let files = [
         ("CTXSYNC_NATS_CA_FILE", &common.nats_tls.nats_ca_file),
         (

@@ -20,7 +20,7 @@ use ctxsync_proto::subjects::GATE_QUEUE_GROUP;
 use ctxsync_proto::v1::{GateError, TurnReply, TurnRequest, gate_error::Code};
 use ctxsync_runtime::Shutdown;
 use ctxsync_runtime::nats::{NatsConnection, SubscribeError};
-use ctxsync_runtime::rpc::{deadline_of, expired};
+use ctxsync_runtime::rpc::{ReplyInboxes, deadline_of, expired, reply_permitted};
 use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
 use prost::Message;
@@ -56,14 +56,24 @@ impl TurnServer {
         events: BoxStream<'static, ()>,
         shutdown: Shutdown,
     ) -> Result<Self, SubscribeError> {
-        let subscriber =
-            ctxsync_runtime::nats::subscribe(nats, serving.subject.clone(), Some(GATE_QUEUE_GROUP))
-                .await?;
+        // Turns arrive on the connection the events do (the responder, when
+        // one is configured): the ordering rule above holds within one.
+        let responder = nats.responder();
+        let subscriber = ctxsync_runtime::nats::subscribe(
+            responder,
+            serving.subject.clone(),
+            Some(GATE_QUEUE_GROUP),
+        )
+        .await?;
         metrics::counter!("ctxsync_rpc_expired_total", "subject" => serving.subject.clone())
             .increment(0);
+        metrics::counter!("ctxsync_rpc_reply_refused_total", "subject" => serving.subject.clone())
+            .increment(0);
+        let inboxes = nats.reply_inboxes().clone();
         let task = tokio::spawn(serve(
             subscriber,
-            nats.client.clone(),
+            responder.client.clone(),
+            inboxes,
             serving,
             gate,
             events,
@@ -109,6 +119,7 @@ async fn handle(gate: Gate, message: async_nats::Message) -> TurnReply {
 async fn serve(
     mut subscriber: async_nats::Subscriber,
     client: async_nats::Client,
+    inboxes: ReplyInboxes,
     serving: TurnServing,
     gate: Gate,
     mut events: BoxStream<'static, ()>,
@@ -151,6 +162,9 @@ async fn serve(
             tracing::debug!(%subject, "turn without reply subject ignored");
             continue;
         };
+        if !reply_permitted(&inboxes, &subject, &message.subject, &reply_to) {
+            continue;
+        }
         let permit = loop {
             tokio::select! {
                 biased;
