@@ -393,3 +393,179 @@ async fn the_catalog_view_lists_the_tenants_servers_with_warmup_state_and_its_ga
         "{theirs}"
     );
 }
+
+/// A ticket request's or a stream's answer, whatever its status.
+async fn try_ticket(h: &Harness, key: &str) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(h.url("/api/v1/events/ticket"))
+        .header("authorization", bearer(key))
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn try_stream(h: &Harness, ticket: &str) -> reqwest::Response {
+    reqwest::Client::new()
+        .get(h.url(&format!("/api/v1/events?ticket={ticket}")))
+        .send()
+        .await
+        .unwrap()
+}
+
+/// A 429's body names the bound that refused, by its setting.
+async fn assert_too_many(response: reqwest::Response, limit: &str) {
+    assert_eq!(response.status(), 429);
+    assert_eq!(
+        response
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap()),
+        Some("1")
+    );
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "too_many", "{body}");
+    assert_eq!(body["error"]["limit"], limit, "{body}");
+}
+
+/// The value of one series of the gate's `/metrics`.
+async fn metric(h: &Harness, series: &str) -> f64 {
+    let text = reqwest::get(h.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in /metrics"))
+}
+
+#[tokio::test]
+async fn event_streams_are_bounded_per_key_and_per_tenant_without_starving_another_tenant() {
+    let h = Harness::spawn_with(|c| {
+        c.max_streams_per_key = 2;
+        c.max_streams_per_tenant = 3;
+    })
+    .await;
+    let (second_key, second_id) = h.api.create_tenant_key(testkit::chat::TEST_TENANT).await;
+    let (third_key, _) = h.api.create_tenant_key(testkit::chat::TEST_TENANT).await;
+    let (other_key, _) = h.api.create_tenant_key("globex").await;
+    let other_api = h.api.clone().in_tenant("globex");
+    let other_agent = other_api.register("b", "b").await;
+
+    let _first = Stream::open(&h, &ticket(&h, TEST_TENANT_KEY).await).await;
+    let _second = Stream::open(&h, &ticket(&h, TEST_TENANT_KEY).await).await;
+    let refused = try_stream(&h, &ticket(&h, TEST_TENANT_KEY).await).await;
+    assert_too_many(refused, "CTXSYNC_GATE_MAX_STREAMS_PER_KEY").await;
+    // The tenant's other key has its own streams, up to the tenant's bound.
+    let mut of_second_key = Stream::open(&h, &ticket(&h, &second_key).await).await;
+    let refused = try_stream(&h, &ticket(&h, &third_key).await).await;
+    assert_too_many(refused, "CTXSYNC_GATE_MAX_STREAMS_PER_TENANT").await;
+    assert_eq!(
+        metric(&h, r#"ctxsync_gate_page_refused_total{reason="streams_per_key"}"#).await,
+        1.0
+    );
+    assert_eq!(
+        metric(&h, r#"ctxsync_gate_page_refused_total{reason="streams_per_tenant"}"#).await,
+        1.0
+    );
+
+    // Another tenant is untouched: its stream opens and carries its agent,
+    // and its first turn over HTTP is answered.
+    let mut theirs = Stream::open(&h, &ticket(&h, &other_key).await).await;
+    other_api.startup(&other_agent, RUN_A).await;
+    let (name, event) = theirs.next().await;
+    assert_eq!(name, "agent");
+    assert_eq!(event["agent_id"], other_agent.as_str(), "{event}");
+    let answer = reqwest::Client::new()
+        .post(h.url("/api/v1/gate"))
+        .header("authorization", bearer(&other_key))
+        .json(&serde_json::json!({"chat_id": "c1", "agent_id": other_agent, "first_turn": false}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+
+    // A stream that ends gives its place back: the second key's, ended by
+    // its revocation, makes room for the third key.
+    h.api.revoke_tenant_key(&second_id).await;
+    tokio::time::timeout(TIMEOUT, async {
+        while let Ok(Some(_)) = of_second_key.response.chunk().await {}
+    })
+    .await
+    .expect("the revoked key's stream ends");
+    let h = &h;
+    until("the third key's stream opens".into(), || {
+        let third_key = third_key.clone();
+        async move { try_stream(h, &ticket(h, &third_key).await).await.status() == 200 }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn tickets_are_bounded_per_tenant_and_never_evict_another_tenants() {
+    let h = Harness::spawn_with(|c| c.max_tickets_per_tenant = 3).await;
+    let (other_key, _) = h.api.create_tenant_key("globex").await;
+    let theirs = ticket(&h, &other_key).await;
+    let mine = [
+        ticket(&h, TEST_TENANT_KEY).await,
+        ticket(&h, TEST_TENANT_KEY).await,
+        ticket(&h, TEST_TENANT_KEY).await,
+    ];
+    assert_too_many(
+        try_ticket(&h, TEST_TENANT_KEY).await,
+        "CTXSYNC_GATE_MAX_TICKETS_PER_TENANT",
+    )
+    .await;
+    assert_eq!(
+        metric(&h, r#"ctxsync_gate_page_refused_total{reason="tickets_per_tenant"}"#).await,
+        1.0
+    );
+    // The other tenant's ticket survived the first tenant's burst and still
+    // opens its stream; it may take more of its own.
+    Stream::open(&h, &theirs).await;
+    ticket(&h, &other_key).await;
+    // A redeemed ticket frees its place.
+    Stream::open(&h, &mine[0]).await;
+    ticket(&h, TEST_TENANT_KEY).await;
+}
+
+#[tokio::test]
+async fn a_revoked_key_stops_streaming_within_a_second_and_its_tickets_open_nothing() {
+    let h = Harness::spawn().await;
+    let agent = h
+        .agent_reporting(complete(RUN_A, 1, vec![server("ws", &["t"])]))
+        .await;
+    let (key, key_id) = h.api.create_tenant_key(testkit::chat::TEST_TENANT).await;
+    let (other_key, _) = h.api.create_tenant_key("globex").await;
+    let unredeemed = ticket(&h, &key).await;
+    let mut stream = Stream::open(&h, &ticket(&h, &key).await).await;
+    let mut unaffected = Stream::open(&h, &ticket(&h, TEST_TENANT_KEY).await).await;
+    let mut other_tenant = Stream::open(&h, &ticket(&h, &other_key).await).await;
+
+    h.api.revoke_tenant_key(&key_id).await;
+    let revoked_at = std::time::Instant::now();
+    let ended = tokio::time::timeout(Duration::from_secs(1), async {
+        while let Ok(Some(_)) = stream.response.chunk().await {}
+    })
+    .await;
+    assert!(
+        ended.is_ok(),
+        "the revoked key's stream is still open {:?} after the revocation",
+        revoked_at.elapsed()
+    );
+    // A ticket taken before the revocation opens nothing after it.
+    let response = try_stream(&h, &unredeemed).await;
+    assert_eq!(response.status(), 401);
+    assert_eq!(try_ticket(&h, &key).await.status(), 401);
+
+    // Streams of the tenant's other key and of another tenant go on.
+    h.startup(&agent, RUN_B).await;
+    let (name, event) = unaffected.next().await;
+    assert_eq!((name.as_str(), &event["agent_id"]), ("agent", &Value::from(agent.as_str())));
+    let other_api = h.api.clone().in_tenant("globex");
+    let other_agent = other_api.register("b", "b").await;
+    other_api.startup(&other_agent, RUN_A).await;
+    let (_, event) = other_tenant.next().await;
+    assert_eq!(event["agent_id"], other_agent.as_str(), "{event}");
+}
