@@ -72,16 +72,51 @@ pub async fn request<Req: Message, Resp: Message + Default>(
     headers: Option<HeaderMap>,
     timeout: Duration,
 ) -> Result<Resp, RpcError> {
+    request_into(client, None, subject, request, headers, timeout).await
+}
+
+/// [`request`] on behalf of `tenant`: the answer comes back on an inbox
+/// under the client's own prefix and the tenant (`_INBOX.<client>.<tenant>.…`),
+/// so a service that answers a tenant's requests only into that tenant's
+/// inboxes (`CTXSYNC_REPLY_INBOX_PREFIXES=…,_INBOX.chat-gate.{tenant}.`)
+/// answers this one, and no tenant can aim an answer at another's.
+pub async fn request_for_tenant<Req: Message, Resp: Message + Default>(
+    client: &Client,
+    tenant: &str,
+    subject: String,
+    request: &Req,
+    headers: Option<HeaderMap>,
+    timeout: Duration,
+) -> Result<Resp, RpcError> {
+    let inbox = client.new_inbox();
+    let inbox = match inbox.rsplit_once('.') {
+        Some((prefix, id)) => format!("{prefix}.{tenant}.{id}"),
+        None => inbox,
+    };
+    request_into(client, Some(inbox), subject, request, headers, timeout).await
+}
+
+async fn request_into<Req: Message, Resp: Message + Default>(
+    client: &Client,
+    inbox: Option<String>,
+    subject: String,
+    request: &Req,
+    headers: Option<HeaderMap>,
+    timeout: Duration,
+) -> Result<Resp, RpcError> {
     let mut headers = headers.unwrap_or_default();
     let deadline = SystemTime::now()
         .checked_add(timeout)
         .and_then(|at| at.duration_since(UNIX_EPOCH).ok())
         .map_or(u128::MAX, |since_epoch| since_epoch.as_millis());
     headers.insert(DEADLINE_HEADER, deadline.to_string().as_str());
-    let nats_request = async_nats::Request::new()
+    let mut nats_request = async_nats::Request::new()
         .payload(request.encode_to_vec().into())
         .timeout(Some(timeout))
         .headers(headers);
+    if let Some(inbox) = inbox {
+        nats_request = nats_request.inbox(inbox);
+    }
     let answer = client
         .send_request(subject.clone(), nats_request)
         .await

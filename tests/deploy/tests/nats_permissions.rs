@@ -51,7 +51,6 @@ fn list(value: &serde_json::Value) -> BTreeSet<String> {
 struct Needs {
     publish: Vec<String>,
     subscribe: Vec<String>,
-    responds: bool,
 }
 
 fn inbox(user: &str) -> String {
@@ -61,13 +60,20 @@ fn inbox(user: &str) -> String {
 /// The users that connect through `ctxsync_runtime::nats::connect`: besides
 /// receiving replies on their inbox, they publish into it to confirm their
 /// subscriptions with a round trip (`flush()` is none).
-const RUNTIME_CLIENTS: [&str; 5] = [
+const RUNTIME_CLIENTS: [&str; 7] = [
     "snapshot-store",
     "agent-ingest",
     "chat-gate",
+    "chat-gate-rpc",
     "catalog",
+    "catalog-rpc",
     "ctxsync-cli",
 ];
+
+/// The users that answer requests: they may publish into any inbox (that
+/// is where answers go) and, unlike `allow_responses`, nowhere a request
+/// could name besides.
+const ANSWERING_USERS: [&str; 3] = ["snapshot-store", "chat-gate-rpc", "catalog-rpc"];
 
 /// What the catalog's key-value buckets (its shared memory and warm-up
 /// claims) publish through async-nats: the JetStream API of their streams,
@@ -103,6 +109,8 @@ fn needs(s: &Subjects) -> BTreeMap<&'static str, Needs> {
                     s.discovery_changed("agent-1"),
                     s.snapshot_committed("agent-1"),
                     s.tenant_key_revoked(),
+                    // Its answers, into the asking service's inbox.
+                    "_INBOX.agent-ingest.n.1".to_owned(),
                 ],
                 subscribe: vec![
                     s.store_register_agent(),
@@ -114,7 +122,6 @@ fn needs(s: &Subjects) -> BTreeMap<&'static str, Needs> {
                     s.store_tenant_key_verify(),
                     s.store_all(),
                 ],
-                responds: true,
             },
         ),
         (
@@ -126,7 +133,6 @@ fn needs(s: &Subjects) -> BTreeMap<&'static str, Needs> {
                     s.store_push(),
                 ],
                 subscribe: vec![],
-                responds: false,
             },
         ),
         (
@@ -140,13 +146,20 @@ fn needs(s: &Subjects) -> BTreeMap<&'static str, Needs> {
                     s.catalog_status("demo"),
                     s.gate_turn_waited(),
                 ],
+                subscribe: vec![],
+            },
+        ),
+        (
+            "chat-gate-rpc",
+            Needs {
+                // Answers to turns, into the asking tenant's inbox.
+                publish: vec!["_INBOX.chat-demo.n.1".to_owned()],
                 subscribe: vec![
                     s.gate_turn_all(),
                     s.discovery_changed_all(),
                     s.snapshot_committed_all(),
                     s.tenant_key_revoked(),
                 ],
-                responds: true,
             },
         ),
         (
@@ -161,15 +174,23 @@ fn needs(s: &Subjects) -> BTreeMap<&'static str, Needs> {
                 .into_iter()
                 .chain(catalog_bucket_subjects(s))
                 .collect(),
+                subscribe: vec![s.gate_turn_waited(), s.tenant_key_revoked()],
+            },
+        ),
+        (
+            "catalog-rpc",
+            Needs {
+                // Answers to the gate's and the tenants' requests.
+                publish: vec![
+                    "_INBOX.chat-gate.demo.n.1".to_owned(),
+                    "_INBOX.chat-demo.n.1".to_owned(),
+                ],
                 subscribe: vec![
                     s.catalog_prepare_all(),
                     s.catalog_call_all(),
                     s.catalog_session_end_all(),
                     s.catalog_status_all(),
-                    s.gate_turn_waited(),
-                    s.tenant_key_revoked(),
                 ],
-                responds: true,
             },
         ),
         (
@@ -185,7 +206,6 @@ fn needs(s: &Subjects) -> BTreeMap<&'static str, Needs> {
                     s.store_tenant_key_revoke(),
                 ],
                 subscribe: vec![],
-                responds: false,
             },
         ),
         (
@@ -198,7 +218,6 @@ fn needs(s: &Subjects) -> BTreeMap<&'static str, Needs> {
                     s.catalog_session_end("demo"),
                 ],
                 subscribe: vec![inbox("chat-demo")],
-                responds: false,
             },
         ),
     ]);
@@ -277,13 +296,23 @@ fn permissions_are_exactly_what_the_code_needs() {
                 && permissions["subscribe"].get("deny").is_none(),
             "{user}: allow lists only"
         );
-        assert_eq!(
-            permissions["allow_responses"].as_bool().unwrap_or(false),
-            need.responds,
+        // allow_responses would let a request aim the user's answer at any
+        // subject (a bucket, an event, another tenant's requests).
+        assert!(
+            permissions.get("allow_responses").is_none(),
             "{user}: allow_responses"
         );
-        for pattern in publish.iter().chain(&subscribe) {
+        for pattern in &subscribe {
             if pattern.starts_with("_INBOX") {
+                assert_eq!(pattern, &inbox(user), "{user}: only its own inbox prefix");
+            }
+        }
+        for pattern in &publish {
+            if ANSWERING_USERS.contains(&user.as_str()) {
+                if pattern.starts_with("_INBOX") {
+                    assert_eq!(pattern, "_INBOX.>", "{user}: answers go into inboxes");
+                }
+            } else if pattern.starts_with("_INBOX") {
                 assert_eq!(pattern, &inbox(user), "{user}: only its own inbox prefix");
             }
         }
@@ -305,6 +334,15 @@ fn permissions_are_exactly_what_the_code_needs() {
                 .iter()
                 .any(|p| subject_matches(p, &chat_traffic)),
             "agent-ingest can read {chat_traffic}"
+        );
+    }
+    // A user that answers tenants' requests can publish nothing a tenant
+    // could aim its answer at besides an inbox.
+    for answering in ["chat-gate-rpc", "catalog-rpc"] {
+        assert_eq!(
+            list(&by_user[answering]["publish"]["allow"]),
+            BTreeSet::from(["_INBOX.>".to_owned()]),
+            "{answering}"
         );
     }
     let gate_writes = list(&by_user["chat-gate"]["publish"]["allow"]);
@@ -378,8 +416,31 @@ impl Server {
     /// The deployment's config as it is (it keeps no JetStream store), or
     /// with JetStream turned on.
     async fn start_with(jetstream: bool) -> Server {
+        Self::start_with_tenants(jetstream, &[]).await
+    }
+
+    /// The deployment's config plus a chat user for each of `tenants`,
+    /// copied from the shipped `chat-demo` user as its comment says to.
+    async fn start_with_tenants(jetstream: bool, tenants: &[&str]) -> Server {
         let store = tempfile::tempdir().unwrap();
-        let config = config_path();
+        let mut text = std::fs::read_to_string(config_path()).unwrap();
+        let demo = users()
+            .into_iter()
+            .find(|(user, _, _)| user == "chat-demo")
+            .expect("the shipped chat-demo user");
+        let mut extra = Vec::new();
+        for tenant in tenants {
+            let permissions = demo.2.to_string().replace("demo", tenant);
+            let variable = format!("NATS_PASSWORD_CHAT_{}", tenant.to_uppercase());
+            extra.push((format!("chat-{tenant}"), variable.clone()));
+            let block = format!(
+                "    {{\n      user: \"chat-{tenant}\"\n      password: ${variable}\n      permissions: {permissions}\n    }}\n"
+            );
+            let end = text.rfind("  ]").expect("the users list ends");
+            text.insert_str(end, &block);
+        }
+        let config = store.path().join("nats.conf");
+        std::fs::write(&config, text).unwrap();
         let port = testkit::free_port();
         let monitor = testkit::free_port();
         let mut command = Command::new(tool("nats-server"));
@@ -400,7 +461,11 @@ impl Server {
             command.arg("-js").arg("-sd").arg(store.path());
         }
         let mut passwords = BTreeMap::new();
-        for (user, variable, _) in users() {
+        let every = users()
+            .into_iter()
+            .map(|(user, variable, _)| (user, variable))
+            .chain(extra);
+        for (user, variable) in every {
             let password = format!("pw-{user}-{port}");
             command.env(variable.trim_start_matches('$'), &password);
             passwords.insert(user, password);
@@ -453,6 +518,22 @@ impl Server {
             self.passwords[user], self.port
         )
     }
+}
+
+/// What the deployment sets `CTXSYNC_REPLY_INBOX_PREFIXES` to for the gate and the catalog.
+const GATE_REPLY_INBOXES: &str = "_INBOX.chat-{tenant}.";
+const CATALOG_REPLY_INBOXES: &str = "_INBOX.chat-{tenant}.,_INBOX.chat-gate.{tenant}.";
+
+/// A service's settings as deployed: its answers on the connection of the
+/// `responder` user, into the inboxes `inboxes` lists.
+fn answering_as(
+    common: &mut ctxsync_runtime::CommonArgs,
+    server: &Server,
+    responder: &str,
+    inboxes: &str,
+) {
+    common.nats_responder_url = Some(server.url_for(responder));
+    common.reply_inbox_prefixes = ctxsync_runtime::rpc::ReplyInboxes::parse(inboxes).unwrap();
 }
 
 /// Waits for the server's permissions-violation error naming `subject`.
@@ -517,6 +598,7 @@ async fn snapshot_store_serves_agent_ingest_and_its_events_reach_chat_gate() {
     let (store, _) = server.connect("snapshot-store").await;
     let (ingest, _) = server.connect("agent-ingest").await;
     let (gate, _) = server.connect("chat-gate").await;
+    let (gate_events, _) = server.connect("chat-gate-rpc").await;
 
     let store_subscription = store
         .queue_subscribe(s.store_all(), STORE_QUEUE_GROUP.into())
@@ -526,8 +608,11 @@ async fn snapshot_store_serves_agent_ingest_and_its_events_reach_chat_gate() {
         .await
         .unwrap();
     let _seen = echo_responder(store.clone(), store_subscription);
-    let mut discovery = gate.subscribe(s.discovery_changed_all()).await.unwrap();
-    ctxsync_runtime::nats::sync_with_server(&gate)
+    let mut discovery = gate_events
+        .subscribe(s.discovery_changed_all())
+        .await
+        .unwrap();
+    ctxsync_runtime::nats::sync_with_server(&gate_events)
         .await
         .unwrap();
 
@@ -542,7 +627,7 @@ async fn snapshot_store_serves_agent_ingest_and_its_events_reach_chat_gate() {
             "agent-ingest's request answered by snapshot-store"
         );
     }
-    // A round trip on chat-gate's connection: its event subscription is registered.
+    // chat-gate's own user reads the store.
     assert_eq!(
         request(&gate, s.store_get_agent_state()).await,
         s.store_get_agent_state()
@@ -566,7 +651,7 @@ async fn agent_ingest_cannot_read_chat_traffic() {
     let server = Server::start().await;
     let s = Subjects::default();
     let (ingest, mut ingest_errors) = server.connect("agent-ingest").await;
-    let (gate, _) = server.connect("chat-gate").await;
+    let (gate, _) = server.connect("chat-gate-rpc").await;
     let (chat, _) = server.connect("chat-demo").await;
     let (store, _) = server.connect("snapshot-store").await;
 
@@ -667,31 +752,52 @@ async fn chat_gate_cannot_write_to_the_store() {
 }
 
 #[tokio::test]
-async fn responders_answer_only_requests_they_received() {
-    let server = Server::start().await;
+async fn answers_go_only_into_inboxes() {
+    let server = Server::start_with(true).await;
     let s = Subjects::default();
+    let bucket = catalog::settings::memory_bucket_name(s.prefix());
+    let aimed = [
+        format!("$KV.{bucket}.0123abcd"),
+        s.discovery_changed("agent-1"),
+        s.snapshot_committed("agent-1"),
+        s.tenant_key_revoked(),
+        s.gate_turn_waited(),
+        s.catalog_prepare("other"),
+        s.catalog_call("other"),
+        s.gate_turn("other"),
+    ];
+    // The users that answer tenants' requests may publish nothing of these:
+    // whatever reply subject a request names, the server refuses it.
+    for user in ["chat-gate-rpc", "catalog-rpc"] {
+        let (client, mut errors) = server.connect(user).await;
+        for subject in &aimed {
+            client
+                .publish(subject.clone(), "aimed".into())
+                .await
+                .unwrap();
+            ctxsync_runtime::nats::sync_with_server(&client)
+                .await
+                .unwrap();
+            violation(&mut errors, "publish", subject).await;
+        }
+    }
+    // snapshot-store answers only the services (no tenant may ask it), and
+    // still publishes nothing of the bucket or another service's requests.
     let (store, mut store_errors) = server.connect("snapshot-store").await;
-    let (catalog, mut catalog_errors) = server.connect("catalog").await;
-    // Forging a reply into another client's inbox is refused.
-    store
-        .publish("_INBOX.agent-ingest.forged.1".to_owned(), "x".into())
-        .await
-        .unwrap();
-    ctxsync_runtime::nats::sync_with_server(&store)
-        .await
-        .unwrap();
-    violation(&mut store_errors, "publish", "_INBOX.agent-ingest.forged.1").await;
-    catalog
-        .publish(s.gate_turn("demo"), "x".into())
-        .await
-        .unwrap();
-    ctxsync_runtime::nats::sync_with_server(&catalog)
-        .await
-        .unwrap();
-    violation(&mut catalog_errors, "publish", &s.gate_turn("demo")).await;
+    for subject in [&aimed[0], &aimed[4], &aimed[5], &aimed[7]] {
+        store
+            .publish(subject.clone(), "aimed".into())
+            .await
+            .unwrap();
+        ctxsync_runtime::nats::sync_with_server(&store)
+            .await
+            .unwrap();
+        violation(&mut store_errors, "publish", subject).await;
+    }
 
-    // While a request it received is answered.
+    // While a request is answered into the asker's inbox.
     let (chat, _) = server.connect("chat-demo").await;
+    let (catalog, _) = server.connect("catalog-rpc").await;
     let calls = catalog
         .queue_subscribe(s.catalog_call_all(), CATALOG_QUEUE_GROUP.into())
         .await
@@ -713,8 +819,8 @@ async fn responders_answer_only_requests_they_received() {
 async fn a_chat_user_is_confined_to_its_own_tenant() {
     let server = Server::start().await;
     let s = Subjects::default();
-    let (gate, _) = server.connect("chat-gate").await;
-    let (catalog, _) = server.connect("catalog").await;
+    let (gate, _) = server.connect("chat-gate-rpc").await;
+    let (catalog, _) = server.connect("catalog-rpc").await;
     let (chat, mut chat_errors) = server.connect("chat-demo").await;
     let turns = gate
         .queue_subscribe(s.gate_turn_all(), GATE_QUEUE_GROUP.into())
@@ -804,7 +910,11 @@ async fn each_service_can_round_trip_through_its_own_inbox_only() {
             matches!(got, Ok(Some(_))),
             "{user}: no round trip through {own}"
         );
-        let other = if user == "agent-ingest" {
+        // An answering user may publish into any inbox (its answers), but
+        // no bucket; the others only into their own inbox.
+        let other = if ANSWERING_USERS.contains(&user) {
+            "$KV.ctxsync_catalog_memory.forged"
+        } else if user == "agent-ingest" {
             "_INBOX.chat-gate.x.1"
         } else {
             "_INBOX.agent-ingest.x.1"
@@ -899,7 +1009,9 @@ async fn the_catalog_shares_its_memory_within_its_permissions() {
             Subjects::default().prefix(),
         )
         .database(db.url())
-        .catalog(servers, catalog::Settings::default(), |_| {});
+        .catalog(servers, catalog::Settings::default(), |config| {
+            answering_as(&mut config.common, &server, "catalog-rpc", CATALOG_REPLY_INBOXES);
+        });
         let stack = testkit::stack::start(builder, &shutdown).await;
         let mut warmup = stack.catalog().warmup();
         let status = tokio::time::timeout(Duration::from_secs(30), warmup.wait_for(|s| s.finished))
@@ -914,8 +1026,9 @@ async fn the_catalog_shares_its_memory_within_its_permissions() {
         );
 
         let (gate, _) = server.connect("chat-gate").await;
-        let reply: ctxsync_proto::v1::CatalogPrepareReply = ctxsync_runtime::rpc::request(
+        let reply: ctxsync_proto::v1::CatalogPrepareReply = ctxsync_runtime::rpc::request_for_tenant(
             &gate,
+            "demo",
             Subjects::default().catalog_prepare("demo"),
             &ctxsync_proto::v1::CatalogPrepareRequest {
                 tenant: "demo".into(),
@@ -959,4 +1072,305 @@ async fn the_catalog_shares_its_memory_within_its_permissions() {
         shutdown.cancel();
         stack.stop().await;
     }
+}
+
+/// Tenant `demo`, with the shipped `chat-demo` user, aims the reply subject
+/// of its own requests (a turn, a preparation, a call, a session end) at the
+/// catalog's bucket entry of tenant `other`, at every event subject, at
+/// tenant `other`'s subjects and inboxes, and at the services' own inboxes.
+/// The real gate and catalog run as deployed (their own users, answers on
+/// `*-rpc` connections, tenants' inboxes only): nothing is published there,
+/// each refusal is counted, and tenant `other`'s first turn still pins its
+/// server's tools from the bucket entry that was aimed at.
+#[tokio::test]
+async fn a_tenant_cannot_aim_a_services_answer_anywhere_but_its_own_inbox() {
+    use ctxsync_proto::v1::{
+        CatalogCallRequest, CatalogPrepareRequest, CatalogEndSessionRequest, TurnReply,
+        TurnRequest,
+    };
+    use prost::Message as _;
+
+    let server = Server::start_with_tenants(true, &["other"]).await;
+    let s = Subjects::default();
+    let db = testkit::TestDatabase::create().await;
+    let record = tempfile::tempdir().unwrap();
+    let fixture = mcp_fixture::fixture_binary().display().to_string();
+    let server_of = |dir: &str| {
+        format!(
+            "{{id: fx, transport: {{stdio: {{command: {fixture:?}, args: [--record-dir, {:?}]}}}}}}",
+            record.path().join(dir).display().to_string()
+        )
+    };
+    let yaml = format!(
+        "tenants: [{{id: demo, servers: [{}]}}, {{id: other, servers: [{}]}}]",
+        server_of("demo"),
+        server_of("other")
+    );
+    let servers = catalog::CatalogConfig::from_yaml(&yaml).unwrap();
+    let others_key = servers.enabled_servers("other").unwrap()[0].key.clone();
+    let shutdown = ctxsync_runtime::Shutdown::new();
+    let builder = testkit::stack::StackBuilder::new(server.url_for("snapshot-store"), s.prefix())
+        .database(db.url())
+        .store(|_| {})
+        .gate(|config| {
+            config.common.nats_url = server.url_for("chat-gate");
+            answering_as(&mut config.common, &server, "chat-gate-rpc", GATE_REPLY_INBOXES);
+            config.stale_grace = Duration::from_millis(300);
+        })
+        .catalog(servers, catalog::Settings::default(), |config| {
+            config.common.nats_url = server.url_for("catalog");
+            answering_as(&mut config.common, &server, "catalog-rpc", CATALOG_REPLY_INBOXES);
+        });
+    let stack = testkit::stack::start(builder, &shutdown).await;
+    let mut warmup = stack.catalog().warmup();
+    tokio::time::timeout(Duration::from_secs(30), warmup.wait_for(|s| s.finished))
+        .await
+        .expect("the warm-up finishes")
+        .unwrap();
+    let (catalog_user, _) = server.connect("catalog").await;
+    let bucket = async_nats::jetstream::new(catalog_user)
+        .get_key_value(catalog::settings::memory_bucket_name(s.prefix()))
+        .await
+        .expect("the catalog created its bucket");
+    // (The catalog's user reads its bucket through consumers only.)
+    let latest = |bucket: async_nats::jetstream::kv::Store, key: String| async move {
+        let history: Vec<_> = bucket.history(key).await.unwrap().collect().await;
+        let last = history.into_iter().last().expect("an entry").unwrap();
+        (last.revision, last.value)
+    };
+    let entry_before = latest(bucket.clone(), others_key.to_string()).await;
+    let keys_before = bucket.keys().await.unwrap().count().await;
+
+    // The agents of both tenants, registered as the operator would.
+    let (cli, _) = server.connect("ctxsync-cli").await;
+    let operator = testkit::store::StoreClient::new(cli, s.clone(), DEADLINE, "ws");
+    let demo_agent = operator.clone().in_tenant("demo").register("a", "a").await;
+    let other_agent = operator.clone().in_tenant("other").register("b", "b").await;
+
+    // Watchers of every subject aimed at, each as a user that may read it.
+    let (gate_rpc, _) = server.connect("chat-gate-rpc").await;
+    let (catalog_rpc, _) = server.connect("catalog-rpc").await;
+    let (gate_user, _) = server.connect("chat-gate").await;
+    let (catalog_main, _) = server.connect("catalog").await;
+    let (chat_other, _) = server.connect("chat-other").await;
+    let aims: Vec<(String, &Client)> = vec![
+        (
+            format!(
+                "$KV.{}.{}",
+                catalog::settings::memory_bucket_name(s.prefix()),
+                others_key.as_str()
+            ),
+            &gate_rpc, // (read through the bucket's revision below)
+        ),
+        (s.discovery_changed(&other_agent), &gate_rpc),
+        (s.snapshot_committed(&other_agent), &gate_rpc),
+        (s.tenant_key_revoked(), &gate_rpc),
+        (s.gate_turn("other"), &gate_rpc),
+        (s.catalog_prepare("other"), &catalog_rpc),
+        (s.catalog_call("other"), &catalog_rpc),
+        (s.gate_turn_waited(), &catalog_main),
+        ("_INBOX.chat-other.aimed.1".to_owned(), &chat_other),
+        ("_INBOX.chat-gate.aimed.1".to_owned(), &gate_user),
+        ("_INBOX.chat-gate.other.aimed.1".to_owned(), &gate_user),
+        ("_INBOX.catalog.aimed.1".to_owned(), &catalog_main),
+    ];
+    let mut watchers = Vec::new();
+    // A round trip on a watcher's connection: the chat user may not publish
+    // into its own inbox, so it asks its catalog (a subject nobody watches).
+    let round_trip = |client: Client, chat: bool| {
+        let subject = s.catalog_session_end("other");
+        async move {
+            if chat {
+                let _: ctxsync_proto::v1::CatalogEndSessionReply = ctxsync_runtime::rpc::request(
+                    &client,
+                    subject,
+                    &CatalogEndSessionRequest {
+                        tenant: "other".into(),
+                        session_id: "none".into(),
+                    },
+                    None,
+                    DEADLINE,
+                )
+                .await
+                .unwrap();
+            } else {
+                ctxsync_runtime::nats::sync_with_server(&client).await.unwrap();
+            }
+        }
+    };
+    for (subject, watcher) in aims.iter().skip(1) {
+        watchers.push((subject.clone(), watcher.subscribe(subject.clone()).await.unwrap()));
+        round_trip((*watcher).clone(), subject.starts_with("_INBOX.chat-other")).await;
+    }
+
+    // The requests of tenant demo, each aimed at every subject.
+    let (chat_demo, _) = server.connect("chat-demo").await;
+    let requests: Vec<(String, Vec<u8>)> = vec![
+        (
+            s.gate_turn("demo"),
+            TurnRequest {
+                chat_id: "c".into(),
+                agent_id: demo_agent.clone(),
+                first_turn: true,
+                tenant: String::new(),
+            }
+            .encode_to_vec(),
+        ),
+        (
+            s.catalog_prepare("demo"),
+            CatalogPrepareRequest {
+                tenant: "demo".into(),
+                session_id: "s".into(),
+            }
+            .encode_to_vec(),
+        ),
+        (
+            s.catalog_call("demo"),
+            CatalogCallRequest {
+                tenant: "demo".into(),
+                session_id: "s".into(),
+                server_id: "fx".into(),
+                tool: "echo".into(),
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        ),
+        (
+            s.catalog_session_end("demo"),
+            CatalogEndSessionRequest {
+                tenant: "demo".into(),
+                session_id: "s".into(),
+            }
+            .encode_to_vec(),
+        ),
+    ];
+    for (subject, body) in &requests {
+        for (aim, _) in &aims {
+            chat_demo
+                .publish_with_reply(subject.clone(), aim.clone(), body.clone().into())
+                .await
+                .unwrap();
+        }
+    }
+    chat_demo.flush().await.unwrap();
+    // Each service takes its requests in order: once a proper request sent
+    // after the aimed ones is answered, every aimed one has been handled.
+    let turn: TurnReply = ctxsync_runtime::rpc::request(
+        &chat_demo,
+        s.gate_turn("demo"),
+        &TurnRequest {
+            chat_id: "c2".into(),
+            agent_id: demo_agent.clone(),
+            first_turn: false,
+            tenant: String::new(),
+        },
+        None,
+        DEADLINE,
+    )
+    .await
+    .expect("a turn answered into the tenant's own inbox");
+    assert_eq!(turn.error, None);
+    let prepared: ctxsync_proto::v1::CatalogPrepareReply = ctxsync_runtime::rpc::request(
+        &chat_demo,
+        s.catalog_prepare("demo"),
+        &CatalogPrepareRequest {
+            tenant: "demo".into(),
+            session_id: "s3".into(),
+        },
+        None,
+        DEADLINE,
+    )
+    .await
+    .expect("a preparation answered into the tenant's own inbox");
+    assert_eq!(prepared.pins.len(), 1, "{prepared:?}");
+    let _: ctxsync_proto::v1::CatalogEndSessionReply = ctxsync_runtime::rpc::request(
+        &chat_demo,
+        s.catalog_session_end("demo"),
+        &CatalogEndSessionRequest {
+            tenant: "demo".into(),
+            session_id: "s3".into(),
+        },
+        None,
+        DEADLINE,
+    )
+    .await
+    .expect("a session end answered into the tenant's own inbox");
+    let call: ctxsync_proto::v1::CatalogCallReply = ctxsync_runtime::rpc::request(
+        &chat_demo,
+        s.catalog_call("demo"),
+        &CatalogCallRequest::default(),
+        None,
+        DEADLINE,
+    )
+    .await
+    .expect("a call answered into the tenant's own inbox");
+    drop(call);
+
+    // Nothing reached any aimed subject (a round trip on each watcher's
+    // connection delivers whatever the server had routed to it before).
+    for (subject, mut watcher) in watchers {
+        let client = aims.iter().find(|(s, _)| *s == subject).unwrap().1;
+        round_trip(client.clone(), subject.starts_with("_INBOX.chat-other")).await;
+        assert!(
+            watcher.next().now_or_never().flatten().is_none(),
+            "an answer was published on {subject}"
+        );
+    }
+    assert_eq!(
+        latest(bucket.clone(), others_key.to_string()).await,
+        entry_before,
+        "tenant other's bucket entry was overwritten"
+    );
+    assert_eq!(bucket.keys().await.unwrap().count().await, keys_before);
+
+    // Every aimed request was refused and counted, per subject served.
+    let metrics = reqwest::get(format!("http://{}/metrics", stack.catalog().http_addr()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for served in [
+        s.gate_turn_all(),
+        s.catalog_prepare_all(),
+        s.catalog_call_all(),
+        s.catalog_session_end_all(),
+    ] {
+        let series = format!("ctxsync_rpc_reply_refused_total{{subject=\"{served}\"}}");
+        let counted: f64 = metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(&series)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in {metrics}"));
+        assert_eq!(counted, aims.len() as f64, "{series}");
+    }
+
+    // Tenant other's first turn still pins its server, tools and all.
+    let reply: TurnReply = ctxsync_runtime::rpc::request(
+        &chat_other,
+        s.gate_turn("other"),
+        &TurnRequest {
+            chat_id: "theirs".into(),
+            agent_id: other_agent.clone(),
+            first_turn: true,
+            tenant: String::new(),
+        },
+        None,
+        DEADLINE,
+    )
+    .await
+    .unwrap();
+    let section = reply
+        .projection
+        .as_ref()
+        .and_then(|p| p.catalog.as_ref())
+        .expect("a catalog section");
+    assert_eq!(section.pins.len(), 1, "{section:?}");
+    assert_eq!(
+        section.pins[0].source,
+        ctxsync_proto::v1::catalog_pin::Source::Pinned as i32,
+        "pinned from the bucket's entry: {section:?}"
+    );
+    assert!(!section.pins[0].tools.is_empty(), "{section:?}");
+    shutdown.cancel();
+    stack.stop().await;
 }

@@ -37,8 +37,9 @@ impl CatalogClient {
             tenant: tenant.to_owned(),
             session_id: chat_id.to_owned(),
         };
-        let answer: Result<CatalogPrepareReply, _> = rpc::request(
+        let answer: Result<CatalogPrepareReply, _> = rpc::request_for_tenant(
             &self.client,
+            tenant,
             self.subjects.catalog_prepare(tenant),
             &request,
             None,
@@ -73,8 +74,9 @@ impl CatalogClient {
             tenant: tenant.to_owned(),
             window_seconds,
         };
-        rpc::request(
+        rpc::request_for_tenant(
             &self.client,
+            tenant,
             self.subjects.catalog_status(tenant),
             &request,
             None,
