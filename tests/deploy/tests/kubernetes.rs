@@ -801,6 +801,25 @@ fn nats_gets_every_users_password_and_each_service_its_own_user() {
         let secret = &value("NATS_PASSWORD")["valueFrom"]["secretKeyRef"];
         assert_eq!(secret["key"].as_str(), Some(key.as_str()));
         assert_eq!(secret["name"], passwords["metadata"]["name"]);
+        // The services that answer tenants do so as their `-rpc` user, and
+        // answer only into the asking tenant's inboxes.
+        if matches!(name, "chat-gate" | "catalog") {
+            assert_eq!(
+                value("NATS_RESPONDER_URL")["value"].as_str(),
+                Some(format!("nats://{name}-rpc:$(NATS_RESPONDER_PASSWORD)@nats:4222").as_str())
+            );
+            let key = format!("NATS_PASSWORD_{}_RPC", name.to_uppercase().replace('-', "_"));
+            let secret = &value("NATS_RESPONDER_PASSWORD")["valueFrom"]["secretKeyRef"];
+            assert_eq!(secret["key"].as_str(), Some(key.as_str()));
+            let inboxes = value("CTXSYNC_REPLY_INBOX_PREFIXES")["value"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            assert!(inboxes.starts_with("_INBOX.chat-{tenant}."), "{name}: {inboxes}");
+            ctxsync_runtime::rpc::ReplyInboxes::parse(&inboxes).unwrap();
+        } else {
+            assert!(env_value(container, "NATS_RESPONDER_URL").is_none(), "{name}");
+        }
         assert!(
             container["envFrom"]
                 .as_sequence()
@@ -1033,8 +1052,9 @@ fn configuration_uses_env_names_the_code_reads() {
             "ConfigMap sets {key}, which no service reads"
         );
     }
-    // NATS_PASSWORD only builds NATS_URL; HOME gives npx a writable home.
-    let helpers = ["NATS_PASSWORD", "HOME"];
+    // NATS_PASSWORD only builds NATS_URL (NATS_RESPONDER_PASSWORD
+    // NATS_RESPONDER_URL); HOME gives npx a writable home.
+    let helpers = ["NATS_PASSWORD", "NATS_RESPONDER_PASSWORD", "HOME"];
     for name in SERVICES {
         let container = &pod_spec(find(&objects, "Deployment", name))["containers"][0];
         for entry in container["env"].as_sequence().unwrap() {
