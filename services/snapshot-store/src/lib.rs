@@ -204,7 +204,9 @@ async fn serve_all(
     shutdown: &Shutdown,
     grace: Duration,
 ) -> Result<Vec<rpc::Server>, ctxsync_runtime::nats::SubscribeError> {
-    let client = &nats.client;
+    // Events go out on the connection the answers do (the responder's, if
+    // one is configured): an answer never overtakes its commit's event.
+    let client = &nats.responder().client;
     let (s, n, j) = (store.clone(), client.clone(), subjects.clone());
     let register = endpoint(nats, subjects.store_register_agent(), shutdown, grace, {
         let s = s.clone();
