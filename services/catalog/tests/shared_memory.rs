@@ -31,6 +31,19 @@ fn starts(record: &Path) -> usize {
     mcp_fixture::read_starts(record).len()
 }
 
+/// `entry` as a replica holding the test key puts it into `bucket`.
+fn sealed(
+    bucket: &str,
+    key: &catalog::config::ServerKey,
+    entry: &ctxsync_proto::v1::CatalogMemoryEntry,
+) -> bytes::Bytes {
+    catalog::MemoryKey::new(TEST_MEMORY_KEY).unwrap().seal(
+        bucket,
+        key.as_str(),
+        &ctxsync_proto::Message::encode_to_vec(entry),
+    )
+}
+
 /// Settings whose memory bucket is `bucket` (another prefix's, to share it).
 fn sharing(bucket: &str) -> catalog::Settings {
     let mut settings = settings();
@@ -397,11 +410,9 @@ async fn an_entry_of_another_release_is_pinned_until_the_warmup_discovers_it_fir
         release: "0.0.0-previous".into(),
         ..Default::default()
     };
+    let bucket = memory_bucket_name(first.subjects.prefix());
     store
-        .put(
-            key.as_str(),
-            ctxsync_proto::Message::encode_to_vec(&entry).into(),
-        )
+        .put(key.as_str(), sealed(&bucket, &key, &entry))
         .await
         .unwrap();
 
@@ -429,8 +440,15 @@ async fn an_entry_of_another_release_is_pinned_until_the_warmup_discovers_it_fir
         "the re-discovered tools are pinned"
     );
     let stored = store.get(key.as_str()).await.unwrap().unwrap();
+    let bucket = memory_bucket_name(prefix.as_str());
+    let opened = catalog::MemoryKey::new(TEST_MEMORY_KEY)
+        .unwrap()
+        .open(&bucket, key.as_str(), &stored)
+        .map(<[u8]>::to_vec)
+        .expect("sealed by the restarted replica");
     let stored =
-        <ctxsync_proto::v1::CatalogMemoryEntry as ctxsync_proto::Message>::decode(stored).unwrap();
+        <ctxsync_proto::v1::CatalogMemoryEntry as ctxsync_proto::Message>::decode(&*opened)
+            .unwrap();
     assert_eq!(
         stored.release,
         env!("CARGO_PKG_VERSION"),
@@ -471,11 +489,9 @@ async fn a_session_pinned_from_another_release_answers_withdrawn_when_its_tools_
         ..Default::default()
     };
     let key = catalog::config::ServerKey::of("acme", &fx);
+    let bucket = memory_bucket_name(first.subjects.prefix());
     store
-        .put(
-            key.as_str(),
-            ctxsync_proto::Message::encode_to_vec(&entry).into(),
-        )
+        .put(key.as_str(), sealed(&bucket, &key, &entry))
         .await
         .unwrap();
 
@@ -626,9 +642,9 @@ async fn until_refused(h: &Harness, reason: &str, at_least: f64) {
     }
 }
 
-/// Entries only a catalog replica sealed are applied: what the attack of
-/// issue 24 wrote (the catalog's own reply payload published on the bucket
-/// key's subject), a well-formed entry with no tools put by a user allowed
+/// Entries only a catalog replica sealed are applied: what a request aimed
+/// at the bucket makes the catalog write (its own reply payload published
+/// on the bucket key's subject), a well-formed entry with no tools put by a user allowed
 /// to write the bucket, one sealed under another key and a replica's real
 /// entry replayed under another server's key are each ignored and counted,
 /// and the other tenant's next preparation still pins its server's tools
