@@ -1,6 +1,6 @@
 //! The MCP endpoint's sessions: rmcp's in-process session manager, with
-//! what a tenant's session needs besides (design note: the catalog as an
-//! MCP server).
+//! what a tenant's session needs besides
+//! (design note: the catalog as an MCP server).
 //!
 //! * **Owned from creation.** A session is registered with the caller of the
 //!   request that creates it (`initialize`), before its id is answered to

@@ -617,6 +617,12 @@ async fn an_http_entry_expires_at_the_same_moment_on_every_replica() {
     web.stop().await;
 }
 
+/// The values the bucket's stream holds now (a `Store`'s status is cached).
+async fn stored(js: &async_nats::jetstream::Context, bucket: &str) -> u64 {
+    let mut stream = js.get_stream(format!("KV_{bucket}")).await.unwrap();
+    stream.info().await.unwrap().state.messages
+}
+
 /// `ctxsync_catalog_memory_refused_total` by `reason`.
 async fn memory_refused(h: &Harness, reason: &str) -> f64 {
     metric(
@@ -774,9 +780,8 @@ async fn the_memory_past_its_bound_refuses_new_entries_and_nothing_grows() {
 
     let js = async_nats::jetstream::new(h.client.clone());
     let kv = js.get_key_value(&bucket).await.unwrap();
-    let stored = || async { kv.status().await.unwrap().info.state.messages };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while stored().await != 2 {
+    while stored(&js, &bucket).await != 2 {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the bucket holds the two entries within 10 s"
@@ -792,12 +797,50 @@ async fn the_memory_past_its_bound_refuses_new_entries_and_nothing_grows() {
         refused.is_err(),
         "the bucket's bound refuses it: {refused:?}"
     );
-    assert_eq!(stored().await, 2);
+    assert_eq!(stored(&js, &bucket).await, 2, "nothing grew in the bucket");
 
     // The next preparation pins the two remembered servers and discovers the third again.
     let next = h.prepare("acme", "s2").await;
     let pinned = next.pins.iter().filter(|p| p.source == PINNED).count();
     assert_eq!(pinned, 2, "{next:?}");
     assert_eq!(h.running().remembered(), 2, "nothing grew");
+    h.stop().await;
+}
+
+/// A bucket filled by someone else's values (ignored, yet taking its room)
+/// refuses the catalog's put: counted as full, the bucket still works, and
+/// this replica still remembers the server in its own map.
+#[tokio::test]
+async fn a_bucket_filled_by_forged_values_refuses_the_catalogs_put_as_full() {
+    let record = tempfile::tempdir().unwrap();
+    let servers = tenants(vec![("acme", vec![fixture("a", record.path(), &[])])]);
+    let bucket = format!("filled_{}", testkit::unique_prefix());
+    let mut settings = sharing(&bucket);
+    settings.memory.max_entries = 2;
+    let h = Harness::start(servers, settings).await;
+    let js = async_nats::jetstream::new(h.client.clone());
+    let kv = js.get_key_value(&bucket).await.unwrap();
+    let (full, unsealed) = (
+        memory_refused(&h, "full").await,
+        memory_refused(&h, "unsealed").await,
+    );
+    for key in ["aa", "bb"] {
+        kv.put(key.repeat(32).as_str(), "junk".into())
+            .await
+            .unwrap();
+    }
+    until_refused(&h, "unsealed", unsealed + 2.0).await;
+    assert_eq!(h.running().remembered(), 0, "nothing of it applied");
+
+    let live = h.prepare("acme", "s1").await;
+    assert_eq!(sources(&live), [("a".to_owned(), CONNECTED)]);
+    until_refused(&h, "full", full + 1.0).await;
+    assert!(
+        h.running().remembers("acme", "a"),
+        "this replica's map has it"
+    );
+    assert_eq!(stored(&js, &bucket).await, 2, "the bucket refused the put");
+    let next = h.prepare("acme", "s2").await;
+    assert_eq!(sources(&next), [("a".to_owned(), PINNED)]);
     h.stop().await;
 }
