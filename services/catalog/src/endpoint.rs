@@ -221,7 +221,7 @@ async fn authenticate(
                 );
                 let mut response = http_error(
                     StatusCode::TOO_MANY_REQUESTS,
-                    "too_many_sessions",
+                    "too_many",
                     full.message(),
                     full.limit(),
                 );
@@ -269,12 +269,12 @@ fn session_not_found() -> Response {
 }
 
 /// An `HttpErrorReply` naming the limit that refused the request.
-fn http_error(status: StatusCode, code: &str, message: String, limit: String) -> Response {
+fn http_error(status: StatusCode, code: &str, message: String, limit: &str) -> Response {
     let error = ctxsync_proto::v1::HttpErrorReply {
         error: Some(ctxsync_proto::v1::HttpError {
             code: code.to_owned(),
             message,
-            limit,
+            limit: limit.to_owned(),
         }),
     };
     axum::response::IntoResponse::into_response((status, axum::Json(error)))

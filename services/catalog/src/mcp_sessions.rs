@@ -69,11 +69,11 @@ impl Full {
         }
     }
 
-    /// The bound, as `HttpError.limit` names it.
-    pub fn limit(self) -> String {
+    /// The bound's setting, as `HttpError.limit` names it (chat-gate's 429s do the same).
+    pub fn limit(self) -> &'static str {
         match self {
-            Self::Key(max) => format!("CTXSYNC_CATALOG_MCP_MAX_SESSIONS_PER_KEY={max}"),
-            Self::Tenant(max) => format!("CTXSYNC_CATALOG_MCP_MAX_SESSIONS_PER_TENANT={max}"),
+            Self::Key(_) => "CTXSYNC_CATALOG_MCP_MAX_SESSIONS_PER_KEY",
+            Self::Tenant(_) => "CTXSYNC_CATALOG_MCP_MAX_SESSIONS_PER_TENANT",
         }
     }
 
