@@ -4,9 +4,19 @@
 //!
 //! * The memory bucket's key is the server key (already a SHA-256, so it
 //!   says nothing of the configuration); its value a `CatalogMemoryEntry`:
-//!   transport, tools, catalog hash, discovery time and the writer's release.
+//!   transport, tools, catalog hash, discovery time and the writer's release,
+//!   sealed: `cxm1`, then an HMAC-SHA256 of the bucket, the key and the entry
+//!   under the [`MemoryKey`] only catalog replicas hold, then the entry. A
+//!   value without a valid seal (anyone else's write, a reply aimed at the
+//!   bucket) is ignored and counted, never applied. A delete carries no seal:
+//!   forgetting is always safe, it costs a live discovery.
+//! * Claims carry no seal: a claim only decides which replica warms a
+//!   server; a forged one delays a warm-up (the server is then discovered
+//!   at its first use), never changes what is pinned.
 //! * Both buckets are created when missing (`memory_replicas`, the memory's
-//!   `max_age`, the claims' expiry); an existing bucket is used as it is.
+//!   `max_age`, the claims' expiry; the memory bounded in entries, bytes
+//!   and value size, refusing what is past them); an existing bucket is
+//!   used as it is.
 //! * A supervisor task keeps a watch of the memory bucket open, feeding every
 //!   change to the in-process memory; when the bucket fails (JetStream off,
 //!   unreachable, refused) it says so once, retries with a backoff and says
@@ -29,6 +39,146 @@ use crate::config::ServerKey;
 use crate::mcp;
 use crate::tools::Catalog;
 
+/// The largest sealed value the memory takes (one server's declarations).
+pub const MAX_VALUE_BYTES: usize = 1024 * 1024;
+/// The shortest memory key.
+pub const MIN_MEMORY_KEY_BYTES: usize = 32;
+/// What a sealed value starts with.
+const SEAL_MAGIC: &[u8; 4] = b"cxm1";
+const TAG_BYTES: usize = 32;
+/// What the tag is of, besides the bucket, the key and the entry.
+const SEAL_CONTEXT: &[u8] = b"ctxsync catalog memory entry v1";
+
+/// The secret only catalog replicas hold: each memory entry carries an
+/// HMAC-SHA256 under it, so only a replica's writes are ever applied.
+#[derive(Clone)]
+pub struct MemoryKey {
+    key: ring::hmac::Key,
+    /// Made up by this process (no key file): shared with no replica.
+    random: bool,
+}
+
+impl std::fmt::Debug for MemoryKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryKey")
+            .field("random", &self.random)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MemoryKey {
+    /// A key from `secret` (at least [`MIN_MEMORY_KEY_BYTES`]).
+    pub fn new(secret: &[u8]) -> Result<Self, String> {
+        if secret.len() < MIN_MEMORY_KEY_BYTES {
+            return Err(format!(
+                "holds {} bytes; at least {MIN_MEMORY_KEY_BYTES} are needed (e.g. the output of `openssl rand -base64 48`)",
+                secret.len()
+            ));
+        }
+        Ok(Self {
+            key: ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret),
+            random: false,
+        })
+    }
+
+    /// The key a file holds (trailing whitespace, such as a final newline, is
+    /// not part of it); the error says why it cannot be used, not what it holds.
+    pub fn from_file(path: &std::path::Path) -> Result<Self, String> {
+        let bytes = std::fs::read(path).map_err(|e| format!("cannot be read: {e}"))?;
+        let end = bytes
+            .iter()
+            .rposition(|b| !b.is_ascii_whitespace())
+            .map_or(0, |at| at + 1);
+        Self::new(&bytes[..end])
+    }
+
+    /// A key of this process alone: its entries are applied by no other replica.
+    pub fn random() -> Self {
+        let rng = ring::rand::SystemRandom::new();
+        let key = ring::hmac::Key::generate(ring::hmac::HMAC_SHA256, &rng)
+            .expect("the system's random source works");
+        Self { key, random: true }
+    }
+
+    pub fn is_random(&self) -> bool {
+        self.random
+    }
+
+    fn message(bucket: &str, key: &str, entry: &[u8]) -> Vec<u8> {
+        let mut message =
+            Vec::with_capacity(SEAL_CONTEXT.len() + bucket.len() + key.len() + entry.len() + 2);
+        // Bucket names and keys hold no NUL: the separators keep them apart.
+        for part in [SEAL_CONTEXT, bucket.as_bytes(), key.as_bytes()] {
+            message.extend_from_slice(part);
+            message.push(0);
+        }
+        message.extend_from_slice(entry);
+        message
+    }
+
+    /// `entry` sealed for `key` of `bucket`.
+    pub fn seal(&self, bucket: &str, key: &str, entry: &[u8]) -> Bytes {
+        let tag = ring::hmac::sign(&self.key, &Self::message(bucket, key, entry));
+        let mut sealed = Vec::with_capacity(SEAL_MAGIC.len() + TAG_BYTES + entry.len());
+        sealed.extend_from_slice(SEAL_MAGIC);
+        sealed.extend_from_slice(tag.as_ref());
+        sealed.extend_from_slice(entry);
+        sealed.into()
+    }
+
+    /// The entry of a sealed value, if a holder of this key sealed it for
+    /// `key` of `bucket`.
+    pub fn open<'v>(&self, bucket: &str, key: &str, value: &'v [u8]) -> Result<&'v [u8], Ignored> {
+        let Some(rest) = value.strip_prefix(SEAL_MAGIC.as_slice()) else {
+            return Err(Ignored::Unsealed);
+        };
+        if rest.len() < TAG_BYTES {
+            return Err(Ignored::Unsealed);
+        }
+        let (tag, entry) = rest.split_at(TAG_BYTES);
+        ring::hmac::verify(&self.key, &Self::message(bucket, key, entry), tag)
+            .map_err(|_| Ignored::BadTag)?;
+        Ok(entry)
+    }
+}
+
+/// Why a value of the memory bucket is not applied (the label of
+/// `ctxsync_catalog_memory_refused_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ignored {
+    /// Not a sealed value: written by something other than a catalog.
+    Unsealed,
+    /// Sealed under another key, or for another key or bucket.
+    BadTag,
+    /// Sealed, but not an entry.
+    Undecodable,
+    /// Its key is no server key.
+    BadKey,
+    /// Over [`MAX_VALUE_BYTES`].
+    TooLarge,
+    /// The memory holds as many entries or bytes as it may.
+    Full,
+}
+
+impl Ignored {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Unsealed => "unsealed",
+            Self::BadTag => "bad_tag",
+            Self::Undecodable => "undecodable",
+            Self::BadKey => "bad_key",
+            Self::TooLarge => "too_large",
+            Self::Full => "full",
+        }
+    }
+
+    /// Counts one value not applied.
+    pub fn count(self) {
+        metrics::counter!("ctxsync_catalog_memory_refused_total", "reason" => self.label())
+            .increment(1);
+    }
+}
+
 /// This catalog's release: entries of another one are re-discovered first.
 pub const RELEASE: &str = env!("CARGO_PKG_VERSION");
 
@@ -48,6 +198,12 @@ pub struct BucketSettings {
     pub max_age: Duration,
     /// A claim lapses after this long (a dead replica's claim included).
     pub claim_ttl: Duration,
+    /// Seals the entries this replica writes and opens those it reads.
+    pub key: MemoryKey,
+    /// The memory bucket holds at most this many entries …
+    pub max_entries: usize,
+    /// … and this many bytes (both set when the catalog creates it).
+    pub max_bytes: u64,
 }
 
 /// The claims bucket of a memory bucket.
@@ -67,7 +223,8 @@ pub struct Entry {
 /// A change of the memory bucket, in bucket order.
 #[derive(Debug)]
 pub enum Change {
-    Put(ServerKey, Entry),
+    /// An entry and the size of its value in the bucket.
+    Put(ServerKey, Entry, usize),
     Delete(ServerKey),
 }
 
@@ -106,6 +263,11 @@ pub fn encode(entry: &Entry) -> Bytes {
     }
     .encode_to_vec()
     .into()
+}
+
+/// The size of `entry`'s sealed value in the bucket.
+pub fn sealed_len(entry: &Entry) -> usize {
+    SEAL_MAGIC.len() + TAG_BYTES + encode(entry).len()
 }
 
 /// The entry a value holds; its catalog hash is computed again from its declarations.
@@ -216,6 +378,8 @@ pub struct Bucket {
     writes: mpsc::UnboundedSender<Write>,
     pending_writes: Mutex<Option<mpsc::UnboundedReceiver<Write>>>,
     health: Health,
+    /// Whether the bucket refused a put for being full, logged once per change.
+    full: Mutex<bool>,
     /// Written into claims: which process holds one (no secret).
     replica: String,
 }
@@ -233,6 +397,7 @@ impl Bucket {
             writes,
             pending_writes: Mutex::new(Some(pending)),
             health: Health::default(),
+            full: Mutex::new(false),
             replica: format!("pid {} started {started}", std::process::id()),
         })
     }
@@ -277,9 +442,48 @@ impl Bucket {
         vec![supervisor, writer]
     }
 
-    /// Queues a put of `key` (in order with the other writes).
+    /// Queues a put of `key` (in order with the other writes), sealed; an
+    /// entry over the value bound stays in this process (counted).
     pub fn put(&self, key: &ServerKey, entry: &Entry) {
-        let _ = self.writes.send(Write::Put(key.clone(), encode(entry)));
+        let sealed = self
+            .settings
+            .key
+            .seal(self.name(), key.as_str(), &encode(entry));
+        if sealed.len() > MAX_VALUE_BYTES {
+            Ignored::TooLarge.count();
+            tracing::warn!(
+                bucket = self.name(),
+                server_key = key.as_str(),
+                bytes = sealed.len(),
+                max_bytes = MAX_VALUE_BYTES,
+                "a memory entry over the bucket's value bound is kept in this process only"
+            );
+            return;
+        }
+        let _ = self.writes.send(Write::Put(key.clone(), sealed));
+    }
+
+    /// The bucket refused a put for being full (or took one again): said once per change.
+    fn set_full(&self, full: bool, key: &ServerKey) {
+        let mut state = self.full.lock().expect("full lock");
+        if *state == full {
+            return;
+        }
+        *state = full;
+        if full {
+            tracing::warn!(
+                bucket = self.name(),
+                server_key = key.as_str(),
+                max_entries = self.settings.max_entries,
+                max_bytes = self.settings.max_bytes,
+                "the memory bucket is full: new entries stay in this process until entries age out or are forgotten"
+            );
+        } else {
+            tracing::info!(
+                bucket = self.name(),
+                "the memory bucket takes entries again"
+            );
+        }
     }
 
     /// Queues a delete of `key`.
@@ -352,7 +556,18 @@ impl Bucket {
                     .map_err(|e| e.to_string()),
             };
             match result {
-                Ok(()) => self.health.up(self.name()),
+                Ok(()) => {
+                    self.health.up(self.name());
+                    if let Write::Put(key, _) = &write {
+                        self.set_full(false, key);
+                    }
+                }
+                // Discard-new limits: the bucket works, it is full.
+                Err(error) if is_full(&error) => {
+                    Ignored::Full.count();
+                    let (Write::Put(key, _) | Write::Delete(key)) = &write;
+                    self.set_full(true, key);
+                }
                 Err(error) => self.health.down(self.name(), &error),
             }
         }
@@ -426,26 +641,40 @@ impl Bucket {
                 }
             };
             let caught_up = entry.seen_current || entry.delta == 0;
-            match ServerKey::from_hex(&entry.key) {
-                None => {
-                    tracing::warn!(bucket = %name, "a memory entry whose key is no server key is ignored")
+            match self.change_of(&entry) {
+                Ok(change) => apply(change),
+                Err(ignored) => {
+                    ignored.count();
+                    tracing::warn!(
+                        bucket = %name, key = %entry.key, reason = ignored.label(),
+                        "a memory bucket value no catalog replica wrote is ignored"
+                    );
                 }
-                Some(key) => match entry.operation {
-                    kv::Operation::Put => match decode(&entry.value) {
-                        Ok(decoded) => apply(Change::Put(key, decoded)),
-                        Err(reason) => tracing::warn!(
-                            bucket = %name, server_key = key.short(), %reason,
-                            "a memory entry that does not decode is ignored"
-                        ),
-                    },
-                    kv::Operation::Delete | kv::Operation::Purge => apply(Change::Delete(key)),
-                },
             }
             if caught_up && let Some(loaded) = loaded.take() {
                 let _ = loaded.send(());
             }
         }
         BucketError::WatchEnded { bucket: name }
+    }
+
+    /// The change a watched bucket entry makes, if a replica wrote it.
+    fn change_of(&self, entry: &kv::Entry) -> Result<Change, Ignored> {
+        let key = ServerKey::from_hex(&entry.key).ok_or(Ignored::BadKey)?;
+        match entry.operation {
+            kv::Operation::Delete | kv::Operation::Purge => Ok(Change::Delete(key)),
+            kv::Operation::Put => {
+                if entry.value.len() > MAX_VALUE_BYTES {
+                    return Err(Ignored::TooLarge);
+                }
+                let sealed = self
+                    .settings
+                    .key
+                    .open(self.name(), &entry.key, &entry.value)?;
+                let decoded = decode(sealed).map_err(|_| Ignored::Undecodable)?;
+                Ok(Change::Put(key, decoded, entry.value.len()))
+            }
+        }
     }
 
     /// The bucket `name`, created with `max_age` when missing.
@@ -468,6 +697,11 @@ impl Bucket {
             num_replicas: self.settings.replicas,
             storage: jetstream::stream::StorageType::File,
             discard: jetstream::stream::DiscardPolicy::New,
+            // The memory is bounded where it is kept; claims are one per server.
+            max_messages: i64::try_from(self.settings.max_entries).unwrap_or(i64::MAX),
+            max_bytes: i64::try_from(self.settings.max_bytes).unwrap_or(i64::MAX),
+            // Headers and subject besides the value.
+            max_message_size: (MAX_VALUE_BYTES + 4096) as i32,
             allow_rollup: true,
             deny_delete: true,
             allow_direct: true,
@@ -480,6 +714,12 @@ impl Bucket {
         }
         self.js.get_key_value(name).await.map_err(|e| e.to_string())
     }
+}
+
+/// Whether a put failed for the bucket's discard-new limits (full).
+fn is_full(error: &str) -> bool {
+    let error = error.to_ascii_lowercase();
+    error.contains("maximum messages") || error.contains("maximum bytes")
 }
 
 #[cfg(test)]
@@ -530,5 +770,63 @@ mod tests {
         assert_ne!(decoded.catalog.hash, "forged");
         assert_eq!(decoded.catalog.tools.len(), 2);
         assert!(decode(b"\xff\xff").is_err());
+    }
+
+    #[test]
+    fn only_a_value_sealed_under_the_key_for_its_key_and_bucket_opens() {
+        let key = MemoryKey::new(&[7; 32]).unwrap();
+        let entry = b"an entry";
+        let sealed = key.seal("bucket", "k1", entry);
+        assert_eq!(key.open("bucket", "k1", &sealed), Ok(&entry[..]));
+        assert_eq!(
+            key.open("bucket", "k2", &sealed),
+            Err(Ignored::BadTag),
+            "another key"
+        );
+        assert_eq!(
+            key.open("other", "k1", &sealed),
+            Err(Ignored::BadTag),
+            "another bucket"
+        );
+        let other = MemoryKey::new(&[8; 32]).unwrap();
+        assert_eq!(other.open("bucket", "k1", &sealed), Err(Ignored::BadTag));
+        assert_eq!(
+            MemoryKey::random().open("bucket", "k1", &sealed),
+            Err(Ignored::BadTag)
+        );
+        let mut tampered = sealed.to_vec();
+        *tampered.last_mut().unwrap() ^= 1;
+        assert_eq!(key.open("bucket", "k1", &tampered), Err(Ignored::BadTag));
+        assert_eq!(key.open("bucket", "k1", entry), Err(Ignored::Unsealed));
+        assert_eq!(
+            key.open("bucket", "k1", b"cxm1short"),
+            Err(Ignored::Unsealed)
+        );
+        assert!(
+            MemoryKey::new(&[1; 31])
+                .unwrap_err()
+                .contains("at least 32")
+        );
+        assert!(format!("{key:?}").starts_with("MemoryKey"));
+    }
+
+    #[test]
+    fn a_key_file_is_read_without_its_final_newline_and_refused_when_short() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("key");
+        std::fs::write(&path, format!("{}\n", "k".repeat(32))).unwrap();
+        let from_file = MemoryKey::from_file(&path).unwrap();
+        let sealed = MemoryKey::new("k".repeat(32).as_bytes())
+            .unwrap()
+            .seal("b", "k", b"e");
+        assert!(from_file.open("b", "k", &sealed).is_ok());
+        std::fs::write(&path, "short\n").unwrap();
+        assert!(
+            MemoryKey::from_file(&path)
+                .unwrap_err()
+                .contains("holds 5 bytes")
+        );
+        let missing = MemoryKey::from_file(&dir.path().join("missing")).unwrap_err();
+        assert!(missing.starts_with("cannot be read"), "{missing}");
     }
 }

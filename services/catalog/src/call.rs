@@ -19,12 +19,13 @@ use ctxsync_mcp::TransportKind;
 use ctxsync_mcp::{CallOutcome, Connection, McpError};
 use ctxsync_proto::v1::{CatalogCallReply, CatalogCallRequest};
 use serde_json::json;
-use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Mutex;
 
 use crate::config::{ConfiguredServer, Current, Processes};
 use crate::discovery::{Cause, Discoverer, OpenServer};
 use crate::events::{Events, ms, ms_precise};
 use crate::mcp::{self, Failure};
+use crate::processes::{Place, ProcessBound};
 use crate::request::{MAX_RESOURCE_URI_BYTES, codes, error, valid_bounded, valid_request_id};
 use crate::sessions::{LiveServer, Session, Sessions, Slot};
 use crate::shared::{self, SharedServers};
@@ -32,40 +33,6 @@ use crate::store::{GenerationRef, NewEvent, StoredPin, kinds};
 use crate::tools::{Catalog, CatalogDiff, Item};
 
 type Arguments = serde_json::Map<String, serde_json::Value>;
-
-/// The bound on the server processes a replica runs for sessions.
-pub(crate) struct ProcessBound {
-    max: usize,
-    permits: Arc<Semaphore>,
-}
-
-impl ProcessBound {
-    pub fn new(max: usize) -> Self {
-        Self {
-            max,
-            permits: Arc::new(Semaphore::new(max)),
-        }
-    }
-
-    /// Places taken now: server processes running under the bound.
-    pub fn in_use(&self) -> usize {
-        self.max - self.permits.available_permits()
-    }
-
-    /// A process's place, held while it runs; an error answer when there is none.
-    fn take(&self) -> Result<OwnedSemaphorePermit, CatalogCallReply> {
-        self.permits.clone().try_acquire_owned().map_err(|_| {
-            metrics::counter!("ctxsync_catalog_process_limit_refusals_total").increment(1);
-            call_error(
-                codes::SERVER_PROCESS_LIMIT,
-                format!(
-                    "this catalog replica already runs its maximum of {} server processes (--max-server-processes); retry when a session ends",
-                    self.max
-                ),
-            )
-        })
-    }
-}
 
 /// The `call` command.
 pub(crate) struct Call {
@@ -422,11 +389,13 @@ impl Call {
         &self,
         target: &Target<'_>,
         first_call: bool,
-    ) -> Result<(OpenServer, Option<OwnedSemaphorePermit>), CatalogCallReply> {
+    ) -> Result<(OpenServer, Option<Place>), CatalogCallReply> {
         // A stdio server is a process of this replica: it needs a place.
         let place = match &self.processes {
             Some(bound) if target.server.transport_kind() == TransportKind::Stdio => {
-                Some(bound.take()?)
+                Some(bound.take(&target.server.tenant).map_err(|refusal| {
+                    call_error(codes::SERVER_PROCESS_LIMIT, refusal.to_string())
+                })?)
             }
             _ => None,
         };

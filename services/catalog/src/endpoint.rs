@@ -22,9 +22,15 @@
 //! * When a call finds tools, prompts or resources withdrawn that the
 //!   client was not told about, the session is sent the matching
 //!   `notifications/*/list_changed`.
-//! * A session answers only the tenant that opened it: a request with
-//!   another tenant's key is refused (404 before MCP once the session is
-//!   known, and an MCP error inside it).
+//! * A session answers only the tenant whose key created it, from its
+//!   creation on (`mcp_sessions`): a request naming it with another
+//!   tenant's key is 404 like an unknown session, whatever it is and
+//!   whether or not the session is initialized (and refused inside MCP too).
+//! * Every per-key resource is bounded: requests (a token bucket per key),
+//!   open sessions per key and per tenant (429 past them; one key or tenant
+//!   at its bound leaves the others theirs), idle sessions expire, and the
+//!   server processes a session starts are bounded per tenant and in all
+//!   (`processes`). A revoked key's sessions end at once, streams included.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -38,6 +44,7 @@ use axum::response::Response;
 use ctxsync_proto::v1::catalog_pin::Source;
 use ctxsync_proto::v1::{CatalogCallReply, CatalogCallRequest, CatalogPrepareRequest};
 use ctxsync_runtime::tenant_keys::{self, Caller, TenantKeys};
+use futures::StreamExt as _;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorCode, ErrorData,
     Extensions, GetPromptRequestParams, GetPromptResponse, GetPromptResult, Implementation,
@@ -46,13 +53,16 @@ use rmcp::model::{
     ReadResourceResponse, ReadResourceResult, Resource, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::{NotificationContext, RequestContext};
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{Peer, RoleServer, ServerHandler};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::call::Call;
+use crate::mcp_sessions::McpSessions;
+pub use crate::mcp_sessions::{
+    DEFAULT_SESSION_IDLE, DEFAULT_SESSIONS_PER_KEY, DEFAULT_SESSIONS_PER_TENANT, SessionLimits,
+};
 use crate::prepare::Prepare;
 use crate::sessions::{Sessions, Withdrawn};
 
@@ -83,8 +93,8 @@ pub(crate) struct Endpoint {
     keys: TenantKeys,
     page_size: usize,
     limiter: Limiter,
-    /// MCP session id → the tenant that opened it.
-    owners: Mutex<HashMap<String, String>>,
+    /// The MCP sessions: their owners and bounds.
+    mcp_sessions: Arc<McpSessions>,
 }
 
 /// Token buckets by tenant key id.
@@ -120,40 +130,37 @@ impl Endpoint {
         keys: TenantKeys,
         page_size: usize,
         rate_limit: Option<RateLimit>,
+        session_limits: SessionLimits,
     ) -> Self {
         Self {
             commands,
+            mcp_sessions: McpSessions::new(keys.clone(), session_limits),
             keys,
             page_size: page_size.max(1),
             limiter: Limiter {
                 limit: rate_limit,
                 buckets: Mutex::default(),
             },
-            owners: Mutex::default(),
         }
     }
 
-    fn owner(&self, mcp_session_id: &str) -> Option<String> {
-        self.owners
-            .lock()
-            .expect("owners lock")
-            .get(mcp_session_id)
-            .cloned()
+    /// MCP sessions open now.
+    pub fn open_sessions(&self) -> usize {
+        self.mcp_sessions.open()
     }
 }
 
 /// `/mcp`, behind the tenant-key check, until `stop`.
 pub(crate) fn routes(endpoint: Arc<Endpoint>, stop: CancellationToken) -> axum::Router {
     let factory = endpoint.clone();
-    let service: StreamableHttpService<McpSession, LocalSessionManager> =
-        StreamableHttpService::new(
-            move || Ok(McpSession::new(factory.clone())),
-            Default::default(),
-            // Callers are authenticated by key, not by the Host they name.
-            StreamableHttpServerConfig::default()
-                .disable_allowed_hosts()
-                .with_cancellation_token(stop),
-        );
+    let service: StreamableHttpService<McpSession, McpSessions> = StreamableHttpService::new(
+        move || Ok(McpSession::new(factory.clone())),
+        endpoint.mcp_sessions.clone(),
+        // Callers are authenticated by key, not by the Host they name.
+        StreamableHttpServerConfig::default()
+            .disable_allowed_hosts()
+            .with_cancellation_token(stop),
+    );
     axum::Router::new()
         .nest_service("/mcp", service)
         .layer(axum::middleware::from_fn_with_state(endpoint, authenticate))
@@ -196,19 +203,81 @@ async fn authenticate(
     let session = request
         .headers()
         .get(SESSION_HEADER)
-        .and_then(|v| v.to_str().ok());
-    if let Some(owner) = session.and_then(|id| endpoint.owner(id))
-        && owner != caller.tenant
-    {
-        refused("other_tenant");
-        return tenant_keys::error_response(
-            StatusCode::NOT_FOUND,
-            "session_not_found",
-            "no such MCP session for this tenant key",
-        );
-    }
+        .map(|v| v.to_str().unwrap_or_default().to_owned());
+    let Some(session) = session else {
+        // A POST without a session may create one: it needs a place first.
+        if request.method() != axum::http::Method::POST {
+            request.extensions_mut().insert(caller);
+            return next.run(request).await;
+        }
+        let key = tenant_keys::bearer(header).unwrap_or_default().to_owned();
+        let reservation = match endpoint.mcp_sessions.reserve(&caller, &key) {
+            Ok(reservation) => reservation,
+            Err(full) => {
+                refused(full.reason());
+                tracing::info!(
+                    tenant = %caller.tenant, key_id = %caller.key_id, limit = %full.limit(),
+                    "mcp session refused: the bound is reached"
+                );
+                let mut response = http_error(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "too_many",
+                    full.message(),
+                    full.limit(),
+                );
+                response.headers_mut().insert(
+                    header::RETRY_AFTER,
+                    axum::http::HeaderValue::from_static("1"),
+                );
+                return response;
+            }
+        };
+        request.extensions_mut().insert(caller);
+        return crate::mcp_sessions::creating(reservation, next.run(request)).await;
+    };
+    // Another tenant's session is answered like one that does not exist,
+    // whatever the request (POST of any message, GET, DELETE).
+    let owner = match endpoint.mcp_sessions.owner(&session) {
+        Some(owner) if owner.caller.tenant == caller.tenant => owner,
+        Some(_) => {
+            refused("other_tenant");
+            return session_not_found();
+        }
+        None => {
+            refused("unknown_session");
+            return session_not_found();
+        }
+    };
     request.extensions_mut().insert(caller);
-    next.run(request).await
+    let response = next.run(request).await;
+    // A stream of the session (GET, a POST's answer) ends when the session does.
+    let ended = owner.ended;
+    response.map(|body| {
+        axum::body::Body::from_stream(
+            body.into_data_stream()
+                .take_until(async move { ended.cancelled_owned().await }),
+        )
+    })
+}
+
+fn session_not_found() -> Response {
+    tenant_keys::error_response(
+        StatusCode::NOT_FOUND,
+        "session_not_found",
+        "no such MCP session for this tenant key",
+    )
+}
+
+/// An `HttpErrorReply` naming the limit that refused the request.
+fn http_error(status: StatusCode, code: &str, message: String, limit: &str) -> Response {
+    let error = ctxsync_proto::v1::HttpErrorReply {
+        error: Some(ctxsync_proto::v1::HttpError {
+            code: code.to_owned(),
+            message,
+            limit: limit.to_owned(),
+        }),
+    };
+    axum::response::IntoResponse::into_response((status, axum::Json(error)))
 }
 
 /// The caller the key check put into the HTTP request's extensions.
@@ -218,14 +287,6 @@ fn caller_of(extensions: &Extensions) -> Result<Caller, ErrorData> {
         .and_then(|parts| parts.extensions.get::<Caller>())
         .cloned()
         .ok_or_else(|| ErrorData::internal_error("the request carries no verified caller", None))
-}
-
-fn mcp_session_id(extensions: &Extensions) -> Option<String> {
-    extensions
-        .get::<axum::http::request::Parts>()
-        .and_then(|parts| parts.headers.get(SESSION_HEADER))
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
 }
 
 /// A pinned tool as offered to MCP clients (named `server__tool`).
@@ -287,7 +348,8 @@ struct ListsChanged {
 struct SessionState {
     endpoint: Arc<Endpoint>,
     bound: OnceLock<Bound>,
-    mcp_session_id: OnceLock<String>,
+    /// Whether the session's change watcher runs.
+    watching: std::sync::atomic::AtomicBool,
     /// The withdrawals the client's last lists left out (or it was told
     /// changed).
     announced: Mutex<Withdrawn>,
@@ -312,9 +374,6 @@ impl SessionState {
 impl Drop for SessionState {
     fn drop(&mut self) {
         self.ended.cancel();
-        if let Some(id) = self.mcp_session_id.get() {
-            self.endpoint.owners.lock().expect("owners lock").remove(id);
-        }
         let Some(bound) = self.bound.take() else {
             return;
         };
@@ -342,7 +401,7 @@ impl McpSession {
             state: Arc::new(SessionState {
                 endpoint: endpoint.clone(),
                 bound: OnceLock::new(),
-                mcp_session_id: OnceLock::new(),
+                watching: std::sync::atomic::AtomicBool::new(false),
                 announced: Mutex::default(),
                 ended: CancellationToken::new(),
             }),
@@ -713,19 +772,11 @@ impl ServerHandler for McpSession {
         self.negotiate_initialize(&request)
     }
 
+    /// The owner was bound at the session's creation (`mcp_sessions`): the
+    /// notification only starts following the session's servers.
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
-        let (Some(id), Ok(caller)) = (
-            mcp_session_id(&context.extensions),
-            caller_of(&context.extensions),
-        ) else {
-            return;
-        };
-        if self.state.mcp_session_id.set(id.clone()).is_ok() {
-            self.endpoint
-                .owners
-                .lock()
-                .expect("owners lock")
-                .insert(id, caller.tenant);
+        let watching = &self.state.watching;
+        if !watching.swap(true, std::sync::atomic::Ordering::SeqCst) {
             tokio::spawn(watch_changes(
                 self.endpoint.clone(),
                 Arc::downgrade(&self.state),

@@ -13,6 +13,10 @@
 //! streamable-HTTP one for at most the reuse window after its discovery
 //! (its time is in the entry, so the window ends at the same moment on every
 //! replica), because a third party can change it any time.
+//!
+//! The map is bounded (entries and bytes, the bucket's own bounds): a new
+//! key past either is refused and counted, said once when it fills; an
+//! entry it holds is still replaced or forgotten.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -21,7 +25,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::bucket::{Bucket, Change, Entry, RELEASE};
+use crate::bucket::{Bucket, Change, Entry, Ignored, RELEASE};
 use crate::config::ServerKey;
 use crate::tools::Catalog;
 use ctxsync_mcp::TransportKind;
@@ -34,6 +38,8 @@ pub struct Remembered {
     pub discovered_at: SystemTime,
     /// The release of the catalog that discovered it.
     pub release: Arc<str>,
+    /// Its size in the bucket, counted under the map's byte bound.
+    size: usize,
 }
 
 impl Remembered {
@@ -50,39 +56,102 @@ impl Remembered {
     }
 }
 
+/// How much the map may hold.
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds {
+    pub max_entries: usize,
+    pub max_bytes: u64,
+}
+
+#[derive(Debug, Default)]
+struct Map {
+    entries: HashMap<ServerKey, Remembered>,
+    bytes: u64,
+    /// Whether a put was refused for the bounds since the map last had room.
+    full: bool,
+}
+
 /// The first level: this process's map, and a counter raised by every change.
 #[derive(Debug)]
 struct Local {
-    entries: Mutex<HashMap<ServerKey, Remembered>>,
+    map: Mutex<Map>,
+    bounds: Bounds,
     changed: watch::Sender<u64>,
 }
 
 impl Local {
-    fn update(&self, change: impl FnOnce(&mut HashMap<ServerKey, Remembered>)) {
-        let mut entries = self.entries.lock().expect("memory lock");
-        change(&mut entries);
-        metrics::gauge!("ctxsync_catalog_memory_entries").set(entries.len() as f64);
-        drop(entries);
+    /// Puts `entry` unless it is a new key past the bounds (counted, said
+    /// once); whether it was put.
+    fn put(&self, key: ServerKey, entry: Remembered) -> bool {
+        let mut map = self.map.lock().expect("memory lock");
+        let replaced = map.entries.get(&key).map_or(0, |old| old.size as u64);
+        let bytes = map.bytes - replaced + entry.size as u64;
+        let grows = !map.entries.contains_key(&key);
+        if (grows && map.entries.len() >= self.bounds.max_entries) || bytes > self.bounds.max_bytes
+        {
+            Ignored::Full.count();
+            if !map.full {
+                map.full = true;
+                tracing::warn!(
+                    server_key = key.as_str(),
+                    entries = map.entries.len(),
+                    bytes = map.bytes,
+                    max_entries = self.bounds.max_entries,
+                    max_bytes = self.bounds.max_bytes,
+                    "catalog memory full: servers not remembered yet are discovered live until entries are forgotten"
+                );
+            }
+            return false;
+        }
+        map.bytes = bytes;
+        map.entries.insert(key, entry);
+        self.changed_locked(map);
+        true
+    }
+
+    fn contains(&self, key: &ServerKey) -> bool {
+        self.map
+            .lock()
+            .expect("memory lock")
+            .entries
+            .contains_key(key)
+    }
+
+    fn remove(&self, key: &ServerKey) {
+        let mut map = self.map.lock().expect("memory lock");
+        if let Some(old) = map.entries.remove(key) {
+            map.bytes -= old.size as u64;
+            if map.full {
+                map.full = false;
+                tracing::info!(entries = map.entries.len(), "catalog memory has room again");
+            }
+        }
+        self.changed_locked(map);
+    }
+
+    fn changed_locked(&self, map: std::sync::MutexGuard<'_, Map>) {
+        metrics::gauge!("ctxsync_catalog_memory_entries").set(map.entries.len() as f64);
+        metrics::gauge!("ctxsync_catalog_memory_bytes").set(map.bytes as f64);
+        drop(map);
         self.changed.send_modify(|n| *n += 1);
     }
 
     fn apply(&self, change: Change) {
-        self.update(|entries| match change {
-            Change::Put(key, entry) => {
-                entries.insert(
+        match change {
+            Change::Put(key, entry, size) => {
+                self.put(
                     key,
                     Remembered {
                         catalog: Arc::new(entry.catalog),
                         transport: entry.transport,
                         discovered_at: entry.discovered_at,
                         release: entry.release.into(),
+                        size,
                     },
                 );
             }
-            Change::Delete(key) => {
-                entries.remove(&key);
-            }
-        });
+            Change::Delete(key) => self.remove(&key),
+        }
     }
 }
 
@@ -94,10 +163,11 @@ pub struct Memory {
 
 impl Memory {
     /// A memory in this process only.
-    pub fn new(http_reuse: Duration) -> Self {
+    pub fn new(http_reuse: Duration, bounds: Bounds) -> Self {
         Self {
             local: Arc::new(Local {
-                entries: Mutex::new(HashMap::new()),
+                map: Mutex::default(),
+                bounds,
                 changed: watch::Sender::new(0),
             }),
             http_reuse,
@@ -106,10 +176,10 @@ impl Memory {
     }
 
     /// A memory shared through `bucket` once [`Memory::start_sharing`] ran.
-    pub(crate) fn shared(http_reuse: Duration, bucket: Arc<Bucket>) -> Self {
+    pub(crate) fn shared(http_reuse: Duration, bounds: Bounds, bucket: Arc<Bucket>) -> Self {
         Self {
             bucket: Some(bucket),
-            ..Self::new(http_reuse)
+            ..Self::new(http_reuse, bounds)
         }
     }
 
@@ -133,8 +203,8 @@ impl Memory {
 
     /// The entry if the rules allow pinning it without starting the server.
     pub fn reusable(&self, key: &ServerKey) -> Option<Remembered> {
-        let entries = self.local.entries.lock().expect("memory lock");
-        let entry = entries.get(key)?;
+        let map = self.local.map.lock().expect("memory lock");
+        let entry = map.entries.get(key)?;
         match entry.transport {
             TransportKind::Stdio => Some(entry.clone()),
             TransportKind::StreamableHttp => {
@@ -156,31 +226,29 @@ impl Memory {
     }
 
     /// A live discovery succeeded: it replaces whatever was remembered, here
-    /// and in the bucket.
+    /// and in the bucket (unless the map is full: then in neither).
     pub fn remember(&self, key: &ServerKey, transport: TransportKind, catalog: Arc<Catalog>) {
-        let discovered_at = SystemTime::now();
-        if let Some(bucket) = &self.bucket {
-            bucket.put(
-                key,
-                &Entry {
-                    transport,
-                    catalog: (*catalog).clone(),
-                    discovered_at,
-                    release: RELEASE.to_owned(),
-                },
-            );
+        let entry = Entry {
+            transport,
+            catalog: (*catalog).clone(),
+            discovered_at: SystemTime::now(),
+            release: RELEASE.to_owned(),
+        };
+        let remembered = Remembered {
+            catalog,
+            transport,
+            discovered_at: entry.discovered_at,
+            release: RELEASE.into(),
+            size: crate::bucket::sealed_len(&entry),
+        };
+        if self.local.put(key.clone(), remembered) {
+            if let Some(bucket) = &self.bucket {
+                bucket.put(key, &entry);
+            }
+        } else if self.local.contains(key) {
+            // Too large to replace it: what it held is no longer what the server says.
+            self.forget(key);
         }
-        self.local.update(|entries| {
-            entries.insert(
-                key.clone(),
-                Remembered {
-                    catalog,
-                    transport,
-                    discovered_at,
-                    release: RELEASE.into(),
-                },
-            );
-        });
     }
 
     /// A live attempt failed: the server is left to live discovery next
@@ -189,13 +257,11 @@ impl Memory {
         if let Some(bucket) = &self.bucket {
             bucket.delete(key);
         }
-        self.local.update(|entries| {
-            entries.remove(key);
-        });
+        self.local.remove(key);
     }
 
     pub fn len(&self) -> usize {
-        self.local.entries.lock().expect("memory lock").len()
+        self.local.map.lock().expect("memory lock").entries.len()
     }
 
     pub fn is_empty(&self) -> bool {

@@ -82,6 +82,20 @@ pub const SERIES: &[Series] = &[
         "Server configurations whose last discovery is remembered.",
     ),
     Series::gauge(
+        "ctxsync_catalog_memory_bytes",
+        "Bytes of the remembered discoveries in this process's map (as sealed in the bucket).",
+    ),
+    Series::counter(
+        "ctxsync_catalog_memory_refused_total",
+        "Memory entries not applied or not written, by reason (unsealed, bad_tag, undecodable, bad_key, too_large, full).",
+    )
+    .zeroed(&[
+        &[("reason", "unsealed")],
+        &[("reason", "bad_tag")],
+        &[("reason", "undecodable")],
+        &[("reason", "full")],
+    ]),
+    Series::gauge(
         "ctxsync_catalog_memory_shared",
         "1 while the memory's key-value bucket works, 0 while the catalog serves from its own process's memory.",
     ),
@@ -96,13 +110,16 @@ pub const SERIES: &[Series] = &[
     .zeroed(&[&[("outcome", "ok")], &[("outcome", "unknown_key")]]),
     Series::counter(
         "ctxsync_catalog_mcp_refused_total",
-        "MCP endpoint requests refused, by reason (missing, malformed, unknown_key, store_unavailable, rate_limited, other_tenant).",
+        "MCP endpoint requests refused, by reason (missing, malformed, unknown_key, store_unavailable, rate_limited, sessions_per_key, sessions_per_tenant, other_tenant, unknown_session).",
     )
     .zeroed(&[
         &[("reason", "missing")],
         &[("reason", "unknown_key")],
         &[("reason", "rate_limited")],
+        &[("reason", "sessions_per_key")],
+        &[("reason", "sessions_per_tenant")],
         &[("reason", "other_tenant")],
+        &[("reason", "unknown_session")],
     ]),
     Series::counter(
         "ctxsync_catalog_mcp_requests_total",
@@ -122,6 +139,10 @@ pub const SERIES: &[Series] = &[
         "MCP sessions open now.",
     ),
     Series::counter(
+        "ctxsync_catalog_mcp_sessions_revoked_total",
+        "MCP sessions ended because their tenant key was revoked.",
+    ),
+    Series::counter(
         "ctxsync_catalog_mcp_list_changed_total",
         "List-changed notifications (tools, prompts, resources) sent to MCP sessions.",
     ),
@@ -131,6 +152,7 @@ pub const SERIES: &[Series] = &[
     ),
     Series::counter(
         "ctxsync_catalog_process_limit_refusals_total",
-        "Calls refused because the replica runs --max-server-processes server processes.",
-    ),
+        "Calls refused because a process bound is reached, by bound (total: --max-server-processes, tenant: --max-server-processes-per-tenant).",
+    )
+    .zeroed(&[&[("bound", "total")], &[("bound", "tenant")]]),
 ];

@@ -141,7 +141,8 @@ pub struct Running {
     warmup: watch::Receiver<WarmupStatus>,
     grace: Duration,
     shared: Arc<SharedServers>,
-    processes: Option<Arc<crate::call::ProcessBound>>,
+    processes: Option<Arc<crate::processes::ProcessBound>>,
+    endpoint: Arc<Endpoint>,
     /// Stops the shared processes after the sessions let go of them.
     shared_reaper: Option<JoinHandle<()>>,
 }
@@ -197,9 +198,22 @@ impl Running {
     }
 
     /// Server processes holding a place under `--max-server-processes`
-    /// (0 without a bound).
+    /// (under the tenants' bound without it; 0 without either).
     pub fn bounded_processes(&self) -> usize {
         self.processes.as_ref().map_or(0, |bound| bound.in_use())
+    }
+
+    /// `tenant`'s server processes holding a place under
+    /// `--max-server-processes-per-tenant` (0 without it).
+    pub fn tenant_processes(&self, tenant: &str) -> usize {
+        self.processes
+            .as_ref()
+            .map_or(0, |bound| bound.in_use_by(tenant))
+    }
+
+    /// MCP sessions open now on the endpoint.
+    pub fn mcp_sessions(&self) -> usize {
+        self.endpoint.open_sessions()
     }
 
     /// Shared server processes running now.
@@ -244,6 +258,13 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
     // The shared memory is loaded before any subscription: a restarted
     // replica's first preparation pins from it.
     settings.memory.validate()?;
+    let memory_key = settings.memory.key.clone().unwrap_or_else(|| {
+        tracing::warn!(
+            "no CTXSYNC_CATALOG_MEMORY_KEY_FILE (--memory-key-file): this replica seals its memory entries with a key of its own, \
+             so it uses no other replica's entries; give every replica the same key file to share the memory"
+        );
+        crate::bucket::MemoryKey::random()
+    });
     let bucket = Bucket::new(
         connection.client.clone(),
         BucketSettings {
@@ -255,9 +276,19 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
             replicas: settings.memory.replicas,
             max_age: settings.memory.max_age,
             claim_ttl: settings.warmup.connect_timeout + CLAIM_MARGIN,
+            key: memory_key,
+            max_entries: settings.memory.max_entries,
+            max_bytes: settings.memory.max_bytes,
         },
     );
-    let memory = Memory::shared(settings.discovery_reuse, bucket);
+    let memory = Memory::shared(
+        settings.discovery_reuse,
+        crate::memory::Bounds {
+            max_entries: settings.memory.max_entries,
+            max_bytes: settings.memory.max_bytes,
+        },
+        bucket,
+    );
     let sharing = memory.start_sharing(shutdown.clone()).await;
     tracing::info!(remembered = memory.len(), "catalog memory loaded");
     let discovery = Arc::new(Discoverer::new(memory, settings.max_concurrent_starts));
@@ -274,9 +305,14 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
         settings.connect_timeout,
     ));
     let shared = Arc::new(SharedServers::new(settings.shared_idle_timeout));
-    let processes = settings
-        .max_server_processes
-        .map(|max| Arc::new(crate::call::ProcessBound::new(max)));
+    let processes = (settings.max_server_processes.is_some()
+        || settings.max_server_processes_per_tenant.is_some())
+    .then(|| {
+        Arc::new(crate::processes::ProcessBound::new(
+            settings.max_server_processes,
+            settings.max_server_processes_per_tenant,
+        ))
+    });
     let call = Arc::new(Call::new(
         current.clone(),
         sessions.clone(),
@@ -302,6 +338,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
         keys.clone(),
         settings.mcp_page_size,
         settings.mcp_rate_limit,
+        settings.mcp_sessions,
     ));
     let end_session = Arc::new(EndSession::new(sessions.clone()));
     let (warmup_tx, warmup) = watch::channel(WarmupStatus::default());
@@ -424,7 +461,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
     let http = HttpServer::start(
         config.common.http_addr,
         http_limits,
-        crate::endpoint::routes(endpoint, shutdown.child_token()),
+        crate::endpoint::routes(endpoint.clone(), shutdown.child_token()),
         readiness,
         shutdown.clone(),
     )
@@ -462,6 +499,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
             .chain(sharing)
             .collect(),
         processes,
+        endpoint,
         shared_reaper: Some(crate::shared::spawn_reaper(
             shared.clone(),
             shutdown.clone(),

@@ -9,8 +9,10 @@ use std::time::{Duration, Instant};
 
 use ctxsync_mcp::Connection;
 use sqlx::PgPool;
-use tokio::sync::{OwnedSemaphorePermit, broadcast, watch};
+use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
+
+use crate::processes::Place;
 
 use crate::store::{self, StoredPin};
 use crate::tools::{CatalogDiff, Item};
@@ -379,7 +381,7 @@ pub(crate) struct LiveServer {
     /// Set when the server says its tools changed; cleared by a look.
     tools_changed: Arc<AtomicBool>,
     /// The process's place under the replica's bound, released with it.
-    _place: Option<OwnedSemaphorePermit>,
+    _place: Option<Place>,
 }
 
 impl LiveServer {
@@ -390,7 +392,7 @@ impl LiveServer {
         diff: CatalogDiff,
         mut notices: broadcast::Receiver<()>,
         signal: watch::Sender<u64>,
-        place: Option<OwnedSemaphorePermit>,
+        place: Option<Place>,
     ) -> Self {
         let flag = Arc::new(AtomicBool::new(false));
         tokio::spawn({

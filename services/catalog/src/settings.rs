@@ -21,9 +21,13 @@ pub struct Settings {
     pub mcp_page_size: usize,
     /// Requests a tenant key may make to the MCP endpoint (`None`: no limit).
     pub mcp_rate_limit: Option<crate::endpoint::RateLimit>,
+    /// MCP sessions a key and a tenant may hold open, and their idle expiry.
+    pub mcp_sessions: crate::endpoint::SessionLimits,
     /// Server processes (stdio transports of sessions) this replica runs at
     /// most at once; `None`: no bound.
     pub max_server_processes: Option<usize>,
+    /// … and at most per tenant; `None`: no bound.
+    pub max_server_processes_per_tenant: Option<usize>,
     /// A shared server process no session held this long is stopped.
     pub shared_idle_timeout: Duration,
     pub memory: MemorySettings,
@@ -39,6 +43,14 @@ pub struct MemorySettings {
     pub replicas: usize,
     /// An entry nobody discovered again for this long ages out of the bucket.
     pub max_age: Duration,
+    /// The secret every entry is sealed with; `None`: a random key of this
+    /// process (its entries are applied by no other replica).
+    pub key: Option<crate::bucket::MemoryKey>,
+    /// Entries the memory (this process's map, and the bucket the catalog
+    /// creates) holds at most …
+    pub max_entries: usize,
+    /// … and bytes of values.
+    pub max_bytes: u64,
 }
 
 impl Default for MemorySettings {
@@ -47,9 +59,17 @@ impl Default for MemorySettings {
             bucket: None,
             replicas: 1,
             max_age: DEFAULT_MEMORY_MAX_AGE,
+            key: None,
+            max_entries: DEFAULT_MEMORY_MAX_ENTRIES,
+            max_bytes: DEFAULT_MEMORY_MAX_BYTES,
         }
     }
 }
+
+/// Far more server configurations than a replica's tenants have.
+pub const DEFAULT_MEMORY_MAX_ENTRIES: usize = 4096;
+/// 64 MiB.
+pub const DEFAULT_MEMORY_MAX_BYTES: u64 = 64 * 1024 * 1024;
 
 /// Seven days.
 pub const DEFAULT_MEMORY_MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -111,6 +131,18 @@ impl MemorySettings {
                 self.replicas
             )));
         }
+        if self.max_entries == 0 {
+            return Err(ConfigError::Invalid(
+                "CTXSYNC_CATALOG_MEMORY_MAX_ENTRIES must be at least 1".into(),
+            ));
+        }
+        let min_bytes = crate::bucket::MAX_VALUE_BYTES as u64;
+        if self.max_bytes < min_bytes {
+            return Err(ConfigError::Invalid(format!(
+                "CTXSYNC_CATALOG_MEMORY_MAX_BYTES must be at least {min_bytes} (one entry of the largest size), not {}",
+                self.max_bytes
+            )));
+        }
         if self.max_age < MIN_MEMORY_MAX_AGE {
             return Err(ConfigError::Invalid(format!(
                 "CTXSYNC_CATALOG_MEMORY_MAX_AGE must be at least {}, not {}",
@@ -148,12 +180,25 @@ impl Default for Settings {
             },
             memory: MemorySettings::default(),
             mcp_page_size: 100,
-            mcp_rate_limit: None,
-            max_server_processes: None,
+            mcp_rate_limit: Some(crate::endpoint::RateLimit {
+                per_second: DEFAULT_MCP_RATE_LIMIT,
+                burst: DEFAULT_MCP_RATE_BURST,
+            }),
+            mcp_sessions: crate::endpoint::SessionLimits::default(),
+            max_server_processes: Some(DEFAULT_MAX_SERVER_PROCESSES),
+            max_server_processes_per_tenant: Some(DEFAULT_MAX_SERVER_PROCESSES_PER_TENANT),
             shared_idle_timeout: Duration::from_secs(300),
         }
     }
 }
+
+/// MCP requests per second per key: a client's handshake and calls, not a flood.
+pub const DEFAULT_MCP_RATE_LIMIT: f64 = 20.0;
+pub const DEFAULT_MCP_RATE_BURST: u32 = 40;
+/// Stdio server processes a single host runs for sessions (tens of MB each).
+pub const DEFAULT_MAX_SERVER_PROCESSES: usize = 64;
+/// A quarter of them per tenant: one tenant never takes them all.
+pub const DEFAULT_MAX_SERVER_PROCESSES_PER_TENANT: usize = 16;
 
 /// Everything `start` needs.
 #[derive(Debug, Clone)]
@@ -240,26 +285,61 @@ pub struct CatalogArgs {
     /// A memory entry nobody discovered again for this long ages out of the bucket.
     #[arg(long, env = "CTXSYNC_CATALOG_MEMORY_MAX_AGE", default_value = "7d", value_parser = humantime::parse_duration)]
     pub memory_max_age: Duration,
+
+    /// A file holding the secret (at least 32 bytes) every replica seals its
+    /// memory entries with; entries sealed otherwise are ignored. Unset: a
+    /// random key of this process, so no other replica's entry is used.
+    #[arg(long, env = "CTXSYNC_CATALOG_MEMORY_KEY_FILE")]
+    pub memory_key_file: Option<PathBuf>,
+
+    /// Entries the memory holds at most (this process's map and the bucket it creates).
+    #[arg(long, env = "CTXSYNC_CATALOG_MEMORY_MAX_ENTRIES", default_value_t = DEFAULT_MEMORY_MAX_ENTRIES)]
+    pub memory_max_entries: usize,
+
+    /// Bytes of entries the memory holds at most (likewise).
+    #[arg(long, env = "CTXSYNC_CATALOG_MEMORY_MAX_BYTES", default_value_t = DEFAULT_MEMORY_MAX_BYTES)]
+    pub memory_max_bytes: u64,
     /// Tools per page of the MCP endpoint's `tools/list`.
     #[arg(long, env = "CTXSYNC_CATALOG_MCP_PAGE_SIZE", default_value_t = 100)]
     pub mcp_page_size: usize,
 
     /// MCP endpoint requests per second per tenant key; 0 means no limit.
-    #[arg(long, env = "CTXSYNC_CATALOG_MCP_RATE_LIMIT", default_value_t = 0.0)]
+    #[arg(long, env = "CTXSYNC_CATALOG_MCP_RATE_LIMIT", default_value_t = DEFAULT_MCP_RATE_LIMIT)]
     pub mcp_rate_limit: f64,
 
     /// Requests a tenant key may make at once above its rate (the bucket).
-    #[arg(long, env = "CTXSYNC_CATALOG_MCP_RATE_BURST", default_value_t = 20)]
+    #[arg(long, env = "CTXSYNC_CATALOG_MCP_RATE_BURST", default_value_t = DEFAULT_MCP_RATE_BURST)]
     pub mcp_rate_burst: u32,
+
+    /// MCP sessions one tenant key holds open at most.
+    #[arg(long, env = "CTXSYNC_CATALOG_MCP_MAX_SESSIONS_PER_KEY", default_value_t = crate::endpoint::DEFAULT_SESSIONS_PER_KEY)]
+    pub mcp_max_sessions_per_key: usize,
+
+    /// MCP sessions one tenant holds open at most (all its keys).
+    #[arg(long, env = "CTXSYNC_CATALOG_MCP_MAX_SESSIONS_PER_TENANT", default_value_t = crate::endpoint::DEFAULT_SESSIONS_PER_TENANT)]
+    pub mcp_max_sessions_per_tenant: usize,
+
+    /// An MCP session without a message for this many seconds ends.
+    #[arg(long, env = "CTXSYNC_CATALOG_MCP_SESSION_IDLE_SECONDS", default_value_t = crate::endpoint::DEFAULT_SESSION_IDLE.as_secs())]
+    pub mcp_session_idle_seconds: u64,
 
     /// Server processes (sessions' stdio servers) this replica runs at most
     /// at once; 0 means no bound.
     #[arg(
         long,
         env = "CTXSYNC_CATALOG_MAX_SERVER_PROCESSES",
-        default_value_t = 0
+        default_value_t = DEFAULT_MAX_SERVER_PROCESSES
     )]
     pub max_server_processes: usize,
+
+    /// Server processes one tenant's sessions run on this replica at most;
+    /// 0 means no bound.
+    #[arg(
+        long,
+        env = "CTXSYNC_CATALOG_MAX_SERVER_PROCESSES_PER_TENANT",
+        default_value_t = DEFAULT_MAX_SERVER_PROCESSES_PER_TENANT
+    )]
+    pub max_server_processes_per_tenant: usize,
 
     /// Seconds a shared server process may go without a session before it stops.
     #[arg(
@@ -295,10 +375,43 @@ impl CatalogArgs {
                 "CTXSYNC_CATALOG_WARMUP_ATTEMPTS must be at least 1".into(),
             ));
         }
+        let key = match &self.memory_key_file {
+            None => None,
+            Some(path) => Some(crate::bucket::MemoryKey::from_file(path).map_err(|reason| {
+                ConfigError::Invalid(format!(
+                    "CTXSYNC_CATALOG_MEMORY_KEY_FILE (--memory-key-file) {}: {reason}",
+                    path.display()
+                ))
+            })?),
+        };
         let memory = MemorySettings {
             bucket: self.memory_bucket,
             replicas: self.memory_replicas,
             max_age: self.memory_max_age,
+            key,
+            max_entries: self.memory_max_entries,
+            max_bytes: self.memory_max_bytes,
+        };
+        let at_least_one = |name: &str, value: usize| {
+            if value == 0 {
+                Err(ConfigError::Invalid(format!("{name} must be at least 1")))
+            } else {
+                Ok(value)
+            }
+        };
+        let mcp_sessions = crate::endpoint::SessionLimits {
+            per_key: at_least_one(
+                "CTXSYNC_CATALOG_MCP_MAX_SESSIONS_PER_KEY",
+                self.mcp_max_sessions_per_key,
+            )?,
+            per_tenant: at_least_one(
+                "CTXSYNC_CATALOG_MCP_MAX_SESSIONS_PER_TENANT",
+                self.mcp_max_sessions_per_tenant,
+            )?,
+            idle: positive(
+                "CTXSYNC_CATALOG_MCP_SESSION_IDLE_SECONDS",
+                self.mcp_session_idle_seconds,
+            )?,
         };
         memory.validate()?;
         Ok(Config {
@@ -328,8 +441,11 @@ impl CatalogArgs {
                 memory,
                 mcp_page_size: self.mcp_page_size.max(1),
                 mcp_rate_limit: rate_limit(self.mcp_rate_limit, self.mcp_rate_burst)?,
+                mcp_sessions,
                 max_server_processes: (self.max_server_processes > 0)
                     .then_some(self.max_server_processes),
+                max_server_processes_per_tenant: (self.max_server_processes_per_tenant > 0)
+                    .then_some(self.max_server_processes_per_tenant),
                 shared_idle_timeout: positive(
                     "CTXSYNC_CATALOG_SHARED_IDLE_SECONDS",
                     self.shared_idle_seconds,
@@ -403,5 +519,89 @@ mod tests {
             "{max_age}"
         );
         MemorySettings::default().validate().unwrap();
+    }
+}
+
+#[cfg(test)]
+mod args_tests {
+    use super::*;
+    use clap::Parser as _;
+
+    #[derive(Debug, clap::Parser)]
+    struct Args {
+        #[command(flatten)]
+        common: ctxsync_runtime::CommonArgs,
+        #[command(flatten)]
+        database: ctxsync_runtime::DatabaseArgs,
+        #[command(flatten)]
+        catalog: CatalogArgs,
+    }
+
+    fn config(extra: &[&str]) -> Result<Config, String> {
+        let dir = tempfile::tempdir().unwrap();
+        let servers = dir.path().join("catalog.yaml");
+        std::fs::write(&servers, "tenants: []\n").unwrap();
+        let mut argv = vec![
+            "catalog".to_owned(),
+            "--database-url".to_owned(),
+            "postgres://localhost/x".to_owned(),
+            "--config".to_owned(),
+            servers.display().to_string(),
+        ];
+        argv.extend(extra.iter().map(|a| a.to_string()));
+        let args = Args::try_parse_from(argv).map_err(|e| e.to_string())?;
+        args.catalog
+            .into_config(args.common, args.database)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_defaults_bound_every_per_key_resource() {
+        let settings = config(&[]).unwrap().settings;
+        assert!(settings.mcp_rate_limit.is_some());
+        assert_eq!(
+            settings.max_server_processes,
+            Some(DEFAULT_MAX_SERVER_PROCESSES)
+        );
+        assert_eq!(
+            settings.max_server_processes_per_tenant,
+            Some(DEFAULT_MAX_SERVER_PROCESSES_PER_TENANT)
+        );
+        assert_eq!(
+            settings.mcp_sessions,
+            crate::endpoint::SessionLimits::default()
+        );
+        assert!(settings.memory.key.is_none(), "a random key at start");
+        assert_eq!(settings.memory.max_entries, DEFAULT_MEMORY_MAX_ENTRIES);
+    }
+
+    #[test]
+    fn a_memory_key_file_that_cannot_be_used_names_the_setting() {
+        let dir = tempfile::tempdir().unwrap();
+        let short = dir.path().join("short");
+        std::fs::write(&short, "0123456789\n").unwrap();
+        let error = config(&["--memory-key-file", short.to_str().unwrap()]).unwrap_err();
+        assert!(
+            error.contains("CTXSYNC_CATALOG_MEMORY_KEY_FILE (--memory-key-file)")
+                && error.contains("holds 10 bytes"),
+            "{error}"
+        );
+        let missing = dir.path().join("missing");
+        let error = config(&["--memory-key-file", missing.to_str().unwrap()]).unwrap_err();
+        assert!(
+            error.contains("CTXSYNC_CATALOG_MEMORY_KEY_FILE") && error.contains("cannot be read"),
+            "{error}"
+        );
+        let good = dir.path().join("good");
+        std::fs::write(&good, "x".repeat(48)).unwrap();
+        let settings = config(&["--memory-key-file", good.to_str().unwrap()])
+            .unwrap()
+            .settings;
+        assert!(!settings.memory.key.unwrap().is_random());
+        let error = config(&["--mcp-max-sessions-per-key", "0"]).unwrap_err();
+        assert!(
+            error.contains("CTXSYNC_CATALOG_MCP_MAX_SESSIONS_PER_KEY"),
+            "{error}"
+        );
     }
 }

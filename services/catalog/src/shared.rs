@@ -15,11 +15,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ctxsync_mcp::Connection;
-use tokio::sync::{OwnedSemaphorePermit, broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc};
 use tokio::task::JoinHandle;
 
 use crate::config::{ConfiguredServer, ServerKey};
 use crate::discovery::OpenServer;
+use crate::processes::Place;
 use crate::tools::Catalog;
 
 /// Change notices of one connection, as many sessions can follow them:
@@ -41,7 +42,7 @@ struct Member {
     /// Since when no session holds it.
     idle_since: Option<Instant>,
     /// Its place under the replica's process bound.
-    _place: Option<OwnedSemaphorePermit>,
+    _place: Option<Place>,
 }
 
 impl Member {
@@ -91,7 +92,7 @@ impl SharedServers {
         start: impl FnOnce() -> Fut,
     ) -> Result<Attached, E>
     where
-        Fut: Future<Output = Result<(OpenServer, Option<OwnedSemaphorePermit>), E>>,
+        Fut: Future<Output = Result<(OpenServer, Option<Place>), E>>,
     {
         let pool = self.pool(&server.key);
         let mut members = pool.lock().await;

@@ -12,6 +12,7 @@ use std::time::Duration;
 use catalog::config::{Processes, ServerConfig};
 use common::*;
 use ctxsync_mcp::{ConnectOptions, Connection, ServerSpec, TransportSpec};
+use ctxsync_proto::v1::catalog_pin::Source;
 use serde_json::{Value, json};
 use testkit::store::StoreClient;
 
@@ -42,6 +43,16 @@ impl Endpoint {
         settings: catalog::Settings,
         configure: impl FnOnce(&mut ServerConfig),
     ) -> Self {
+        Self::start_with_beta(extra, vec![], settings, configure).await
+    }
+
+    /// [`Endpoint::start_configured`] with `beta`'s servers.
+    async fn start_with_beta(
+        extra: Vec<ServerConfig>,
+        beta: Vec<ServerConfig>,
+        settings: catalog::Settings,
+        configure: impl FnOnce(&mut ServerConfig),
+    ) -> Self {
         let record = tempfile::tempdir().unwrap();
         let tools_file = record.path().join("tools.json");
         std::fs::write(&tools_file, TOOLS_BEFORE).unwrap();
@@ -61,7 +72,7 @@ impl Endpoint {
         let mut servers = vec![notes];
         servers.extend(extra);
         let harness =
-            Harness::start_with_store(tenants(vec![("acme", servers), ("beta", vec![])]), settings)
+            Harness::start_with_store(tenants(vec![("acme", servers), ("beta", beta)]), settings)
                 .await;
         let key = store(&harness).create_tenant_key("acme").await.0;
         let url = format!("http://{}/mcp", harness.running().http_addr());
@@ -866,5 +877,406 @@ async fn prompts_and_resources_are_pinned_served_lazily_and_withdrawn() {
         endpoint.no_fixture_running().await,
         "the session's server stopped"
     );
+    endpoint.harness.stop().await;
+}
+
+/// A request of `method` naming `session` with `key` (a JSON-RPC `body` for
+/// a POST); the status and the body. Not for a stream that stays open.
+async fn raw_request(
+    method: reqwest::Method,
+    url: &str,
+    key: &str,
+    session: &str,
+    body: Option<&Value>,
+) -> (u16, String) {
+    let mut request = reqwest::Client::new()
+        .request(method, url)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-session-id", session)
+        .header("mcp-protocol-version", "2025-06-18")
+        .bearer_auth(key);
+    if let Some(body) = body {
+        request = request.json(body);
+    }
+    let response = request.send().await.expect("the endpoint answers");
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap_or_default())
+}
+
+fn echo_call(id: u64) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+           "params": {"name": "notes__echo", "arguments": {"text": "x"}}})
+}
+
+/// `ctxsync_catalog_mcp_refused_total` by `reason`.
+async fn mcp_refused(endpoint: &Endpoint, reason: &str) -> f64 {
+    metric(
+        endpoint.harness.running(),
+        &format!("ctxsync_catalog_mcp_refused_total{{reason=\"{reason}\"}}"),
+    )
+    .await
+}
+
+fn http_error(body: &str) -> (String, String) {
+    let value: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    (
+        value["error"]["code"].as_str().unwrap().to_owned(),
+        value["error"]["limit"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+    )
+}
+
+/// One key opening sessions past its bound gets 429 (an `HttpErrorReply`
+/// naming the bound, like the endpoint's other refusals), a second key of
+/// the tenant past the tenant's bound too, while the other tenant's MCP
+/// session, its call and its first turn's preparation are unaffected; a
+/// session's end gives its place back.
+#[tokio::test]
+async fn sessions_past_a_keys_or_tenants_bound_are_429_and_another_tenant_is_unaffected() {
+    let mut settings = settings();
+    settings.mcp_sessions = catalog::SessionLimits {
+        per_key: 3,
+        per_tenant: 5,
+        idle: Duration::from_secs(600),
+    };
+    let beta_record = tempfile::tempdir().unwrap();
+    let beta_notes = fixture("bnotes", beta_record.path(), &[]);
+    let endpoint = Endpoint::start_with_beta(vec![], vec![beta_notes], settings, |_| {}).await;
+    let store = store(&endpoint.harness);
+    let (per_key, per_tenant) = (
+        mcp_refused(&endpoint, "sessions_per_key").await,
+        mcp_refused(&endpoint, "sessions_per_tenant").await,
+    );
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let (status, session, body) = raw_initialize(&endpoint.url, Some(&endpoint.key)).await;
+        assert_eq!(status, 200, "{body}");
+        held.push(session.unwrap());
+    }
+    let (status, session, body) = raw_initialize(&endpoint.url, Some(&endpoint.key)).await;
+    assert_eq!((status, session), (429, None), "{body}");
+    assert!(body.contains("maximum of 3 open MCP sessions"), "{body}");
+    assert_eq!(
+        http_error(&body),
+        (
+            "too_many".to_owned(),
+            "CTXSYNC_CATALOG_MCP_MAX_SESSIONS_PER_KEY".to_owned()
+        )
+    );
+    let other_key = store.create_tenant_key("acme").await.0;
+    for _ in 0..2 {
+        let (status, _, body) = raw_initialize(&endpoint.url, Some(&other_key)).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let (status, _, body) = raw_initialize(&endpoint.url, Some(&other_key)).await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(
+        http_error(&body).1,
+        "CTXSYNC_CATALOG_MCP_MAX_SESSIONS_PER_TENANT"
+    );
+    assert!(mcp_refused(&endpoint, "sessions_per_key").await > per_key);
+    assert!(mcp_refused(&endpoint, "sessions_per_tenant").await > per_tenant);
+
+    // beta is untouched: a whole MCP session with a call, and a first turn's preparation.
+    let beta = store.create_tenant_key("beta").await.0;
+    let client = endpoint.client(&beta).await;
+    let tools: Vec<String> = client
+        .list_tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    assert!(tools.contains(&"bnotes__echo".to_owned()), "{tools:?}");
+    let called = client
+        .call_tool(
+            "bnotes__echo",
+            json!({"text": "b"}).as_object().unwrap().clone(),
+            DEADLINE,
+        )
+        .await
+        .unwrap();
+    assert!(!called.is_error, "{}", called.content_json);
+    let turn = endpoint.harness.prepare("beta", "beta-turn").await;
+    assert_eq!(turn.error, None);
+    assert_eq!(
+        sources(&turn),
+        [("bnotes".to_owned(), Source::Pinned as i32)]
+    );
+
+    // The end of one session gives its place back.
+    let (status, body) = raw_request(
+        reqwest::Method::DELETE,
+        &endpoint.url,
+        &endpoint.key,
+        &held[0],
+        None,
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    let (status, _, body) = raw_initialize(&endpoint.url, Some(&endpoint.key)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        endpoint.harness.running().mcp_sessions(),
+        6,
+        "5 of acme, 1 of beta"
+    );
+    client.close().await;
+    endpoint.harness.stop().await;
+}
+
+/// With one process per tenant, acme's second session gets the tool error
+/// naming the tenant bound, while beta's call still starts its server.
+#[tokio::test]
+async fn a_tenant_at_its_process_bound_gets_the_tool_error_and_another_tenant_still_starts() {
+    let mut settings = settings();
+    settings.max_server_processes = Some(8);
+    settings.max_server_processes_per_tenant = Some(1);
+    let beta_record = tempfile::tempdir().unwrap();
+    let beta_notes = fixture("bnotes", beta_record.path(), &[]);
+    let endpoint = Endpoint::start_with_beta(vec![], vec![beta_notes], settings, |_| {}).await;
+    let beta = store(&endpoint.harness).create_tenant_key("beta").await.0;
+    let echo = || json!({"text": "x"}).as_object().unwrap().clone();
+    let first = endpoint.client(&endpoint.key).await;
+    let second = endpoint.client(&endpoint.key).await;
+    let ok = first
+        .call_tool("notes__echo", echo(), DEADLINE)
+        .await
+        .unwrap();
+    assert!(!ok.is_error, "{}", ok.content_json);
+    let refused = second
+        .call_tool("notes__echo", echo(), DEADLINE)
+        .await
+        .unwrap();
+    assert!(refused.is_error);
+    let structured: Value =
+        serde_json::from_str(refused.structured_content_json.as_deref().unwrap()).unwrap();
+    assert_eq!(structured["error"]["code"], "server.process_limit");
+    let message = structured["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("--max-server-processes-per-tenant"),
+        "{message}"
+    );
+
+    let other = endpoint.client(&beta).await;
+    let started = other
+        .call_tool("bnotes__echo", echo(), DEADLINE)
+        .await
+        .unwrap();
+    assert!(!started.is_error, "{}", started.content_json);
+    let one = eventually(DEADLINE, || {
+        mcp_fixture::live_pids(beta_record.path()).len() == 1
+    })
+    .await;
+    assert!(one, "beta's server runs");
+    let running = endpoint.harness.running();
+    assert_eq!(
+        (
+            running.tenant_processes("acme"),
+            running.tenant_processes("beta")
+        ),
+        (1, 1)
+    );
+    assert_eq!(running.bounded_processes(), 2);
+    for client in [first, second, other] {
+        client.close().await;
+    }
+    assert!(endpoint.no_fixture_running().await);
+    let freed = eventually(DEADLINE, || running.bounded_processes() == 0).await;
+    assert!(freed, "the sessions' ends gave the places back");
+    endpoint.harness.stop().await;
+}
+
+/// A revoked key's open session ends within a second of the revocation:
+/// its GET stream closes, its server stops, its next request is refused
+/// (401 with the key, 404 with another key of the tenant).
+#[tokio::test]
+async fn a_revoked_keys_session_ends_within_a_second_with_its_stream_and_its_server() {
+    let endpoint = Endpoint::start(vec![], settings()).await;
+    let store = store(&endpoint.harness);
+    let (key, key_id) = store.create_tenant_key("acme").await;
+    let (status, session, body) = raw_initialize(&endpoint.url, Some(&key)).await;
+    assert_eq!(status, 200, "{body}");
+    let session = session.unwrap();
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let post = reqwest::Method::POST;
+    let (status, body) = raw_request(
+        post.clone(),
+        &endpoint.url,
+        &key,
+        &session,
+        Some(&initialized),
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    let (status, body) = raw_request(
+        post.clone(),
+        &endpoint.url,
+        &key,
+        &session,
+        Some(&echo_call(2)),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(r#""isError":false"#), "{body}");
+    let record = endpoint.record.path();
+    let one = eventually(DEADLINE, || mcp_fixture::live_pids(record).len() == 1).await;
+    assert!(one, "the session's server runs");
+
+    let mut stream = reqwest::Client::new()
+        .get(&endpoint.url)
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", &session)
+        .header("mcp-protocol-version", "2025-06-18")
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    let first = tokio::time::timeout(DEADLINE, stream.chunk()).await;
+    assert!(
+        matches!(first, Ok(Ok(Some(_)))),
+        "the stream is open: {first:?}"
+    );
+
+    store.revoke_tenant_key(&key_id).await;
+    let revoked = std::time::Instant::now();
+    let closed = tokio::time::timeout(Duration::from_secs(1), async {
+        while let Ok(Some(_)) = stream.chunk().await {}
+    })
+    .await;
+    assert!(
+        closed.is_ok(),
+        "the GET stream ends within a second of the revocation"
+    );
+    println!(
+        "REVOCATION-SUMMARY the revoked key's GET stream ended {} ms after the revocation",
+        revoked.elapsed().as_millis()
+    );
+    let (status, body) = raw_request(
+        post.clone(),
+        &endpoint.url,
+        &key,
+        &session,
+        Some(&echo_call(3)),
+    )
+    .await;
+    assert_eq!(status, 401, "{body}");
+    let (status, body) = raw_request(
+        post,
+        &endpoint.url,
+        &endpoint.key,
+        &session,
+        Some(&echo_call(4)),
+    )
+    .await;
+    assert_eq!(
+        status, 404,
+        "the session is gone for the tenant's other keys: {body}"
+    );
+    assert!(
+        endpoint.no_fixture_running().await,
+        "the session's server stopped"
+    );
+    let running = endpoint.harness.running();
+    assert!(eventually(DEADLINE, || running.mcp_sessions() == 0).await);
+    assert!(eventually(DEADLINE, || running.open_transports() == 0).await);
+    assert!(
+        metric(running, "ctxsync_catalog_mcp_sessions_revoked_total").await >= 1.0,
+        "counted"
+    );
+    endpoint.harness.stop().await;
+}
+
+/// From `initialize` on, a session is its creator's tenant's: another
+/// tenant's key gets the answer of a session that does not exist (404, the
+/// same body) for every request — `notifications/initialized`, any other
+/// message, GET, DELETE — before and after `initialized`, and the owner's
+/// session works throughout.
+#[tokio::test]
+async fn another_tenants_key_cannot_touch_a_session_before_or_after_initialized() {
+    let endpoint = Endpoint::start(vec![], settings()).await;
+    let beta = store(&endpoint.harness).create_tenant_key("beta").await.0;
+    let (status, session, body) = raw_initialize(&endpoint.url, Some(&endpoint.key)).await;
+    assert_eq!(status, 200, "{body}");
+    let session = session.unwrap();
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
+    let (status, unknown) = raw_request(
+        reqwest::Method::POST,
+        &endpoint.url,
+        &beta,
+        "no-such-session",
+        Some(&list),
+    )
+    .await;
+    assert_eq!(status, 404, "{unknown}");
+    let touches = [
+        (reqwest::Method::POST, Some(initialized.clone())),
+        (reqwest::Method::POST, Some(list.clone())),
+        (reqwest::Method::POST, Some(echo_call(3))),
+        (reqwest::Method::GET, None),
+        (reqwest::Method::DELETE, None),
+    ];
+    let owner_lists = || async {
+        let (status, body) = raw_request(
+            reqwest::Method::POST,
+            &endpoint.url,
+            &endpoint.key,
+            &session,
+            Some(&list),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        assert!(body.contains("notes__echo"), "{body}");
+    };
+    for stage in ["before initialized", "after initialized"] {
+        for (method, body) in &touches {
+            let (status, answer) = raw_request(
+                method.clone(),
+                &endpoint.url,
+                &beta,
+                &session,
+                body.as_ref(),
+            )
+            .await;
+            assert_eq!(
+                (status, answer.as_str()),
+                (404, unknown.as_str()),
+                "{stage}: {method} {body:?}"
+            );
+        }
+        if stage == "before initialized" {
+            let (status, body) = raw_request(
+                reqwest::Method::POST,
+                &endpoint.url,
+                &endpoint.key,
+                &session,
+                Some(&initialized),
+            )
+            .await;
+            assert_eq!(
+                status, 202,
+                "the owner still initializes its session: {body}"
+            );
+        }
+        owner_lists().await;
+    }
+    assert_eq!(
+        endpoint.starts(),
+        1,
+        "initialize's discovery only: beta's call started nothing"
+    );
+    let (status, body) = raw_request(
+        reqwest::Method::DELETE,
+        &endpoint.url,
+        &endpoint.key,
+        &session,
+        None,
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
     endpoint.harness.stop().await;
 }

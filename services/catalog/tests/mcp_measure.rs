@@ -64,6 +64,10 @@ impl Measured {
         let mut settings = settings();
         settings.connect_timeout = Duration::from_secs(30);
         settings.max_concurrent_starts = 2;
+        // It measures the processes 10 sessions start: no process or rate bound.
+        settings.max_server_processes = None;
+        settings.max_server_processes_per_tenant = None;
+        settings.mcp_rate_limit = None;
         let harness =
             Harness::start_with_store(tenants(vec![("acme", servers(root, processes))]), settings)
                 .await;

@@ -31,6 +31,19 @@ fn starts(record: &Path) -> usize {
     mcp_fixture::read_starts(record).len()
 }
 
+/// `entry` as a replica holding the test key puts it into `bucket`.
+fn sealed(
+    bucket: &str,
+    key: &catalog::config::ServerKey,
+    entry: &ctxsync_proto::v1::CatalogMemoryEntry,
+) -> bytes::Bytes {
+    catalog::MemoryKey::new(TEST_MEMORY_KEY).unwrap().seal(
+        bucket,
+        key.as_str(),
+        &ctxsync_proto::Message::encode_to_vec(entry),
+    )
+}
+
 /// Settings whose memory bucket is `bucket` (another prefix's, to share it).
 fn sharing(bucket: &str) -> catalog::Settings {
     let mut settings = settings();
@@ -397,11 +410,9 @@ async fn an_entry_of_another_release_is_pinned_until_the_warmup_discovers_it_fir
         release: "0.0.0-previous".into(),
         ..Default::default()
     };
+    let bucket = memory_bucket_name(first.subjects.prefix());
     store
-        .put(
-            key.as_str(),
-            ctxsync_proto::Message::encode_to_vec(&entry).into(),
-        )
+        .put(key.as_str(), sealed(&bucket, &key, &entry))
         .await
         .unwrap();
 
@@ -429,8 +440,15 @@ async fn an_entry_of_another_release_is_pinned_until_the_warmup_discovers_it_fir
         "the re-discovered tools are pinned"
     );
     let stored = store.get(key.as_str()).await.unwrap().unwrap();
+    let bucket = memory_bucket_name(prefix.as_str());
+    let opened = catalog::MemoryKey::new(TEST_MEMORY_KEY)
+        .unwrap()
+        .open(&bucket, key.as_str(), &stored)
+        .map(<[u8]>::to_vec)
+        .expect("sealed by the restarted replica");
     let stored =
-        <ctxsync_proto::v1::CatalogMemoryEntry as ctxsync_proto::Message>::decode(stored).unwrap();
+        <ctxsync_proto::v1::CatalogMemoryEntry as ctxsync_proto::Message>::decode(&*opened)
+            .unwrap();
     assert_eq!(
         stored.release,
         env!("CARGO_PKG_VERSION"),
@@ -471,11 +489,9 @@ async fn a_session_pinned_from_another_release_answers_withdrawn_when_its_tools_
         ..Default::default()
     };
     let key = catalog::config::ServerKey::of("acme", &fx);
+    let bucket = memory_bucket_name(first.subjects.prefix());
     store
-        .put(
-            key.as_str(),
-            ctxsync_proto::Message::encode_to_vec(&entry).into(),
-        )
+        .put(key.as_str(), sealed(&bucket, &key, &entry))
         .await
         .unwrap();
 
@@ -599,4 +615,232 @@ async fn an_http_entry_expires_at_the_same_moment_on_every_replica() {
     b.stop().await;
     a.stop().await;
     web.stop().await;
+}
+
+/// The values the bucket's stream holds now (a `Store`'s status is cached).
+async fn stored(js: &async_nats::jetstream::Context, bucket: &str) -> u64 {
+    let mut stream = js.get_stream(format!("KV_{bucket}")).await.unwrap();
+    stream.info().await.unwrap().state.messages
+}
+
+/// `ctxsync_catalog_memory_refused_total` by `reason`.
+async fn memory_refused(h: &Harness, reason: &str) -> f64 {
+    metric(
+        h.running(),
+        &format!("ctxsync_catalog_memory_refused_total{{reason=\"{reason}\"}}"),
+    )
+    .await
+}
+
+/// Waits until the series of `reason` is at least `at_least`.
+async fn until_refused(h: &Harness, reason: &str, at_least: f64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let now = memory_refused(h, reason).await;
+        if now >= at_least {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{reason} refusals reach {at_least} within 15 s (now {now})"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Entries only a catalog replica sealed are applied: what a request aimed
+/// at the bucket makes the catalog write (its own reply payload published
+/// on the bucket key's subject), a well-formed entry with no tools put by a user allowed
+/// to write the bucket, one sealed under another key and a replica's real
+/// entry replayed under another server's key are each ignored and counted,
+/// and the other tenant's next preparation still pins its server's tools
+/// from memory with no start.
+#[tokio::test]
+async fn forged_memory_entries_are_ignored_and_the_other_tenants_tools_stay_pinned() {
+    use ctxsync_proto::Message as _;
+    let record = tempfile::tempdir().unwrap();
+    let servers = tenants(vec![
+        ("acme", vec![fixture("fa", record.path(), &[])]),
+        (
+            "beta",
+            vec![fixture("fb", record.path(), &["--page-size", "1"])],
+        ),
+    ]);
+    let acme_key = servers.enabled_servers("acme").unwrap()[0].key.clone();
+    let beta_key = servers.enabled_servers("beta").unwrap()[0].key.clone();
+    let h = Harness::start(servers, settings()).await;
+    let live = h.prepare("beta", "b1").await;
+    assert_eq!(sources(&live), [("fb".to_owned(), CONNECTED)]);
+    assert!(!live.pins[0].tools.is_empty());
+    assert_eq!(
+        sources(&h.prepare("acme", "a1").await),
+        [("fa".to_owned(), CONNECTED)]
+    );
+    let started = starts(record.path());
+
+    let bucket = memory_bucket_name(h.subjects.prefix());
+    let js = async_nats::jetstream::new(h.client.clone());
+    let kv = js
+        .get_key_value(&bucket)
+        .await
+        .expect("the catalog made its bucket");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let acme_value = loop {
+        if let Some(value) = kv.get(acme_key.as_str()).await.unwrap() {
+            break value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the catalog's own entry reaches the bucket within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let (unsealed, bad_tag) = (
+        memory_refused(&h, "unsealed").await,
+        memory_refused(&h, "bad_tag").await,
+    );
+
+    // The attack: a call's reply (the catalog's own answer) published on the key's subject.
+    let reply = h
+        .call(
+            "acme",
+            "no-such-session",
+            "fa",
+            "echo",
+            serde_json::json!({}),
+        )
+        .await;
+    assert_eq!(error_code(&reply.error), "session.not_prepared");
+    let subject = format!("$KV.{bucket}.{}", beta_key.as_str());
+    let publish = |payload: Vec<u8>| {
+        let (js, subject) = (js.clone(), subject.clone());
+        async move {
+            js.publish(subject, payload.into())
+                .await
+                .unwrap()
+                .await
+                .expect("a user allowed to write the bucket writes it")
+        }
+    };
+    publish(reply.encode_to_vec()).await;
+    // A well-formed entry saying the server has no tools, put as the catalog would, unsealed.
+    let empty = ctxsync_proto::v1::CatalogMemoryEntry {
+        transport: ctxsync_proto::v1::McpTransport::Stdio as i32,
+        release: env!("CARGO_PKG_VERSION").into(),
+        discovered_at_unix_ms: 1,
+        ..Default::default()
+    }
+    .encode_to_vec();
+    kv.put(beta_key.as_str(), empty.clone().into())
+        .await
+        .unwrap();
+    // The same, sealed under a key no replica holds.
+    let other = catalog::MemoryKey::new(&[9; 32]).unwrap();
+    publish(other.seal(&bucket, beta_key.as_str(), &empty).to_vec()).await;
+    // A replica's real entry of acme's server, replayed under beta's key.
+    publish(acme_value.to_vec()).await;
+
+    until_refused(&h, "unsealed", unsealed + 2.0).await;
+    until_refused(&h, "bad_tag", bad_tag + 2.0).await;
+    let pinned = h.prepare("beta", "b2").await;
+    assert_eq!(sources(&pinned), [("fb".to_owned(), PINNED)], "{pinned:?}");
+    assert_eq!(pinned.pins[0].tools, live.pins[0].tools);
+    assert_eq!(pinned.pins[0].catalog_hash, live.pins[0].catalog_hash);
+    assert_eq!(starts(record.path()), started, "nothing started");
+    assert_eq!(h.running().remembered(), 2);
+    h.stop().await;
+}
+
+/// The memory is bounded: with room for 2 entries, a third server is still
+/// answered (live) but remembered nowhere, the refusal is counted, the
+/// bucket (created with the bound) refuses a third key from anyone, and the
+/// map never grows past 2.
+#[tokio::test]
+async fn the_memory_past_its_bound_refuses_new_entries_and_nothing_grows() {
+    let record = tempfile::tempdir().unwrap();
+    let servers = || {
+        tenants(vec![(
+            "acme",
+            vec![
+                fixture("a", record.path(), &[]),
+                fixture("b", record.path(), &["--page-size", "1"]),
+                fixture("c", record.path(), &["--page-size", "2"]),
+            ],
+        )])
+    };
+    let bucket = format!("bounded_{}", testkit::unique_prefix().replace('.', "_"));
+    let mut settings = sharing(&bucket);
+    settings.memory.max_entries = 2;
+    let h = Harness::start(servers(), settings).await;
+    let full = memory_refused(&h, "full").await;
+    let live = h.prepare("acme", "s1").await;
+    assert!(live.pins.iter().all(|p| p.source == CONNECTED), "{live:?}");
+    assert_eq!(h.running().remembered(), 2, "the map holds its bound");
+    until_refused(&h, "full", full + 1.0).await;
+
+    let js = async_nats::jetstream::new(h.client.clone());
+    let kv = js.get_key_value(&bucket).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while stored(&js, &bucket).await != 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the bucket holds the two entries within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A third key is refused by the bucket itself, whoever writes it.
+    let key = catalog::MemoryKey::new(TEST_MEMORY_KEY).unwrap();
+    let third = "ab".repeat(32);
+    let sealed = key.seal(&bucket, &third, b"whatever");
+    let refused = kv.put(third.as_str(), sealed).await;
+    assert!(
+        refused.is_err(),
+        "the bucket's bound refuses it: {refused:?}"
+    );
+    assert_eq!(stored(&js, &bucket).await, 2, "nothing grew in the bucket");
+
+    // The next preparation pins the two remembered servers and discovers the third again.
+    let next = h.prepare("acme", "s2").await;
+    let pinned = next.pins.iter().filter(|p| p.source == PINNED).count();
+    assert_eq!(pinned, 2, "{next:?}");
+    assert_eq!(h.running().remembered(), 2, "nothing grew");
+    h.stop().await;
+}
+
+/// A bucket filled by someone else's values (ignored, yet taking its room)
+/// refuses the catalog's put: counted as full, the bucket still works, and
+/// this replica still remembers the server in its own map.
+#[tokio::test]
+async fn a_bucket_filled_by_forged_values_refuses_the_catalogs_put_as_full() {
+    let record = tempfile::tempdir().unwrap();
+    let servers = tenants(vec![("acme", vec![fixture("a", record.path(), &[])])]);
+    let bucket = format!("filled_{}", testkit::unique_prefix());
+    let mut settings = sharing(&bucket);
+    settings.memory.max_entries = 2;
+    let h = Harness::start(servers, settings).await;
+    let js = async_nats::jetstream::new(h.client.clone());
+    let kv = js.get_key_value(&bucket).await.unwrap();
+    let (full, unsealed) = (
+        memory_refused(&h, "full").await,
+        memory_refused(&h, "unsealed").await,
+    );
+    for key in ["aa", "bb"] {
+        kv.put(key.repeat(32).as_str(), "junk".into())
+            .await
+            .unwrap();
+    }
+    until_refused(&h, "unsealed", unsealed + 2.0).await;
+    assert_eq!(h.running().remembered(), 0, "nothing of it applied");
+
+    let live = h.prepare("acme", "s1").await;
+    assert_eq!(sources(&live), [("a".to_owned(), CONNECTED)]);
+    until_refused(&h, "full", full + 1.0).await;
+    assert!(
+        h.running().remembers("acme", "a"),
+        "this replica's map has it"
+    );
+    assert_eq!(stored(&js, &bucket).await, 2, "the bucket refused the put");
+    let next = h.prepare("acme", "s2").await;
+    assert_eq!(sources(&next), [("a".to_owned(), PINNED)]);
+    h.stop().await;
 }

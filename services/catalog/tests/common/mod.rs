@@ -73,9 +73,13 @@ pub fn tenants(tenants: Vec<(&str, Vec<ServerConfig>)>) -> CatalogConfig {
     }
 }
 
+/// The memory key of every catalog a test starts: replicas and restarts
+/// share their memory as replicas given one key file do.
+pub const TEST_MEMORY_KEY: &[u8; 32] = b"catalog-tests-memory-key-32bytes";
+
 /// Test settings: no warm-up unless a test turns it on.
 pub fn settings() -> Settings {
-    Settings {
+    let mut settings = Settings {
         discovery_reuse: Duration::from_secs(3600),
         connect_timeout: Duration::from_secs(20),
         max_concurrent_starts: 2,
@@ -87,7 +91,23 @@ pub fn settings() -> Settings {
             attempts: 3,
         },
         ..Settings::default()
-    }
+    };
+    settings.memory.key = Some(catalog::MemoryKey::new(TEST_MEMORY_KEY).unwrap());
+    settings
+}
+
+/// The value of the series `series` (the whole name with labels, as
+/// exported) on the catalog's `/metrics`; 0 when absent.
+pub async fn metric(running: &Running, series: &str) -> f64 {
+    let text = reqwest::get(format!("http://{}/metrics", running.http_addr()))
+        .await
+        .expect("the catalog answers /metrics")
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
 }
 
 pub struct Harness {
