@@ -97,11 +97,19 @@ pub struct Config {
     pub max_streams_per_key: usize,
 
     /// Context-page event streams open at once for one tenant (all its keys).
-    #[arg(long, env = "CTXSYNC_GATE_MAX_STREAMS_PER_TENANT", default_value_t = 32)]
+    #[arg(
+        long,
+        env = "CTXSYNC_GATE_MAX_STREAMS_PER_TENANT",
+        default_value_t = 32
+    )]
     pub max_streams_per_tenant: usize,
 
     /// Unredeemed event tickets one tenant holds at once.
-    #[arg(long, env = "CTXSYNC_GATE_MAX_TICKETS_PER_TENANT", default_value_t = 32)]
+    #[arg(
+        long,
+        env = "CTXSYNC_GATE_MAX_TICKETS_PER_TENANT",
+        default_value_t = 32
+    )]
     pub max_tickets_per_tenant: usize,
 }
 
@@ -130,8 +138,14 @@ impl Config {
     fn page_limits(&self) -> Result<page::PageLimits, StartError> {
         for (env, value) in [
             ("CTXSYNC_GATE_MAX_STREAMS_PER_KEY", self.max_streams_per_key),
-            ("CTXSYNC_GATE_MAX_STREAMS_PER_TENANT", self.max_streams_per_tenant),
-            ("CTXSYNC_GATE_MAX_TICKETS_PER_TENANT", self.max_tickets_per_tenant),
+            (
+                "CTXSYNC_GATE_MAX_STREAMS_PER_TENANT",
+                self.max_streams_per_tenant,
+            ),
+            (
+                "CTXSYNC_GATE_MAX_TICKETS_PER_TENANT",
+                self.max_tickets_per_tenant,
+            ),
         ] {
             if value == 0 {
                 return Err(StartError::Setting {

@@ -462,11 +462,19 @@ async fn event_streams_are_bounded_per_key_and_per_tenant_without_starving_anoth
     let refused = try_stream(&h, &ticket(&h, &third_key).await).await;
     assert_too_many(refused, "CTXSYNC_GATE_MAX_STREAMS_PER_TENANT").await;
     assert_eq!(
-        metric(&h, r#"ctxsync_gate_page_refused_total{reason="streams_per_key"}"#).await,
+        metric(
+            &h,
+            r#"ctxsync_gate_page_refused_total{reason="streams_per_key"}"#
+        )
+        .await,
         1.0
     );
     assert_eq!(
-        metric(&h, r#"ctxsync_gate_page_refused_total{reason="streams_per_tenant"}"#).await,
+        metric(
+            &h,
+            r#"ctxsync_gate_page_refused_total{reason="streams_per_tenant"}"#
+        )
+        .await,
         1.0
     );
 
@@ -518,7 +526,11 @@ async fn tickets_are_bounded_per_tenant_and_never_evict_another_tenants() {
     )
     .await;
     assert_eq!(
-        metric(&h, r#"ctxsync_gate_page_refused_total{reason="tickets_per_tenant"}"#).await,
+        metric(
+            &h,
+            r#"ctxsync_gate_page_refused_total{reason="tickets_per_tenant"}"#
+        )
+        .await,
         1.0
     );
     // The other tenant's ticket survived the first tenant's burst and still
@@ -562,7 +574,10 @@ async fn a_revoked_key_stops_streaming_within_a_second_and_its_tickets_open_noth
     // Streams of the tenant's other key and of another tenant go on.
     h.startup(&agent, RUN_B).await;
     let (name, event) = unaffected.next().await;
-    assert_eq!((name.as_str(), &event["agent_id"]), ("agent", &Value::from(agent.as_str())));
+    assert_eq!(
+        (name.as_str(), &event["agent_id"]),
+        ("agent", &Value::from(agent.as_str()))
+    );
     let other_api = h.api.clone().in_tenant("globex");
     let other_agent = other_api.register("b", "b").await;
     other_api.startup(&other_agent, RUN_A).await;

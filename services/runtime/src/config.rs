@@ -45,8 +45,8 @@ pub struct CommonArgs {
     /// subject names (`_INBOX.chat-{tenant}.`) and such an entry applies to
     /// tenant subjects only. Requests whose reply subject is elsewhere are
     /// refused unexecuted and counted.
-    #[arg(long, env = "CTXSYNC_REPLY_INBOX_PREFIXES", default_value = crate::rpc::DEFAULT_REPLY_INBOX, value_parser = crate::rpc::ReplyInboxes::parse_arg)]
-    pub reply_inbox_prefixes: crate::rpc::ReplyInboxes,
+    #[arg(long, env = "CTXSYNC_REPLY_INBOX_PREFIXES", default_value = DEFAULT_REPLY_INBOX, value_parser = ReplyInboxes::parse_arg)]
+    pub reply_inbox_prefixes: ReplyInboxes,
 
     /// Prefix of every NATS subject, so environments can share one NATS server.
     #[arg(long, env = "CTXSYNC_SUBJECT_PREFIX", default_value = ctxsync_proto::subjects::DEFAULT_PREFIX)]
@@ -84,7 +84,7 @@ impl CommonArgs {
             nats_url: nats_url.into(),
             nats_tls: NatsTlsArgs::default(),
             nats_responder_url: None,
-            reply_inbox_prefixes: crate::rpc::ReplyInboxes::default(),
+            reply_inbox_prefixes: ReplyInboxes::default(),
             subject_prefix: subject_prefix.into(),
             http_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             log_format: LogFormat::Text,
@@ -479,6 +479,104 @@ impl DatabaseArgs {
             database_url: database_url.into(),
             db_max_connections: 16,
         }
+    }
+}
+
+/// The reply subjects answered by default: any inbox (`_INBOX.` is where
+/// every NATS client receives its replies), never a subject that means
+/// something (an event, a bucket, another service's requests).
+pub const DEFAULT_REPLY_INBOX: &str = "_INBOX.";
+
+/// Where a service's answers may go: a request whose reply subject starts
+/// with none of these prefixes is refused unexecuted. A prefix holding
+/// `{tenant}` applies to tenant subjects only (their last token is the
+/// caller's tenant), so a tenant's requests are answered only into that
+/// tenant's own inboxes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplyInboxes {
+    prefixes: Vec<String>,
+}
+
+impl Default for ReplyInboxes {
+    fn default() -> Self {
+        Self {
+            prefixes: vec![DEFAULT_REPLY_INBOX.to_owned()],
+        }
+    }
+}
+
+const TENANT_PLACEHOLDER: &str = "{tenant}";
+
+/// A `CTXSYNC_REPLY_INBOX_PREFIXES` that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid CTXSYNC_REPLY_INBOX_PREFIXES entry {entry:?}: {reason}")]
+pub struct ReplyInboxesError {
+    pub entry: String,
+    pub reason: &'static str,
+}
+
+impl ReplyInboxes {
+    /// Comma-separated prefixes, each ending with `.`, without wildcards or
+    /// blanks, with `{tenant}` at most once and as a whole token.
+    pub fn parse(value: &str) -> Result<Self, ReplyInboxesError> {
+        let mut prefixes = Vec::new();
+        for entry in value.split(',').map(str::trim) {
+            let invalid = |reason| ReplyInboxesError {
+                entry: entry.to_owned(),
+                reason,
+            };
+            if entry.is_empty() {
+                return Err(invalid("an empty entry"));
+            }
+            if !entry.ends_with('.') || entry.starts_with('.') || entry.contains("..") {
+                return Err(invalid(
+                    "expected whole subject tokens ending with a dot, e.g. _INBOX.",
+                ));
+            }
+            if entry.contains(['*', '>', ' ', '\t']) {
+                return Err(invalid("a prefix holds no wildcard or blank"));
+            }
+            let placeholders = entry.matches(TENANT_PLACEHOLDER).count();
+            let without = entry.replace(TENANT_PLACEHOLDER, "");
+            if placeholders > 1 || without.contains(['{', '}']) {
+                return Err(invalid("the only placeholder is {tenant}, at most once"));
+            }
+            prefixes.push(entry.to_owned());
+        }
+        Ok(Self { prefixes })
+    }
+
+    /// clap's parser of the setting.
+    pub fn parse_arg(value: &str) -> Result<Self, ReplyInboxesError> {
+        Self::parse(value)
+    }
+
+    /// Whether a request (on a tenant subject: `tenant` is its tenant) may
+    /// be answered on `reply`.
+    pub fn permits(&self, reply: &str, tenant: Option<&str>) -> bool {
+        // A reply subject is a plain subject: no wildcard, no empty token.
+        if reply.is_empty()
+            || reply.contains(['*', '>', ' ', '\t', '\r', '\n'])
+            || reply.split('.').any(str::is_empty)
+        {
+            return false;
+        }
+        self.prefixes.iter().any(|prefix| {
+            let allowed = match (prefix.split_once(TENANT_PLACEHOLDER), tenant) {
+                (None, _) => std::borrow::Cow::Borrowed(prefix.as_str()),
+                (Some((head, tail)), Some(tenant)) if !tenant.is_empty() => {
+                    std::borrow::Cow::Owned(format!("{head}{tenant}{tail}"))
+                }
+                (Some(_), _) => return false,
+            };
+            reply.len() > allowed.len() && reply.starts_with(allowed.as_ref())
+        })
+    }
+}
+
+impl std::fmt::Display for ReplyInboxes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.prefixes.join(","))
     }
 }
 

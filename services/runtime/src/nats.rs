@@ -13,9 +13,8 @@ use async_nats::{Client, ConnectOptions, Event};
 
 use crate::config::{
     CommonArgs, NATS_RESPONDER_URL_OPTION, NATS_URL_OPTION, NatsTlsArgs, NatsUrlError,
-    parse_nats_urls, parse_nats_urls_of, redact_nats_urls,
+    ReplyInboxes, parse_nats_urls, parse_nats_urls_of, redact_nats_urls,
 };
-use crate::rpc::ReplyInboxes;
 use tokio::sync::watch;
 
 /// The reconnect backoff never grows past this: a waiting chat must not sit
@@ -353,7 +352,8 @@ pub async fn connect(
     client_name: &str,
 ) -> Result<NatsConnection, NatsConnectError> {
     let target = target.into();
-    let mut connection = connect_one(NATS_URL_OPTION, &target.url, &target.tls, client_name).await?;
+    let mut connection =
+        connect_one(NATS_URL_OPTION, &target.url, &target.tls, client_name).await?;
     if let Some(url) = target.responder_url.as_deref() {
         let responder = connect_one(
             NATS_RESPONDER_URL_OPTION,

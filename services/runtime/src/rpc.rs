@@ -160,113 +160,12 @@ impl Incoming {
     }
 }
 
-/// The reply subjects answered by default: any inbox (`_INBOX.` is where
-/// every NATS client receives its replies), never a subject that means
-/// something (an event, a bucket, another service's requests).
-pub const DEFAULT_REPLY_INBOX: &str = "_INBOX.";
-
-/// Where a service's answers may go: a request whose reply subject starts
-/// with none of these prefixes is refused unexecuted. A prefix holding
-/// `{tenant}` applies to tenant subjects only (their last token is the
-/// caller's tenant), so a tenant's requests are answered only into that
-/// tenant's own inboxes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReplyInboxes {
-    prefixes: Vec<String>,
-}
-
-impl Default for ReplyInboxes {
-    fn default() -> Self {
-        Self {
-            prefixes: vec![DEFAULT_REPLY_INBOX.to_owned()],
-        }
-    }
-}
-
-const TENANT_PLACEHOLDER: &str = "{tenant}";
-
-/// A `CTXSYNC_REPLY_INBOX_PREFIXES` that cannot be used.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid CTXSYNC_REPLY_INBOX_PREFIXES entry {entry:?}: {reason}")]
-pub struct ReplyInboxesError {
-    pub entry: String,
-    pub reason: &'static str,
-}
-
-impl ReplyInboxes {
-    /// Comma-separated prefixes, each ending with `.`, without wildcards or
-    /// blanks, with `{tenant}` at most once and as a whole token.
-    pub fn parse(value: &str) -> Result<Self, ReplyInboxesError> {
-        let mut prefixes = Vec::new();
-        for entry in value.split(',').map(str::trim) {
-            let invalid = |reason| ReplyInboxesError {
-                entry: entry.to_owned(),
-                reason,
-            };
-            if entry.is_empty() {
-                return Err(invalid("an empty entry"));
-            }
-            if !entry.ends_with('.') || entry.starts_with('.') || entry.contains("..") {
-                return Err(invalid(
-                    "expected whole subject tokens ending with a dot, e.g. _INBOX.",
-                ));
-            }
-            if entry.contains(['*', '>', ' ', '\t']) {
-                return Err(invalid("a prefix holds no wildcard or blank"));
-            }
-            let placeholders = entry.matches(TENANT_PLACEHOLDER).count();
-            let without = entry.replace(TENANT_PLACEHOLDER, "");
-            if placeholders > 1 || without.contains(['{', '}']) {
-                return Err(invalid("the only placeholder is {tenant}, at most once"));
-            }
-            prefixes.push(entry.to_owned());
-        }
-        Ok(Self { prefixes })
-    }
-
-    /// clap's parser of the setting.
-    pub fn parse_arg(value: &str) -> Result<Self, ReplyInboxesError> {
-        Self::parse(value)
-    }
-
-    /// Whether a request (on a tenant subject: `tenant` is its tenant) may
-    /// be answered on `reply`.
-    pub fn permits(&self, reply: &str, tenant: Option<&str>) -> bool {
-        // A reply subject is a plain subject: no wildcard, no empty token.
-        if reply.is_empty()
-            || reply.contains(['*', '>', ' ', '\t', '\r', '\n'])
-            || reply.split('.').any(str::is_empty)
-        {
-            return false;
-        }
-        self.prefixes.iter().any(|prefix| {
-            let allowed = match (prefix.split_once(TENANT_PLACEHOLDER), tenant) {
-                (None, _) => std::borrow::Cow::Borrowed(prefix.as_str()),
-                (Some((head, tail)), Some(tenant)) if !tenant.is_empty() => {
-                    std::borrow::Cow::Owned(format!("{head}{tenant}{tail}"))
-                }
-                (Some(_), _) => return false,
-            };
-            reply.len() > allowed.len() && reply.starts_with(allowed.as_ref())
-        })
-    }
-}
-
-impl std::fmt::Display for ReplyInboxes {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.prefixes.join(","))
-    }
-}
+pub use crate::config::{DEFAULT_REPLY_INBOX, ReplyInboxes, ReplyInboxesError};
 
 /// Whether a request on `subject` (served as `pattern`) may be answered on
 /// `reply`; a refusal is counted and logged (at most once a second: the
 /// reply subject is the caller's to choose, and so is the rate).
-pub fn reply_permitted(
-    inboxes: &ReplyInboxes,
-    pattern: &str,
-    subject: &str,
-    reply: &str,
-) -> bool {
+pub fn reply_permitted(inboxes: &ReplyInboxes, pattern: &str, subject: &str, reply: &str) -> bool {
     // A served pattern ending in a wildcard token is a tenant subject.
     let tenant = pattern
         .ends_with(".*")
@@ -365,8 +264,7 @@ where
     let mut subscriber =
         crate::nats::subscribe(responder, subject.clone(), Some(queue_group)).await?;
     metrics::counter!("ctxsync_rpc_expired_total", "subject" => subject.clone()).increment(0);
-    metrics::counter!("ctxsync_rpc_reply_refused_total", "subject" => subject.clone())
-        .increment(0);
+    metrics::counter!("ctxsync_rpc_reply_refused_total", "subject" => subject.clone()).increment(0);
     let client = responder.client.clone();
     let inboxes = connection.reply_inboxes().clone();
     let handler = Arc::new(handler);

@@ -10,6 +10,7 @@ use ctxsync_runtime::nats::{NatsTarget, connect, sync_with_server};
 use ctxsync_runtime::rpc::{self, ReplyInboxes};
 use ctxsync_runtime::{Shutdown, metrics};
 use futures::{FutureExt as _, StreamExt as _};
+use prost::Message as _;
 use testkit::NatsServer;
 
 const DEADLINE: Duration = Duration::from_secs(10);
@@ -45,6 +46,10 @@ async fn echo_server(
     (server, handled)
 }
 
+fn body(text: &str) -> bytes::Bytes {
+    text.to_owned().encode_to_vec().into()
+}
+
 fn refused(subject: &str) -> f64 {
     let series = format!("ctxsync_rpc_reply_refused_total{{subject=\"{subject}\"}}");
     metrics::handle()
@@ -75,37 +80,45 @@ async fn answers_are_sent_only_into_permitted_inboxes() {
         .connect(nats.url())
         .await
         .unwrap();
-    for aim in ["t.events.discovery.a", "$KV.bucket.key", "t.events.tenant_key.revoked"] {
+    for aim in [
+        "t.events.discovery.a",
+        "$KV.bucket.key",
+        "t.events.tenant_key.revoked",
+    ] {
         caller
-            .publish_with_reply("t.store.get", aim, "aimed".into())
+            .publish_with_reply("t.store.get", aim, body("aimed"))
             .await
             .unwrap();
     }
-    for aim in ["_INBOX.chat-other.n.1", "$KV.bucket.key", "t.events.snapshot.a"] {
+    for aim in [
+        "_INBOX.chat-other.n.1",
+        "$KV.bucket.key",
+        "t.events.snapshot.a",
+    ] {
         caller
-            .publish_with_reply("t.gate.turn.demo", aim, "aimed".into())
+            .publish_with_reply("t.gate.turn.demo", aim, body("aimed"))
             .await
             .unwrap();
     }
     // Requests into the caller's own inbox are answered; each server takes
     // its requests in order, so the aimed ones were handled before these.
     for subject in ["t.store.get", "t.gate.turn.demo"] {
-        let answer = tokio::time::timeout(DEADLINE, caller.request(subject, "proper".into()))
+        let answer = tokio::time::timeout(DEADLINE, caller.request(subject, body("proper")))
             .await
             .unwrap()
             .unwrap();
-        assert_eq!(&answer.payload[..], b"proper", "{subject}");
+        assert_eq!(String::decode(answer.payload).unwrap(), "proper", "{subject}");
     }
     // Another tenant's subject with the caller's inbox: not that tenant's inbox.
     caller
-        .publish_with_reply("t.gate.turn.other", caller.new_inbox(), "crossed".into())
+        .publish_with_reply("t.gate.turn.other", caller.new_inbox(), body("crossed"))
         .await
         .unwrap();
-    let answer = tokio::time::timeout(DEADLINE, caller.request("t.gate.turn.demo", "last".into()))
+    let answer = tokio::time::timeout(DEADLINE, caller.request("t.gate.turn.demo", body("last")))
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(&answer.payload[..], b"last");
+    assert_eq!(String::decode(answer.payload).unwrap(), "last");
 
     sync_with_server(&watcher).await.unwrap();
     for (what, subscription) in [
@@ -118,7 +131,11 @@ async fn answers_are_sent_only_into_permitted_inboxes() {
             "an answer was published into {what}"
         );
     }
-    assert_eq!(store_handled.load(Ordering::SeqCst), 1, "refused requests are not executed");
+    assert_eq!(
+        store_handled.load(Ordering::SeqCst),
+        1,
+        "refused requests are not executed"
+    );
     assert_eq!(gate_handled.load(Ordering::SeqCst), 2);
     assert_eq!(refused("t.store.get"), 3.0);
     assert_eq!(refused("t.gate.turn.*"), 4.0);

@@ -236,8 +236,11 @@ pub(crate) async fn serve(
         }
     });
     let revoke = endpoint(nats, subjects.store_tenant_key_revoke(), shutdown, grace, {
-        let (store, client, subjects) =
-            (store.clone(), nats.responder().client.clone(), subjects.clone());
+        let (store, client, subjects) = (
+            store.clone(),
+            nats.responder().client.clone(),
+            subjects.clone(),
+        );
         move |req: RevokeTenantKeyRequest, _| {
             let (store, client, subjects) = (store.clone(), client.clone(), subjects.clone());
             async move {

@@ -808,17 +808,26 @@ fn nats_gets_every_users_password_and_each_service_its_own_user() {
                 value("NATS_RESPONDER_URL")["value"].as_str(),
                 Some(format!("nats://{name}-rpc:$(NATS_RESPONDER_PASSWORD)@nats:4222").as_str())
             );
-            let key = format!("NATS_PASSWORD_{}_RPC", name.to_uppercase().replace('-', "_"));
+            let key = format!(
+                "NATS_PASSWORD_{}_RPC",
+                name.to_uppercase().replace('-', "_")
+            );
             let secret = &value("NATS_RESPONDER_PASSWORD")["valueFrom"]["secretKeyRef"];
             assert_eq!(secret["key"].as_str(), Some(key.as_str()));
             let inboxes = value("CTXSYNC_REPLY_INBOX_PREFIXES")["value"]
                 .as_str()
                 .unwrap_or_default()
                 .to_owned();
-            assert!(inboxes.starts_with("_INBOX.chat-{tenant}."), "{name}: {inboxes}");
+            assert!(
+                inboxes.starts_with("_INBOX.chat-{tenant}."),
+                "{name}: {inboxes}"
+            );
             ctxsync_runtime::rpc::ReplyInboxes::parse(&inboxes).unwrap();
         } else {
-            assert!(env_value(container, "NATS_RESPONDER_URL").is_none(), "{name}");
+            assert!(
+                env_value(container, "NATS_RESPONDER_URL").is_none(),
+                "{name}"
+            );
         }
         assert!(
             container["envFrom"]

@@ -1010,7 +1010,12 @@ async fn the_catalog_shares_its_memory_within_its_permissions() {
         )
         .database(db.url())
         .catalog(servers, catalog::Settings::default(), |config| {
-            answering_as(&mut config.common, &server, "catalog-rpc", CATALOG_REPLY_INBOXES);
+            answering_as(
+                &mut config.common,
+                &server,
+                "catalog-rpc",
+                CATALOG_REPLY_INBOXES,
+            );
         });
         let stack = testkit::stack::start(builder, &shutdown).await;
         let mut warmup = stack.catalog().warmup();
@@ -1026,19 +1031,20 @@ async fn the_catalog_shares_its_memory_within_its_permissions() {
         );
 
         let (gate, _) = server.connect("chat-gate").await;
-        let reply: ctxsync_proto::v1::CatalogPrepareReply = ctxsync_runtime::rpc::request_for_tenant(
-            &gate,
-            "demo",
-            Subjects::default().catalog_prepare("demo"),
-            &ctxsync_proto::v1::CatalogPrepareRequest {
-                tenant: "demo".into(),
-                session_id: format!("s-{jetstream}"),
-            },
-            None,
-            DEADLINE,
-        )
-        .await
-        .unwrap();
+        let reply: ctxsync_proto::v1::CatalogPrepareReply =
+            ctxsync_runtime::rpc::request_for_tenant(
+                &gate,
+                "demo",
+                Subjects::default().catalog_prepare("demo"),
+                &ctxsync_proto::v1::CatalogPrepareRequest {
+                    tenant: "demo".into(),
+                    session_id: format!("s-{jetstream}"),
+                },
+                None,
+                DEADLINE,
+            )
+            .await
+            .unwrap();
         assert_eq!(reply.pins.len(), 1, "{reply:?}");
         assert_eq!(
             reply.pins[0].source,
@@ -1085,8 +1091,7 @@ async fn the_catalog_shares_its_memory_within_its_permissions() {
 #[tokio::test]
 async fn a_tenant_cannot_aim_a_services_answer_anywhere_but_its_own_inbox() {
     use ctxsync_proto::v1::{
-        CatalogCallRequest, CatalogPrepareRequest, CatalogEndSessionRequest, TurnReply,
-        TurnRequest,
+        CatalogCallRequest, CatalogEndSessionRequest, CatalogPrepareRequest, TurnReply, TurnRequest,
     };
     use prost::Message as _;
 
@@ -1114,12 +1119,22 @@ async fn a_tenant_cannot_aim_a_services_answer_anywhere_but_its_own_inbox() {
         .store(|_| {})
         .gate(|config| {
             config.common.nats_url = server.url_for("chat-gate");
-            answering_as(&mut config.common, &server, "chat-gate-rpc", GATE_REPLY_INBOXES);
+            answering_as(
+                &mut config.common,
+                &server,
+                "chat-gate-rpc",
+                GATE_REPLY_INBOXES,
+            );
             config.stale_grace = Duration::from_millis(300);
         })
         .catalog(servers, catalog::Settings::default(), |config| {
             config.common.nats_url = server.url_for("catalog");
-            answering_as(&mut config.common, &server, "catalog-rpc", CATALOG_REPLY_INBOXES);
+            answering_as(
+                &mut config.common,
+                &server,
+                "catalog-rpc",
+                CATALOG_REPLY_INBOXES,
+            );
         });
     let stack = testkit::stack::start(builder, &shutdown).await;
     let mut warmup = stack.catalog().warmup();
@@ -1194,12 +1209,17 @@ async fn a_tenant_cannot_aim_a_services_answer_anywhere_but_its_own_inbox() {
                 .await
                 .unwrap();
             } else {
-                ctxsync_runtime::nats::sync_with_server(&client).await.unwrap();
+                ctxsync_runtime::nats::sync_with_server(&client)
+                    .await
+                    .unwrap();
             }
         }
     };
     for (subject, watcher) in aims.iter().skip(1) {
-        watchers.push((subject.clone(), watcher.subscribe(subject.clone()).await.unwrap()));
+        watchers.push((
+            subject.clone(),
+            watcher.subscribe(subject.clone()).await.unwrap(),
+        ));
         round_trip((*watcher).clone(), subject.starts_with("_INBOX.chat-other")).await;
     }
 
