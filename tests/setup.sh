@@ -2,8 +2,9 @@
 # Prepares a machine to run the test suite: checks (and on Debian installs)
 # nats-server and PostgreSQL, starts Postgres if it is installed but stopped,
 # installs the reference MCP servers, Chromium and playwright-core for the
-# context page's browser tests, and makes a Docker engine and the local
-# images of the compose test available. Safe to run again.
+# context page's browser tests, schemathesis for the API fuzz test, and
+# makes a Docker engine and the local images of the compose test available.
+# Safe to run again.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -48,6 +49,7 @@ fi
 bash "$here/mcp-servers/install.sh"
 if ! $demo_only; then
     bash "$here/browser/install.sh"
+    bash "$here/schemathesis/install.sh"
     bash "$here/deploy/install-tools.sh"
     bash "$here/docker/setup.sh"
 fi

@@ -1,7 +1,7 @@
 //! The HTTP listener's bounds, over real sockets: slow or silent clients are
 //! closed by their timeouts without starving real requests, a trickled body
-//! is answered 408, the connection bound holds, and shutdown still finishes
-//! the requests in flight.
+//! is answered 408, the connection bound holds, shutdown still finishes
+//! the requests in flight, and every answer says `nosniff`.
 
 use std::io;
 use std::net::SocketAddr;
@@ -386,6 +386,7 @@ async fn a_trickled_body_is_answered_408_and_the_connection_closed() {
         "408 after {:?}",
         sent.elapsed()
     );
+    assert!(says_nosniff(&answer), "{answer:?}");
     assert_eq!(closed_by_server(&mut reader, DEADLINE).await, Ok(()));
     trickle.abort();
     assert!(server.metric("ctxsync_http_timeouts_total", Some(("timeout", "body"))) >= 1.0);
@@ -521,4 +522,92 @@ async fn shutdown_closes_idle_connections_and_finishes_the_request_in_flight() {
         .await
         .expect("join returns once the request is answered")
         .unwrap();
+}
+
+/// The answer carries `X-Content-Type-Options: nosniff`.
+fn says_nosniff(answer: &RawResponse) -> bool {
+    answer
+        .head
+        .to_ascii_lowercase()
+        .lines()
+        .any(|line| line.trim_end() == "x-content-type-options: nosniff")
+}
+
+/// One request on a connection of its own (closed after the answer).
+async fn raw_request(addr: SocketAddr, request: &str) -> RawResponse {
+    let mut stream = TcpStream::connect(addr).await.expect("connects");
+    stream.write_all(request.as_bytes()).await.expect("sent");
+    tokio::time::timeout(DEADLINE, read_response(&mut stream))
+        .await
+        .expect("answered in time")
+        .expect("a response")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_answer_of_every_listener_says_nosniff() {
+    let limits = || {
+        limits(
+            Duration::from_secs(5),
+            Duration::from_secs(1),
+            Duration::from_secs(60),
+            16,
+        )
+    };
+    let shutdown = Shutdown::new();
+    let routes = axum::Router::new()
+        .route(
+            "/echo",
+            post(|body: Bytes| async move { format!("{}", body.len()) }),
+        )
+        .layer(axum::extract::DefaultBodyLimit::max(16));
+    let api = HttpServer::start(
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        limits(),
+        routes,
+        Readiness::new(),
+        shutdown.clone(),
+    )
+    .await
+    .expect("listener binds");
+    let metrics = HttpServer::start_metrics(
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        limits(),
+        shutdown.clone(),
+    )
+    .await
+    .expect("metrics listener binds");
+    let get =
+        |path: &str| format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+    let post = |body: &str| {
+        format!(
+            "POST /echo HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let cases = [
+        (api.local_addr(), get("/healthz"), 200),
+        (api.local_addr(), get("/readyz"), 200),
+        (api.local_addr(), get("/metrics"), 200),
+        (api.local_addr(), post("hi"), 200),
+        (api.local_addr(), get("/no-such-route"), 404),
+        (api.local_addr(), get("/echo"), 405),
+        (api.local_addr(), post(&"x".repeat(17)), 413),
+        // A body that never arrives: the accept loop's own 408.
+        (
+            api.local_addr(),
+            "POST /echo HTTP/1.1\r\nHost: test\r\nContent-Length: 10\r\n\r\nabc".to_owned(),
+            408,
+        ),
+        (metrics.local_addr(), get("/metrics"), 200),
+        (metrics.local_addr(), get("/healthz"), 404),
+    ];
+    for (addr, request, status) in cases {
+        let answer = raw_request(addr, &request).await;
+        let line = request.lines().next().unwrap_or_default();
+        assert_eq!(answer.status, status, "{line}: {answer:?}");
+        assert!(says_nosniff(&answer), "{line}: {answer:?}");
+    }
+    shutdown.cancel();
+    api.join().await;
+    metrics.join().await;
 }

@@ -69,6 +69,111 @@ impl Descriptors {
         schemas
     }
 
+    /// The schemas of what the services parse as `roots` (and every message
+    /// they reach), keyed `request.<full name>`: what pbjson accepts, not
+    /// what it writes. Every field may be absent (proto3 defaults), the
+    /// camelCase JSON name is accepted beside the proto name, a message field
+    /// may be `null`, numbers may be sent as decimal strings and enums by
+    /// number; an unknown field is refused.
+    pub fn request_schemas(&self, roots: &[&str]) -> BTreeMap<String, Value> {
+        let mut schemas = BTreeMap::new();
+        let mut pending: Vec<String> = roots.iter().map(|r| (*r).to_owned()).collect();
+        while let Some(name) = pending.pop() {
+            let key = format!("{REQUEST}{name}");
+            if schemas.contains_key(&key) {
+                continue;
+            }
+            let (schema, reached) = self.request_schema(&name);
+            schemas.insert(key, schema);
+            pending.extend(reached);
+        }
+        schemas
+    }
+
+    fn request_schema(&self, name: &str) -> (Value, BTreeSet<String>) {
+        let message = self
+            .messages
+            .get(name)
+            .unwrap_or_else(|| panic!("no message {name} in the contract"));
+        let mut reached = BTreeSet::new();
+        let mut properties = Map::new();
+        let mut one_name = Vec::new();
+        for field in &message.field {
+            let schema = if let Some(entry) = self.map_entry(field) {
+                let value = entry
+                    .field
+                    .iter()
+                    .find(|f| f.number() == 2)
+                    .expect("a map entry has a value");
+                json!({ "type": "object", "additionalProperties": self.request_value(value, &mut reached) })
+            } else if field.label() == Label::Repeated {
+                json!({ "type": "array", "items": self.request_value(field, &mut reached) })
+            } else {
+                let value = self.request_value(field, &mut reached);
+                // pbjson reads a message field, and any field of a oneof, as
+                // an Option: `null` is "unset".
+                if field.r#type() == Type::Message || field.oneof_index.is_some() {
+                    json!({ "anyOf": [value, { "type": "null" }] })
+                } else {
+                    value
+                }
+            };
+            let json_name = field.json_name();
+            if !json_name.is_empty() && json_name != field.name() {
+                properties.insert(json_name.to_owned(), schema.clone());
+                // A field named twice is refused as a duplicate.
+                one_name.push(json!({ "not": { "required": [field.name(), json_name] } }));
+            }
+            properties.insert(field.name().to_owned(), schema);
+        }
+        let mut schema = json!({
+            "type": "object",
+            "properties": properties,
+            "additionalProperties": false,
+        });
+        if !one_name.is_empty() {
+            schema["allOf"] = Value::Array(one_name);
+        }
+        (schema, reached)
+    }
+
+    fn request_value(
+        &self,
+        field: &prost_types::FieldDescriptorProto,
+        reached: &mut BTreeSet<String>,
+    ) -> Value {
+        match field.r#type() {
+            // proto3 JSON parsing: any number as a JSON number or a decimal string.
+            Type::Int32
+            | Type::Sint32
+            | Type::Sfixed32
+            | Type::Uint32
+            | Type::Fixed32
+            | Type::Int64
+            | Type::Sint64
+            | Type::Sfixed64
+            | Type::Uint64
+            | Type::Fixed64 => json!({ "type": ["integer", "string"] }),
+            Type::Double | Type::Float => json!({ "type": ["number", "string"] }),
+            Type::Enum => {
+                let name = field.type_name().trim_start_matches('.');
+                let enumeration = self
+                    .enums
+                    .get(name)
+                    .unwrap_or_else(|| panic!("no enum {name}"));
+                let names = enumeration.value.iter().map(|v| Value::from(v.name()));
+                let numbers = enumeration.value.iter().map(|v| Value::from(v.number()));
+                json!({ "enum": names.chain(numbers).collect::<Vec<_>>() })
+            }
+            Type::Message | Type::Group if !field.type_name().starts_with(".google.protobuf.") => {
+                let name = field.type_name().trim_start_matches('.');
+                reached.insert(name.to_owned());
+                json!({ "$ref": format!("#/components/schemas/{REQUEST}{name}") })
+            }
+            _ => self.scalar_or_ref(field, reached),
+        }
+    }
+
     fn message_schema(&self, name: &str) -> (Value, BTreeSet<String>) {
         let message = self
             .messages
@@ -407,6 +512,24 @@ const OPERATIONS: &[Operation] = &[
     },
 ];
 
+/// What a path or query parameter may hold: the numbers are parsed as
+/// unsigned integers (`limit` a u32, 0 meaning the default and anything past
+/// the most clamped; `window_seconds` a u64, clamped likewise), agent ids
+/// are UUIDs.
+fn parameter_schema(name: &str) -> Value {
+    match name {
+        "limit" => json!({ "type": "integer", "minimum": 0, "maximum": u32::MAX }),
+        "window_seconds" => json!({ "type": "integer", "minimum": 0, "maximum": u64::MAX }),
+        "agent_id" => json!({ "type": "string", "format": "uuid" }),
+        // Empty: the first page.
+        "after" => json!({ "anyOf": [{ "type": "string", "format": "uuid" }, { "const": "" }] }),
+        _ => json!({ "type": "string" }),
+    }
+}
+
+/// The prefix of a request body's schemas ([`Descriptors::request_schemas`]).
+pub const REQUEST: &str = "request.";
+
 /// The error every API answers with.
 pub const ERROR_SCHEMA: &str = "ctxsync.v1.HttpErrorReply";
 
@@ -415,18 +538,40 @@ pub const ERROR_SCHEMA: &str = "ctxsync.v1.HttpErrorReply";
 pub fn document() -> Value {
     let descriptors = Descriptors::load();
     let mut roots: Vec<&str> = vec![ERROR_SCHEMA];
+    let mut request_roots: Vec<&str> = Vec::new();
     let mut paths = Map::new();
     let reference = |name: &str| json!({ "$ref": format!("#/components/schemas/{name}") });
     for operation in OPERATIONS {
         roots.push(operation.answer);
         let mut responses = Map::new();
         let answer = if operation.media == EVENT_STREAM {
+            // OpenAPI 3.1: an event stream's schema describes each event.
             json!({
-                "description": "a stream whose `agent` events carry this message in their data",
-                "content": { EVENT_STREAM: {
-                    "schema": { "type": "string" },
-                    "x-event-data": reference(operation.answer),
-                } },
+                "description": "a stream of server-sent events: `ready` once it is live, \
+                    `agent` (this message as JSON in its data) per committed change, \
+                    `resync` when changes were missed (re-read everything)",
+                "content": { EVENT_STREAM: { "schema": { "oneOf": [
+                    {
+                        "type": "object",
+                        "required": ["event", "data"],
+                        "properties": {
+                            "event": { "const": "agent" },
+                            "data": {
+                                "type": "string",
+                                "contentMediaType": JSON,
+                                "contentSchema": reference(operation.answer),
+                            },
+                        },
+                    },
+                    {
+                        "type": "object",
+                        "required": ["event", "data"],
+                        "properties": {
+                            "event": { "enum": ["ready", "resync"] },
+                            "data": { "const": "{}" },
+                        },
+                    },
+                ] } } },
             })
         } else {
             json!({
@@ -455,8 +600,10 @@ pub fn document() -> Value {
             "responses": responses,
         });
         if let Some(request) = operation.request {
-            roots.push(request);
-            let mut content = json!({ "application/json": { "schema": reference(request) } });
+            request_roots.push(request);
+            let mut content = json!({ "application/json": {
+                "schema": reference(&format!("{REQUEST}{request}"))
+            } });
             if operation.security == "agentToken" {
                 content["application/x-protobuf"] =
                     json!({ "schema": { "type": "string", "format": "binary" } });
@@ -471,7 +618,7 @@ pub fn document() -> Value {
                     json!({
                         "name": name, "in": place, "description": description,
                         "required": *place == "path" || *name == "ticket",
-                        "schema": { "type": "string" },
+                        "schema": parameter_schema(name),
                     })
                 })
                 .collect();
@@ -522,7 +669,11 @@ pub fn document() -> Value {
             json!({ "type": "string" }),
         ),
     );
-    let schemas: Map<String, Value> = descriptors.schemas(&roots).into_iter().collect();
+    let schemas: Map<String, Value> = descriptors
+        .schemas(&roots)
+        .into_iter()
+        .chain(descriptors.request_schemas(&request_roots))
+        .collect();
     json!({
         "openapi": "3.1.0",
         "info": {

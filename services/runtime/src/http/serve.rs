@@ -286,7 +286,8 @@ async fn sleep_until(deadline: Option<Instant>) {
 }
 
 /// One request: the app's answer, or 408 when the body has not been read to
-/// its end within `body_timeout` and the app has not answered yet.
+/// its end within `body_timeout` and the app has not answered yet; either
+/// with `X-Content-Type-Options: nosniff`.
 async fn handle(
     app: Router,
     request: Request<Incoming>,
@@ -327,10 +328,16 @@ async fn handle(
             }
         }
     };
-    let response = match response {
+    let mut response = match response {
         Ok(response) => response,
         Err(never) => match never {},
     };
+    // Every answer of every listener, errors and 408s included: a browser
+    // never renders a JSON error or an event stream as something else.
+    response.headers_mut().insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
     Ok(response.map(|body| InFlightBody {
         inner: body,
         _in_flight: in_flight,
