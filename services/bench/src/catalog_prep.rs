@@ -329,6 +329,13 @@ impl Catalogs {
         let yaml = serde_yaml::to_string(&CatalogFile::of(&servers)).step("catalog config file")?;
         std::fs::create_dir_all(env.log_dir()).step("catalog config file")?;
         std::fs::write(&file, yaml).step("catalog config file")?;
+        // One memory key for both replicas, so each trusts the entries the
+        // other puts in the bucket (a random one per process shares nothing).
+        let key_file = env.log_dir().join("catalog-memory.key");
+        let key: String = (0..2)
+            .map(|_| uuid::Uuid::new_v4().simple().to_string())
+            .collect();
+        std::fs::write(&key_file, key).step("catalog memory key file")?;
         let mut builder = env.builder();
         for _ in 0..REPLICAS {
             builder = builder.catalog(servers.clone(), settings.clone(), |_| {});
@@ -341,6 +348,10 @@ impl Catalogs {
                 settings.warmup.enabled.to_string(),
             ),
             ("CTXSYNC_CATALOG_CONNECT_TIMEOUT_SECONDS", connect),
+            (
+                "CTXSYNC_CATALOG_MEMORY_KEY_FILE",
+                key_file.display().to_string(),
+            ),
             ("CTXSYNC_LOG", "warn".to_owned()),
         ]
         .into_iter()

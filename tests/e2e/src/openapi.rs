@@ -397,6 +397,27 @@ const CHAT_REFUSALS: &[(u16, &str)] = &[
     ),
 ];
 
+/// The event stream's and its tickets' refusals: the chat refusals, and 429
+/// past the per-key and per-tenant bounds.
+const PAGE_STREAM_REFUSALS: &[(u16, &str)] = &[
+    (400, "malformed or invalid, naming the field"),
+    (401, "missing, unknown or revoked tenant key, or an unknown, used or expired ticket"),
+    (
+        404,
+        "no such agent in the key's tenant (another tenant's agent included)",
+    ),
+    (413, "body over the request limit"),
+    (415, "not application/json"),
+    (
+        429,
+        "past a bound of the key or tenant (streams per key and per tenant, tickets per tenant; `limit` names the setting); retry (Retry-After)",
+    ),
+    (
+        503,
+        "the store or the key check did not answer in time; retry (Retry-After)",
+    ),
+];
+
 const OPERATIONS: &[Operation] = &[
     Operation {
         method: "post",
@@ -493,7 +514,7 @@ const OPERATIONS: &[Operation] = &[
         parameters: &[],
         answer: "ctxsync.v1.EventTicketReply",
         media: JSON,
-        refusals: CHAT_REFUSALS,
+        refusals: PAGE_STREAM_REFUSALS,
     },
     Operation {
         method: "get",
@@ -508,7 +529,7 @@ const OPERATIONS: &[Operation] = &[
         )],
         answer: "ctxsync.v1.PageEvent",
         media: EVENT_STREAM,
-        refusals: CHAT_REFUSALS,
+        refusals: PAGE_STREAM_REFUSALS,
     },
 ];
 
