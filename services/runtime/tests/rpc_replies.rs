@@ -107,7 +107,11 @@ async fn answers_are_sent_only_into_permitted_inboxes() {
             .await
             .unwrap()
             .unwrap();
-        assert_eq!(String::decode(answer.payload).unwrap(), "proper", "{subject}");
+        assert_eq!(
+            String::decode(answer.payload).unwrap(),
+            "proper",
+            "{subject}"
+        );
     }
     // Another tenant's subject with the caller's inbox: not that tenant's inbox.
     caller

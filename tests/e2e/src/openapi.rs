@@ -401,7 +401,10 @@ const CHAT_REFUSALS: &[(u16, &str)] = &[
 /// past the per-key and per-tenant bounds.
 const PAGE_STREAM_REFUSALS: &[(u16, &str)] = &[
     (400, "malformed or invalid, naming the field"),
-    (401, "missing, unknown or revoked tenant key, or an unknown, used or expired ticket"),
+    (
+        401,
+        "missing, unknown or revoked tenant key, or an unknown, used or expired ticket",
+    ),
     (
         404,
         "no such agent in the key's tenant (another tenant's agent included)",
