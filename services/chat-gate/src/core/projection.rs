@@ -8,7 +8,8 @@
 use std::fmt::Write as _;
 
 use ctxsync_proto::v1::{
-    AgentState, CatalogSection, ChatProjection, ContextResource, FailedServer, GateDecision,
+    AgentState, CatalogSection, ChatProjection, ContextResource, DisabledServer, FailedServer,
+    GateDecision,
     InvalidConfigFile, ProjectedInstructionFile, ProjectedServer, ProjectedSkill, ProjectedTool,
     ProjectionCounts, ResourceKind, ResourceStatus, catalog_section, context_resource::Body,
     mcp_discovery::Phase,
@@ -149,6 +150,19 @@ pub fn build(agent_id: &str, state: &AgentState) -> ChatProjection {
                     tools_withheld: if stale { tool_count } else { 0 },
                     warning: resource.warning.clone(),
                 });
+            }
+            // Disabled in its config file: not started, and not a failure.
+            (ResourceKind::McpServer, body) if resource.status() == ResourceStatus::Disabled => {
+                counts.servers_disabled += 1;
+                let (name, config_path) = match body {
+                    Some(Body::McpServer(server)) => {
+                        (server.name.clone(), server.config_path.clone())
+                    }
+                    _ => (source_name(&resource.source), String::new()),
+                };
+                projection
+                    .disabled_servers
+                    .push(DisabledServer { name, config_path });
             }
             (ResourceKind::McpServer, body) => {
                 counts.servers_failed += 1;
@@ -373,6 +387,20 @@ fn describe(projection: &mut ChatProjection, decision: GateDecision, waited_ms: 
             names.join(", ")
         );
     }
+    if counts.servers_disabled > 0 {
+        let names: Vec<&str> = projection
+            .disabled_servers
+            .iter()
+            .map(|server| server.name.as_str())
+            .collect();
+        let _ = write!(
+            s,
+            " {} disabled in {} config: {}.",
+            plural(counts.servers_disabled, "MCP server is", "MCP servers are"),
+            if counts.servers_disabled == 1 { "its" } else { "their" },
+            names.join(", ")
+        );
+    }
     if counts.invalid_config_files > 0 {
         let paths: Vec<&str> = projection
             .invalid_config_files
@@ -390,7 +418,9 @@ fn describe(projection: &mut ChatProjection, decision: GateDecision, waited_ms: 
             paths.join(", ")
         );
     }
-    if counts.servers_ok + counts.servers_zero_tools + counts.servers_failed == 0 {
+    if counts.servers_ok + counts.servers_zero_tools + counts.servers_failed + counts.servers_disabled
+        == 0
+    {
         s.push_str(" No MCP servers were reported.");
     }
     let _ = write!(
