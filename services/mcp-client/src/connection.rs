@@ -533,10 +533,7 @@ async fn connect_sse(
         let transport = crate::sse::SseTransport::connect(client, url, headers)
             .await
             .map_err(|error| McpError::Transport { message: error.0 })?;
-        handler
-            .serve(transport)
-            .await
-            .map_err(http_handshake_error)
+        handler.serve(transport).await.map_err(http_handshake_error)
     };
     match tokio::time::timeout(timeout, handshake).await {
         Ok(result) => result,
@@ -563,9 +560,7 @@ fn is_legacy_hint(error: &ClientInitializeError) -> bool {
         .error
         .downcast_ref::<StreamableHttpError<reqwest::Error>>()
     {
-        Some(StreamableHttpError::UnexpectedServerResponse(text)) => {
-            text.starts_with("HTTP 4")
-        }
+        Some(StreamableHttpError::UnexpectedServerResponse(text)) => text.starts_with("HTTP 4"),
         Some(StreamableHttpError::Client(inner)) => inner
             .status()
             .is_some_and(|status| status.is_client_error()),

@@ -78,8 +78,8 @@ impl Sanitizer {
     ) -> Sanitizer {
         let mut secrets = BTreeSet::new();
         for (name, value) in inherited {
-            let secret = is_secret_env_name(&name)
-                || (!is_harmless_env_name(&name) && looks_secret(&value));
+            let secret =
+                is_secret_env_name(&name) || (!is_harmless_env_name(&name) && looks_secret(&value));
             if secret {
                 add_value(&mut secrets, &value);
             }
@@ -91,7 +91,8 @@ impl Sanitizer {
                 }
                 add_args(&mut secrets, args);
             }
-            TransportSpec::StreamableHttp { url, headers } | TransportSpec::Sse { url, headers } => {
+            TransportSpec::StreamableHttp { url, headers }
+            | TransportSpec::Sse { url, headers } => {
                 add_url_parts(&mut secrets, url);
                 for value in headers.values() {
                     add_header_value(&mut secrets, value);
@@ -165,8 +166,26 @@ pub fn process_env() -> impl Iterator<Item = (String, String)> {
 /// versions and plain words do not.
 pub fn looks_secret(value: &str) -> bool {
     const PREFIXES: &[&str] = &[
-        "sk-", "sk_", "pk_", "rk_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-",
-        "xoxa-", "xoxb-", "xoxp-", "xoxs-", "AKIA", "ASIA", "eyJ", "npm_", "hf_",
+        "sk-",
+        "sk_",
+        "pk_",
+        "rk_",
+        "ghp_",
+        "gho_",
+        "ghu_",
+        "ghs_",
+        "ghr_",
+        "github_pat_",
+        "glpat-",
+        "xoxa-",
+        "xoxb-",
+        "xoxp-",
+        "xoxs-",
+        "AKIA",
+        "ASIA",
+        "eyJ",
+        "npm_",
+        "hf_",
     ];
     let value = value.trim();
     if value.len() < MIN_INHERITED_SECRET_LEN || value.chars().any(char::is_whitespace) {
@@ -402,6 +421,11 @@ fn scrub_urls(text: &str) -> String {
                     || matches!(c, '"' | '\'' | '`' | '<' | '>' | ')' | ']' | '}' | ',')
             })
             .map_or(rest.len(), |i| sep + i);
+        // Punctuation that ends a sentence is not part of the URL.
+        let end = scheme_start.max(sep)
+            + rest[scheme_start.max(sep)..end]
+                .trim_end_matches(['.', ',', ';', ':', '!', '?'])
+                .len();
         let candidate = &rest[scheme_start..end];
         out.push_str(&rest[..scheme_start]);
         if scheme_start < sep {
@@ -763,7 +787,8 @@ mod tests {
             no_env(),
         );
         // Pieces that appear outside a URL are found by value.
-        let out = s.sanitize("user bobby-user pass pa55word tenant tenant-7 t0k3n5ecret key=q-secret");
+        let out =
+            s.sanitize("user bobby-user pass pa55word tenant tenant-7 t0k3n5ecret key=q-secret");
         assert_eq!(
             out,
             "user [redacted] pass [redacted] tenant tenant-7 [redacted] key=[redacted]"

@@ -5,6 +5,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+mod sse;
+
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
 use rmcp::model::{
@@ -80,6 +82,10 @@ struct Args {
     /// Serve streamable HTTP on this address (path `/mcp`) instead of stdio.
     #[arg(long, env = "MCP_FIXTURE_HTTP")]
     http: Option<String>,
+    /// With --http: serve the legacy HTTP+SSE transport instead (`GET /sse`
+    /// opens the stream, its `endpoint` event names `/message?sessionId=…`).
+    #[arg(long, env = "MCP_FIXTURE_SSE", requires = "http")]
+    sse: bool,
     /// With --http: serve HTTPS with this PEM certificate chain (needs --tls-key).
     #[arg(long, env = "MCP_FIXTURE_TLS_CERT", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -139,7 +145,7 @@ enum ToolsFile {
 }
 
 #[derive(Clone)]
-struct Fixture {
+pub(crate) struct Fixture {
     args: Arc<Args>,
     /// Peers to notify when the tools file changes (one per session).
     peers: Arc<Mutex<Vec<Peer<RoleServer>>>>,
@@ -600,6 +606,7 @@ async fn main() -> anyhow::Result<()> {
     match &args.http {
         Some(address) => {
             let cancel = tokio_util::sync::CancellationToken::new();
+            let sse_fixture = fixture.clone();
             let service: StreamableHttpService<Fixture, LocalSessionManager> =
                 StreamableHttpService::new(
                     move || Ok(fixture.clone()),
@@ -608,7 +615,11 @@ async fn main() -> anyhow::Result<()> {
                         .with_sse_keep_alive(None)
                         .with_cancellation_token(cancel.child_token()),
                 );
-            let router = axum::Router::new().nest_service("/mcp", service);
+            let (router, path) = if args.sse {
+                (sse::router(sse_fixture), "sse")
+            } else {
+                (axum::Router::new().nest_service("/mcp", service), "mcp")
+            };
             let listener = tokio::net::TcpListener::bind(address)
                 .await
                 .with_context(|| format!("binding {address}"))?;
@@ -622,7 +633,7 @@ async fn main() -> anyhow::Result<()> {
                         &ctxsync_tls::PemFile::new("--tls-cert", cert),
                         &ctxsync_tls::PemFile::new("--tls-key", key),
                     )?;
-                    println!("https://{}/mcp", listener.local_addr()?);
+                    println!("https://{}/{path}", listener.local_addr()?);
                     let listener = TlsListener {
                         inner: listener,
                         acceptor: tokio_rustls::TlsAcceptor::from(config),
@@ -634,7 +645,7 @@ async fn main() -> anyhow::Result<()> {
                     }
                 }
                 _ => {
-                    println!("http://{}/mcp", listener.local_addr()?);
+                    println!("http://{}/{path}", listener.local_addr()?);
                     let server = axum::serve(listener, router).with_graceful_shutdown(stopped);
                     tokio::select! {
                         result = server => result?,

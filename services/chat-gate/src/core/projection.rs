@@ -9,10 +9,9 @@ use std::fmt::Write as _;
 
 use ctxsync_proto::v1::{
     AgentState, CatalogSection, ChatProjection, ContextResource, DisabledServer, FailedServer,
-    GateDecision,
-    InvalidConfigFile, ProjectedInstructionFile, ProjectedServer, ProjectedSkill, ProjectedTool,
-    ProjectionCounts, ResourceKind, ResourceStatus, catalog_section, context_resource::Body,
-    mcp_discovery::Phase,
+    GateDecision, InvalidConfigFile, ProjectedInstructionFile, ProjectedServer, ProjectedSkill,
+    ProjectedTool, ProjectionCounts, ResourceKind, ResourceStatus, catalog_section,
+    context_resource::Body, mcp_discovery::Phase,
 };
 
 /// Separates a server's name from its tool's in the names offered to a model.
@@ -397,7 +396,11 @@ fn describe(projection: &mut ChatProjection, decision: GateDecision, waited_ms: 
             s,
             " {} disabled in {} config: {}.",
             plural(counts.servers_disabled, "MCP server is", "MCP servers are"),
-            if counts.servers_disabled == 1 { "its" } else { "their" },
+            if counts.servers_disabled == 1 {
+                "its"
+            } else {
+                "their"
+            },
             names.join(", ")
         );
     }
@@ -418,7 +421,10 @@ fn describe(projection: &mut ChatProjection, decision: GateDecision, waited_ms: 
             paths.join(", ")
         );
     }
-    if counts.servers_ok + counts.servers_zero_tools + counts.servers_failed + counts.servers_disabled
+    if counts.servers_ok
+        + counts.servers_zero_tools
+        + counts.servers_failed
+        + counts.servers_disabled
         == 0
     {
         s.push_str(" No MCP servers were reported.");
