@@ -76,7 +76,20 @@ impl Sanitizer {
         spec: &ServerSpec,
         inherited: impl IntoIterator<Item = (String, String)>,
     ) -> Sanitizer {
+        Self::with_secrets(spec, inherited, std::iter::empty())
+    }
+
+    /// [`Sanitizer::with_inherited_env`] plus values known to be secret
+    /// wherever they appear (a variable expanded into the configuration).
+    pub fn with_secrets(
+        spec: &ServerSpec,
+        inherited: impl IntoIterator<Item = (String, String)>,
+        extra: impl IntoIterator<Item = String>,
+    ) -> Sanitizer {
         let mut secrets = BTreeSet::new();
+        for value in extra {
+            add_value(&mut secrets, &value);
+        }
         for (name, value) in inherited {
             let secret =
                 is_secret_env_name(&name) || (!is_harmless_env_name(&name) && looks_secret(&value));

@@ -57,6 +57,7 @@ impl Workspace {
             working_dir: Some(self.work()),
             handshake_timeout,
             max_concurrent_connects: 8,
+            max_servers: workspace_agent::discovery::DEFAULT_MAX_SERVERS,
         }
     }
 }
