@@ -359,8 +359,11 @@ impl Actor {
                         .await
                         .map(|extra| add_headers(&mut spec, extra)),
                 };
-                let sanitizer =
-                    Sanitizer::with_secrets(&spec, inherited, server.expanded_secrets.iter().cloned());
+                let sanitizer = Sanitizer::with_secrets(
+                    &spec,
+                    inherited,
+                    server.expanded_secrets.iter().cloned(),
+                );
                 let outcome = match helped {
                     Ok(()) => connect_and_list(&spec, timeout, tools_changed).await,
                     Err(error) => Err(error),
@@ -734,7 +737,8 @@ async fn run_headers_helper(
             "headersHelper printed more than {HEADERS_HELPER_MAX_BYTES} bytes"
         ));
     }
-    let status = status.map_err(|error| format!("headersHelper could not be waited for: {error}"))?;
+    let status =
+        status.map_err(|error| format!("headersHelper could not be waited for: {error}"))?;
     if !status.success() {
         return Err(format!("headersHelper failed ({status})"));
     }

@@ -76,7 +76,10 @@ pub fn input_env_name(id: &str) -> String {
 /// agent's working directory (an operator's file such as `/etc/mcp.json`).
 pub fn config_root(path: &Path, working_dir: Option<&Path>) -> Option<PathBuf> {
     let parent = path.parent();
-    let file_name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    let file_name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
     if file_name == ".mcp.json" {
         return parent.map(Path::to_path_buf);
     }
@@ -87,7 +90,9 @@ pub fn config_root(path: &Path, working_dir: Option<&Path>) -> Option<PathBuf> {
     {
         return dir.parent().map(Path::to_path_buf);
     }
-    working_dir.map(Path::to_path_buf).or_else(|| parent.map(Path::to_path_buf))
+    working_dir
+        .map(Path::to_path_buf)
+        .or_else(|| parent.map(Path::to_path_buf))
 }
 
 /// A server declared by a config file (the first occurrence of its name).
@@ -358,7 +363,9 @@ pub fn parse(text: &str, vars: &Vars<'_>) -> Result<ParsedConfig, String> {
     serde_json::from_str::<de::IgnoredAny>(&json).map_err(|e| syntax_error(&e))?;
     let top: Top = serde_json::from_str(&json).map_err(|e| syntax_error(&e))?;
     let entries = match top {
-        Top::NotObject => return Err("invalid MCP config: the top level is not a JSON object".to_owned()),
+        Top::NotObject => {
+            return Err("invalid MCP config: the top level is not a JSON object".to_owned());
+        }
         Top::Object { servers: None, .. } => {
             return Err("invalid MCP config: no \"mcpServers\" object (Claude Code, Claude Desktop, Cursor, Roo) or \"servers\" object (VS Code)".to_owned());
         }
@@ -366,7 +373,9 @@ pub fn parse(text: &str, vars: &Vars<'_>) -> Result<ParsedConfig, String> {
             servers: Some((key, Ordered::NotObject)),
             ..
         } => {
-            return Err(format!("invalid MCP config: \"{key}\" is not a JSON object"));
+            return Err(format!(
+                "invalid MCP config: \"{key}\" is not a JSON object"
+            ));
         }
         Top::Object {
             servers: Some((_, Ordered::Object(entries))),
@@ -376,7 +385,8 @@ pub fn parse(text: &str, vars: &Vars<'_>) -> Result<ParsedConfig, String> {
     let servers = entries
         .into_iter()
         .map(|(name, value)| {
-            let entry = entry_of(&name, &value, vars).map_err(|error| (error, declared_transport(&value)));
+            let entry =
+                entry_of(&name, &value, vars).map_err(|error| (error, declared_transport(&value)));
             (name, entry)
         })
         .collect();
@@ -494,16 +504,22 @@ fn syntax_error(error: &serde_json::Error) -> String {
         "EOF while parsing an object" => "the file ends inside an object: a closing } is missing",
         "EOF while parsing a list" => "the file ends inside a list: a closing ] is missing",
         "EOF while parsing a string" => "the file ends inside a string: a closing \" is missing",
-        "EOF while parsing a value" if error.line() <= 1 && error.column() == 0 => "the file is empty",
+        "EOF while parsing a value" if error.line() <= 1 && error.column() == 0 => {
+            "the file is empty"
+        }
         "EOF while parsing a value" => "the file ends where a value was expected",
         "expected `:`" => "expected a : between a key and its value",
         "expected `,` or `}`" => "expected a , before the next entry or a } to close the object",
         "expected `,` or `]`" => "expected a , before the next item or a ] to close the list",
         "key must be a string" => "expected a key in double quotes, like \"name\"",
-        "expected value" => "expected a value (a string in double quotes, a number, an object, a list, true, false or null)",
+        "expected value" => {
+            "expected a value (a string in double quotes, a number, an object, a list, true, false or null)"
+        }
         "expected ident" => "expected true, false or null",
         "trailing characters" => "unexpected text after the end of the top-level object",
-        "invalid escape" => "a string has an invalid escape (allowed: \\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX)",
+        "invalid escape" => {
+            "a string has an invalid escape (allowed: \\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX)"
+        }
         "invalid number" | "number out of range" => "a number is not valid",
         "recursion limit exceeded" => "objects and lists are nested too deeply",
         other if other.starts_with("control character") => {
@@ -548,9 +564,8 @@ struct Expander<'a, 'v> {
 impl Expander<'_, '_> {
     fn expand(&mut self, field: &str, value: &str) -> Result<String, String> {
         let mut from_env = Vec::new();
-        let expanded = expand_vars(value, self.vars, &mut from_env).map_err(|missing| {
-            format!("server {:?}: {missing} (in {field})", self.name)
-        })?;
+        let expanded = expand_vars(value, self.vars, &mut from_env)
+            .map_err(|missing| format!("server {:?}: {missing} (in {field})", self.name))?;
         for (var, value) in from_env {
             if !ctxsync_mcp::is_harmless_env_name(&var) {
                 self.secrets.push(value);
@@ -652,8 +667,13 @@ fn entry_of(name: &str, value: &Value, vars: &Vars<'_>) -> Result<Entry, String>
             }
         }
         Kind::Http | Kind::Sse => {
-            let what = if matches!(kind, Kind::Sse) { "sse" } else { "http" };
-            let url = url.ok_or_else(|| err(&format!("type is \"{what}\" but \"url\" is missing")))?;
+            let what = if matches!(kind, Kind::Sse) {
+                "sse"
+            } else {
+                "http"
+            };
+            let url =
+                url.ok_or_else(|| err(&format!("type is \"{what}\" but \"url\" is missing")))?;
             let url = expander.expand("\"url\"", &url)?;
             if !(url.starts_with("http://") || url.starts_with("https://")) {
                 return Err(err("\"url\" is not an http:// or https:// URL"));
@@ -730,7 +750,8 @@ pub fn expand_vars(
         let inner = &after[..end];
         let written = &rest[start..start + 2 + end + 1];
         rest = &after[end + 1..];
-        let is_name = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        let is_name =
+            |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
         if let Some(id) = inner.strip_prefix("input:") {
             let var = input_env_name(id);
             match vars.env.get(&var) {
@@ -759,7 +780,11 @@ pub fn expand_vars(
                     out.push_str(&root.display().to_string());
                     continue;
                 }
-                None => return Err("uses ${workspaceFolder} but the agent has no working directory".to_owned()),
+                None => {
+                    return Err(
+                        "uses ${workspaceFolder} but the agent has no working directory".to_owned(),
+                    );
+                }
             },
             "workspaceFolderBasename" if default.is_none() => {
                 if let Some(name) = vars.root.and_then(Path::file_name) {
@@ -772,7 +797,9 @@ pub fn expand_vars(
                     out.push_str(&home.display().to_string());
                     continue;
                 }
-                None => return Err("uses ${userHome} but the agent has no home directory".to_owned()),
+                None => {
+                    return Err("uses ${userHome} but the agent has no home directory".to_owned());
+                }
             },
             "pathSeparator" | "/" if default.is_none() => {
                 out.push('/');
@@ -781,8 +808,13 @@ pub fn expand_vars(
             _ => {}
         }
         if !is_name(var) {
-            if inner.contains(':') && !inner.contains(":-") && is_name(inner.split(':').next().unwrap_or_default()) {
-                return Err(format!("uses the variable {written:?}, which ctxsync does not support"));
+            if inner.contains(':')
+                && !inner.contains(":-")
+                && is_name(inner.split(':').next().unwrap_or_default())
+            {
+                return Err(format!(
+                    "uses the variable {written:?}, which ctxsync does not support"
+                ));
             }
             out.push_str(written);
             continue;
@@ -989,9 +1021,20 @@ mod tests {
                 "gone_url": {"url": "https://${NO_HOST}/mcp"},
                 "fine": {"command": "x"}
             }}"#,
-            &[("GH_TOKEN", "ghp_secret"), ("A", "1"), ("BIN_DIR", "/opt/bin"), ("BASE", "https://mcp.example.test")],
+            &[
+                ("GH_TOKEN", "ghp_secret"),
+                ("A", "1"),
+                ("BIN_DIR", "/opt/bin"),
+                ("BASE", "https://mcp.example.test"),
+            ],
         );
-        let TransportSpec::Stdio { command, args, env, cwd } = spec_of(&parsed, 0) else {
+        let TransportSpec::Stdio {
+            command,
+            args,
+            env,
+            cwd,
+        } = spec_of(&parsed, 0)
+        else {
             panic!()
         };
         assert_eq!(command, "/opt/bin/srv");
@@ -999,7 +1042,9 @@ mod tests {
         assert_eq!(env["TOKEN"], "ghp_secret");
         assert_eq!(env["MIX"], "a-1-dflt-$A");
         assert_eq!(cwd.as_deref(), Some(Path::new("/work/ws/sub")));
-        let Ok(Entry::Server(s)) = &parsed.servers[0].1 else { panic!() };
+        let Ok(Entry::Server(s)) = &parsed.servers[0].1 else {
+            panic!()
+        };
         assert!(s.expanded_secrets.contains(&"ghp_secret".to_owned()));
         assert!(s.expanded_secrets.contains(&"/opt/bin".to_owned()));
         let TransportSpec::StreamableHttp { url, headers } = spec_of(&parsed, 1) else {
@@ -1029,7 +1074,9 @@ mod tests {
             },
         }"#;
         let parsed = parse_ok(text, &[("LANG_X", "de")]);
-        let TransportSpec::Stdio { command, env, .. } = spec_of(&parsed, 0) else { panic!() };
+        let TransportSpec::Stdio { command, env, .. } = spec_of(&parsed, 0) else {
+            panic!()
+        };
         assert_eq!(command, "/work/ws/bin/srv");
         assert_eq!(env["HOME_DIR"], "/home/u");
         assert_eq!(env["LANGV"], "de");
@@ -1037,8 +1084,13 @@ mod tests {
             error_of(&parsed, 1),
             "server \"remote\": needs the input \"api-key\", which a headless agent cannot prompt for: set CTXSYNC_MCP_INPUT_API_KEY (in \"headers\" \"Authorization\")"
         );
-        let parsed = parse_ok(text, &[("LANG_X", "de"), ("CTXSYNC_MCP_INPUT_API_KEY", "k-123456")]);
-        let TransportSpec::StreamableHttp { headers, .. } = spec_of(&parsed, 1) else { panic!() };
+        let parsed = parse_ok(
+            text,
+            &[("LANG_X", "de"), ("CTXSYNC_MCP_INPUT_API_KEY", "k-123456")],
+        );
+        let TransportSpec::StreamableHttp { headers, .. } = spec_of(&parsed, 1) else {
+            panic!()
+        };
         assert_eq!(headers["Authorization"], "Bearer k-123456");
     }
 
@@ -1046,23 +1098,50 @@ mod tests {
     fn jsonc_comments_trailing_commas_and_a_bom_are_read() {
         let text = "\u{feff}{\n  // a comment, with \"quotes\" and a , comma\n  \"mcpServers\": {\n    /* block\n       comment */\n    \"a\": {\"command\": \"x\", \"args\": [\"//not a comment\", \"/*nor this*/\",],},\n  },\n}\n";
         let parsed = parse_ok(text, &[]);
-        let TransportSpec::Stdio { args, .. } = spec_of(&parsed, 0) else { panic!() };
+        let TransportSpec::Stdio { args, .. } = spec_of(&parsed, 0) else {
+            panic!()
+        };
         assert_eq!(args, &["//not a comment", "/*nor this*/"]);
     }
 
     #[test]
     fn syntax_errors_name_the_line_column_and_what_was_expected() {
         let env = env(&[]);
-        let vars = Vars { env: &env, home: None, root: Some(Path::new(WORK)) };
+        let vars = Vars {
+            env: &env,
+            home: None,
+            root: Some(Path::new(WORK)),
+        };
         let cases = [
-            ("{\n  \"mcpServers\": {\n    \"a\": {\"command\": \"sk-live-123\"}\n", "invalid JSON at line 4, column 0: the file ends inside an object: a closing } is missing"),
-            ("{\n  \"mcpServers\": {\n    a: {}\n  }\n}", "invalid JSON at line 3, column 5: expected a key in double quotes, like \"name\""),
-            ("{\"mcpServers\": {\"a\": {\"command\" \"x\"}}}", "invalid JSON at line 1, column 33: expected a : between a key and its value"),
-            ("{\"mcpServers\": {} /* open", "invalid JSON at line 1, column 19: a /* comment is never closed with */"),
+            (
+                "{\n  \"mcpServers\": {\n    \"a\": {\"command\": \"sk-live-123\"}\n",
+                "invalid JSON at line 4, column 0: the file ends inside an object: a closing } is missing",
+            ),
+            (
+                "{\n  \"mcpServers\": {\n    a: {}\n  }\n}",
+                "invalid JSON at line 3, column 5: expected a key in double quotes, like \"name\"",
+            ),
+            (
+                "{\"mcpServers\": {\"a\": {\"command\" \"x\"}}}",
+                "invalid JSON at line 1, column 33: expected a : between a key and its value",
+            ),
+            (
+                "{\"mcpServers\": {} /* open",
+                "invalid JSON at line 1, column 19: a /* comment is never closed with */",
+            ),
             ("", "invalid JSON at line 1, column 0: the file is empty"),
-            (r#"["sk-live-123"]"#, "invalid MCP config: the top level is not a JSON object"),
-            (r#"{"other": {}}"#, "invalid MCP config: no \"mcpServers\" object (Claude Code, Claude Desktop, Cursor, Roo) or \"servers\" object (VS Code)"),
-            (r#"{"mcpServers": "sk-live-123"}"#, "invalid MCP config: \"mcpServers\" is not a JSON object"),
+            (
+                r#"["sk-live-123"]"#,
+                "invalid MCP config: the top level is not a JSON object",
+            ),
+            (
+                r#"{"other": {}}"#,
+                "invalid MCP config: no \"mcpServers\" object (Claude Code, Claude Desktop, Cursor, Roo) or \"servers\" object (VS Code)",
+            ),
+            (
+                r#"{"mcpServers": "sk-live-123"}"#,
+                "invalid MCP config: \"mcpServers\" is not a JSON object",
+            ),
         ];
         for (text, expected) in cases {
             let error = parse(text, &vars).unwrap_err();
@@ -1087,17 +1166,35 @@ mod tests {
             }}"#,
             &[],
         );
-        assert!(matches!(parsed.servers[0].1, Ok(Entry::Disabled(v1::McpTransport::Stdio))));
-        assert!(matches!(parsed.servers[1].1, Ok(Entry::Disabled(v1::McpTransport::StreamableHttp))));
+        assert!(matches!(
+            parsed.servers[0].1,
+            Ok(Entry::Disabled(v1::McpTransport::Stdio))
+        ));
+        assert!(matches!(
+            parsed.servers[1].1,
+            Ok(Entry::Disabled(v1::McpTransport::StreamableHttp))
+        ));
         assert!(matches!(parsed.servers[2].1, Ok(Entry::Server(_))));
-        assert!(matches!(spec_of(&parsed, 3), TransportSpec::Sse { url, .. } if url == "http://h/sse"));
-        let Ok(Entry::Server(helped)) = &parsed.servers[4].1 else { panic!() };
+        assert!(
+            matches!(spec_of(&parsed, 3), TransportSpec::Sse { url, .. } if url == "http://h/sse")
+        );
+        let Ok(Entry::Server(helped)) = &parsed.servers[4].1 else {
+            panic!()
+        };
         assert_eq!(helped.headers_helper.as_deref(), Some("./auth.sh"));
-        assert!(matches!(spec_of(&parsed, 5), TransportSpec::Stdio { cwd: Some(cwd), .. } if cwd == Path::new(WORK)));
-        assert!(matches!(spec_of(&parsed, 6), TransportSpec::Stdio { command, .. } if command == "/home/u/bin/srv"));
-        assert!(matches!(spec_of(&parsed, 7), TransportSpec::Stdio { command, cwd: Some(cwd), .. }
-            if command == "/work/ws/tools/scripts/srv.py" && cwd == Path::new("/work/ws/tools")));
-        assert!(matches!(spec_of(&parsed, 8), TransportSpec::Stdio { command, .. } if command == "python3"));
+        assert!(
+            matches!(spec_of(&parsed, 5), TransportSpec::Stdio { cwd: Some(cwd), .. } if cwd == Path::new(WORK))
+        );
+        assert!(
+            matches!(spec_of(&parsed, 6), TransportSpec::Stdio { command, .. } if command == "/home/u/bin/srv")
+        );
+        assert!(
+            matches!(spec_of(&parsed, 7), TransportSpec::Stdio { command, cwd: Some(cwd), .. }
+            if command == "/work/ws/tools/scripts/srv.py" && cwd == Path::new("/work/ws/tools"))
+        );
+        assert!(
+            matches!(spec_of(&parsed, 8), TransportSpec::Stdio { command, .. } if command == "python3")
+        );
     }
 
     #[test]
@@ -1111,7 +1208,11 @@ mod tests {
             ("/etc/mcp.json", "/agent/wd"),
             ("/home/u/.claude.json", "/agent/wd"),
         ] {
-            assert_eq!(config_root(Path::new(path), work), Some(PathBuf::from(root)), "{path}");
+            assert_eq!(
+                config_root(Path::new(path), work),
+                Some(PathBuf::from(root)),
+                "{path}"
+            );
         }
     }
 
@@ -1171,11 +1272,22 @@ mod tests {
     #[test]
     fn servers_over_the_cap_are_counted_on_their_file_row() {
         let tmp = tempfile::tempdir().unwrap();
-        let entries: Vec<String> = (0..5).map(|i| format!(r#""s{i}": {{"command": "x"}}"#)).collect();
-        let file = write(tmp.path(), "a.json", &format!(r#"{{"mcpServers": {{{}}}}}"#, entries.join(",")));
+        let entries: Vec<String> = (0..5)
+            .map(|i| format!(r#""s{i}": {{"command": "x"}}"#))
+            .collect();
+        let file = write(
+            tmp.path(),
+            "a.json",
+            &format!(r#"{{"mcpServers": {{{}}}}}"#, entries.join(",")),
+        );
         let configs = load(
             std::slice::from_ref(&file),
-            LoadContext { env: &env(&[]), home: None, working_dir: Some(tmp.path()), max_servers: 2 },
+            LoadContext {
+                env: &env(&[]),
+                home: None,
+                working_dir: Some(tmp.path()),
+                max_servers: 2,
+            },
         );
         let names: Vec<&str> = configs.servers.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["s0", "s1"]);

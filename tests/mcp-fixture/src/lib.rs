@@ -26,7 +26,8 @@
 //! * `--record-dir D`: see [`read_starts`] and [`live_pids`];
 //! * `--http 127.0.0.1:PORT`: streamable HTTP at `/mcp`; prints `http://ADDR/mcp` on stdout;
 //!   with `--sse`, the legacy HTTP+SSE transport instead: `GET /sse` (prints `http://ADDR/sse`)
-//!   and `POST /message?sessionId=…`; a POST to `/sse` is answered 405.
+//!   and `POST /message?sessionId=…`; a POST to `/sse` is answered 405;
+//!   `--require-header 'Name: value'` answers 401 to any request without that header.
 //!
 //! # Finding the binary
 //! Tests in other crates add `mcp-fixture = { path = "../../tests/mcp-fixture" }`

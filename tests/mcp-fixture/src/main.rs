@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 mod sse;
 
 use anyhow::Context as _;
+use axum::response::IntoResponse as _;
 use clap::{Parser, ValueEnum};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData,
@@ -86,6 +87,10 @@ struct Args {
     /// opens the stream, its `endpoint` event names `/message?sessionId=…`).
     #[arg(long, env = "MCP_FIXTURE_SSE", requires = "http")]
     sse: bool,
+    /// With --http: answer 401 to every request without this header,
+    /// written `Name: value`.
+    #[arg(long, env = "MCP_FIXTURE_REQUIRE_HEADER", requires = "http")]
+    require_header: Option<String>,
     /// With --http: serve HTTPS with this PEM certificate chain (needs --tls-key).
     #[arg(long, env = "MCP_FIXTURE_TLS_CERT", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -615,11 +620,32 @@ async fn main() -> anyhow::Result<()> {
                         .with_sse_keep_alive(None)
                         .with_cancellation_token(cancel.child_token()),
                 );
-            let (router, path) = if args.sse {
+            let (mut router, path) = if args.sse {
                 (sse::router(sse_fixture), "sse")
             } else {
                 (axum::Router::new().nest_service("/mcp", service), "mcp")
             };
+            if let Some(required) = &args.require_header {
+                let (name, value) = required
+                    .split_once(':')
+                    .context("--require-header is `Name: value`")?;
+                let (name, value) = (name.trim().to_owned(), value.trim().to_owned());
+                router = router.layer(axum::middleware::from_fn(
+                    move |request: axum::extract::Request, next: axum::middleware::Next| {
+                        let present = request
+                            .headers()
+                            .get(name.as_str())
+                            .is_some_and(|v| v.as_bytes() == value.as_bytes());
+                        async move {
+                            if present {
+                                next.run(request).await
+                            } else {
+                                axum::http::StatusCode::UNAUTHORIZED.into_response()
+                            }
+                        }
+                    },
+                ));
+            }
             let listener = tokio::net::TcpListener::bind(address)
                 .await
                 .with_context(|| format!("binding {address}"))?;

@@ -93,6 +93,9 @@ pub fn entry(spec: &ServerSpec) -> Value {
         TransportSpec::StreamableHttp { url, headers } => {
             json!({"type": "http", "url": url, "headers": headers})
         }
+        TransportSpec::Sse { url, headers } => {
+            json!({"type": "sse", "url": url, "headers": headers})
+        }
     }
 }
 
