@@ -438,3 +438,86 @@ async fn a_leading_underscore_name_and_a_tilde_command_are_accepted() {
     let (push, _) = inspect(&ws, &[]);
     assert_ok(server(&push, "_private"), FIXTURE_TOOLS);
 }
+
+/// Peak resident memory (VmHWM) of a running process, in KiB.
+fn peak_rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// Issue 24, finding 7: 20,000 servers in one `.mcp.json` under the size
+/// limit. The agent starts at most its cap (the default, 200), with at most
+/// 8 connects at once, reports how many it skipped and why, and stays under
+/// 100 MiB of peak RSS and 30 s (measured here: see the README).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_thousand_servers_are_capped_bounded_and_reported() {
+    const SERVERS: usize = 20_000;
+    const RSS_BOUND_KIB: u64 = 100 * 1024;
+    const TIME_BOUND: std::time::Duration = std::time::Duration::from_secs(30);
+    let ws = Workspace::new();
+    // Commands that fail fast: what is measured is the agent, not servers.
+    let entries: Vec<String> = (0..SERVERS)
+        .map(|i| format!(r#""s{i:05}":{{"command":"/nonexistent/srv"}}"#))
+        .collect();
+    let text = format!(r#"{{"mcpServers":{{{}}}}}"#, entries.join(","));
+    assert!(text.len() < 1024 * 1024, "{} bytes", text.len());
+    write(&ws.mcp_json(), &text);
+
+    let elsewhere = tempfile::tempdir().unwrap();
+    let started = std::time::Instant::now();
+    let mut child = std::process::Command::new(BIN)
+        .current_dir(elsewhere.path())
+        .env_remove("CTXSYNC_MCP_MAX_SERVERS")
+        .env_remove("CTXSYNC_MCP_CONCURRENCY")
+        .env("HOME", ws.home())
+        .env("CTXSYNC_WORKDIR", ws.work())
+        .args(["inspect", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        std::io::Read::read_to_end(&mut { stdout }, &mut out).unwrap();
+        out
+    });
+    let mut peak = 0;
+    let status = loop {
+        if let Some(kib) = peak_rss_kib(pid) {
+            peak = peak.max(kib);
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < TIME_BOUND,
+            "no report within {TIME_BOUND:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    let took = started.elapsed();
+    assert!(status.success());
+    let push: Value = serde_json::from_slice(&reader.join().unwrap()).unwrap();
+    eprintln!("{SERVERS} servers: report in {took:?}, peak RSS {peak} KiB");
+    assert!(peak > 0 && peak < RSS_BOUND_KIB, "peak RSS {peak} KiB");
+    assert!(took < TIME_BOUND, "{took:?}");
+    assert_eq!(push["mcp_discovery"]["phase"], "PHASE_COMPLETE");
+    let file = config(&push, &ws.mcp_json());
+    assert_eq!(
+        file["warning"],
+        "19800 servers of this file not started: the workspace's limit of 200 started servers was reached (CTXSYNC_MCP_MAX_SERVERS (--mcp-max-servers))"
+    );
+    let started_rows = servers(&push);
+    assert_eq!(started_rows.len(), 200);
+    assert_eq!(started_rows.first().map(String::as_str), Some("s00000"));
+    assert_eq!(started_rows.last().map(String::as_str), Some("s00199"));
+    assert_eq!(
+        server(&push, "s00000")["error"],
+        "cannot start `/nonexistent/srv`: no such file: /nonexistent/srv"
+    );
+}
