@@ -550,4 +550,46 @@ mod tests {
         assert!(!pending.stale);
         assert_eq!(pending.servers[0].tools[0].name, "s__t");
     }
+
+    #[test]
+    fn a_disabled_server_is_listed_apart_and_never_counted_failed() {
+        let mut state = state("r", Some("r"), Phase::Complete);
+        state.resources.push(ContextResource {
+            source: "mcp_server:off".into(),
+            kind: ResourceKind::McpServer as i32,
+            status: ResourceStatus::Disabled as i32,
+            body: Some(Body::McpServer(McpServer {
+                name: "off".into(),
+                config_path: "/w/.roo/mcp.json".into(),
+                ..Default::default()
+            })),
+            ..Default::default()
+        });
+        let mut projection = build("a", &state);
+        finish(&mut projection, GateDecision::Ready, 0);
+        let counts = projection.counts.unwrap();
+        assert_eq!(
+            (
+                counts.servers_ok,
+                counts.servers_failed,
+                counts.servers_disabled
+            ),
+            (1, 0, 1)
+        );
+        assert!(projection.failed_servers.is_empty());
+        assert_eq!(
+            projection.disabled_servers,
+            [DisabledServer {
+                name: "off".into(),
+                config_path: "/w/.roo/mcp.json".into()
+            }]
+        );
+        assert!(
+            projection
+                .summary
+                .contains(" 1 MCP server is disabled in its config: off."),
+            "{}",
+            projection.summary
+        );
+    }
 }
