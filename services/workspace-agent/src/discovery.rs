@@ -80,6 +80,8 @@ impl DiscoverySettings {
 struct Live {
     connection: Arc<Connection>,
     server: DeclaredServer,
+    /// The connect's sanitizer (it knows the `headersHelper` values).
+    sanitizer: Sanitizer,
     tools: Vec<ToolDecl>,
     warning: String,
 }
@@ -109,6 +111,7 @@ enum Event {
         generation: u64,
         outcome: Result<(Box<Connection>, Vec<ToolDecl>), String>,
         took: Duration,
+        sanitizer: Sanitizer,
     },
     Relisted {
         name: String,
@@ -331,14 +334,6 @@ impl Actor {
             .collect()
     }
 
-    fn sanitizer(&self, server: &DeclaredServer) -> Sanitizer {
-        Sanitizer::with_secrets(
-            &server.spec(),
-            self.inherited(),
-            server.expanded_secrets.iter().cloned(),
-        )
-    }
-
     fn spawn_connect(&mut self, server: &DeclaredServer, generation: u64) {
         let server = server.clone();
         let inherited = self.inherited();
@@ -371,7 +366,9 @@ impl Actor {
                 (outcome, started.elapsed(), sanitizer)
             };
             // Shutdown drops the work: a dropped connection kills its server.
-            let Some((outcome, took, sanitizer)) = shutdown.run_until_cancelled(work).await else {
+            let Some((outcome, took, sanitizer)) =
+                shutdown.run_until_cancelled(Box::pin(work)).await
+            else {
                 return;
             };
             let outcome = outcome
@@ -382,6 +379,7 @@ impl Actor {
                 generation,
                 outcome,
                 took,
+                sanitizer,
             };
             if let Err(mpsc::error::SendError(Event::Connected {
                 outcome: Ok((connection, _)),
@@ -400,7 +398,8 @@ impl Actor {
                 generation,
                 outcome,
                 took,
-            } => self.on_connected(name, generation, outcome, took),
+                sanitizer,
+            } => self.on_connected(name, generation, outcome, took, sanitizer),
             Event::Relisted {
                 name,
                 generation,
@@ -439,6 +438,7 @@ impl Actor {
         generation: u64,
         outcome: Result<(Box<Connection>, Vec<ToolDecl>), String>,
         took: Duration,
+        sanitizer: Sanitizer,
     ) {
         self.connecting = self.connecting.saturating_sub(1);
         let current = self
@@ -475,6 +475,7 @@ impl Actor {
                 SlotState::Live(Live {
                     connection: Arc::new(*connection),
                     server: slot.server.clone(),
+                    sanitizer,
                     tools,
                     warning: String::new(),
                 })
@@ -514,7 +515,7 @@ impl Actor {
         };
         let connection = live.connection.clone();
         let generation = slot.generation;
-        let sanitizer = self.sanitizer(&live.server);
+        let sanitizer = live.sanitizer.clone();
         let events = self.events_tx.clone();
         let timeout = self.settings.handshake_timeout;
         let name = name.to_owned();
@@ -569,7 +570,9 @@ impl Actor {
                 self.add(server);
                 continue;
             };
-            if slot.server.transport == server.transport {
+            if slot.server.transport == server.transport
+                && slot.server.headers_helper == server.headers_helper
+            {
                 // Moved between files or unchanged: no reconnect.
                 slot.server.config_path = server.config_path.clone();
                 if let SlotState::Live(live) = &mut slot.state

@@ -346,11 +346,14 @@ pub enum Entry {
     Disabled(v1::McpTransport),
 }
 
+/// An entry, or its config error and the transport it names.
+pub type EntryResult = Result<Entry, (String, v1::McpTransport)>;
+
 /// One file's servers in file order, each usable, disabled, or with its
 /// error (and the transport it names, for its row).
 #[derive(Debug)]
 pub struct ParsedConfig {
-    pub servers: Vec<(String, Result<Entry, (String, v1::McpTransport)>)>,
+    pub servers: Vec<(String, EntryResult)>,
     pub warnings: Vec<String>,
 }
 
