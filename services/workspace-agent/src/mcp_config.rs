@@ -568,7 +568,7 @@ impl Expander<'_, '_> {
     fn expand(&mut self, field: &str, value: &str) -> Result<String, String> {
         let mut from_env = Vec::new();
         let expanded = expand_vars(value, self.vars, &mut from_env)
-            .map_err(|missing| format!("server {:?}: {missing} (in {field})", self.name))?;
+            .map_err(|missing| format!("server {:?}: {field} {missing}", self.name))?;
         for (var, value) in from_env {
             if !ctxsync_mcp::is_harmless_env_name(&var) {
                 self.secrets.push(value);
@@ -831,7 +831,7 @@ pub fn expand_vars(
             (None, Some(default)) => out.push_str(default),
             (None, None) => {
                 return Err(format!(
-                    "the variable {var:?} is not set and has no default (write ${{{var}:-default}} to give one)"
+                    "uses the variable {var:?}, which is not set and has no default (write ${{{var}:-default}} to give one)"
                 ));
             }
         }
@@ -1057,11 +1057,11 @@ mod tests {
         assert_eq!(headers["Authorization"], "Bearer ghp_secret");
         assert_eq!(
             error_of(&parsed, 2),
-            "server \"gone\": the variable \"NOPE\" is not set and has no default (write ${NOPE:-default} to give one) (in \"env\" \"K\")"
+            "server \"gone\": \"env\" \"K\" uses the variable \"NOPE\", which is not set and has no default (write ${NOPE:-default} to give one)"
         );
         assert_eq!(
             error_of(&parsed, 3),
-            "server \"gone_url\": the variable \"NO_HOST\" is not set and has no default (write ${NO_HOST:-default} to give one) (in \"url\")"
+            "server \"gone_url\": \"url\" uses the variable \"NO_HOST\", which is not set and has no default (write ${NO_HOST:-default} to give one)"
         );
         assert!(matches!(parsed.servers[4].1, Ok(Entry::Server(_))));
     }
@@ -1085,7 +1085,7 @@ mod tests {
         assert_eq!(env["LANGV"], "de");
         assert_eq!(
             error_of(&parsed, 1),
-            "server \"remote\": needs the input \"api-key\", which a headless agent cannot prompt for: set CTXSYNC_MCP_INPUT_API_KEY (in \"headers\" \"Authorization\")"
+            "server \"remote\": \"headers\" \"Authorization\" needs the input \"api-key\", which a headless agent cannot prompt for: set CTXSYNC_MCP_INPUT_API_KEY"
         );
         let parsed = parse_ok(
             text,

@@ -180,7 +180,7 @@ async fn an_unset_variable_without_default_fails_its_server_alone() {
     let (push, _) = inspect(&ws, &[]);
     assert_ok(server(&push, "fine"), FIXTURE_TOOLS);
     let failed = server(&push, "needs_key");
-    let error = "server \"needs_key\": the variable \"UNSET_API_KEY\" is not set and has no default (write ${UNSET_API_KEY:-default} to give one) (in \"env\" \"API_KEY\")";
+    let error = "server \"needs_key\": \"env\" \"API_KEY\" uses the variable \"UNSET_API_KEY\", which is not set and has no default (write ${UNSET_API_KEY:-default} to give one)";
     assert_eq!(failed["status"], "RESOURCE_STATUS_INVALID");
     assert_eq!(failed["error"], error);
     let file = config(&push, &ws.mcp_json());
@@ -218,7 +218,7 @@ async fn vs_code_servers_inputs_and_workspace_folder() {
     assert_eq!(remote["status"], "RESOURCE_STATUS_INVALID");
     assert_eq!(
         remote["error"],
-        "server \"remote\": needs the input \"api-key\", which a headless agent cannot prompt for: set CTXSYNC_MCP_INPUT_API_KEY (in \"headers\" \"X-Api-Key\")"
+        "server \"remote\": \"headers\" \"X-Api-Key\" needs the input \"api-key\", which a headless agent cannot prompt for: set CTXSYNC_MCP_INPUT_API_KEY"
     );
     let (push, _) = inspect(&ws, &[("CTXSYNC_MCP_INPUT_API_KEY", "in9ut-v4lue")]);
     assert_ok(server(&push, "remote"), FIXTURE_TOOLS);
@@ -520,4 +520,24 @@ async fn twenty_thousand_servers_are_capped_bounded_and_reported() {
         server(&push, "s00000")["error"],
         "cannot start `/nonexistent/srv`: no such file: /nonexistent/srv"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claude_desktop_file_configured_by_path_runs_its_servers_in_the_workdir() {
+    let ws = Workspace::new();
+    link_fixture(&ws.work().join("scripts/mcp-server"));
+    // Outside the workspace, as Claude Desktop's file is: it belongs to no
+    // workspace folder, so its servers run in the agent's CTXSYNC_WORKDIR.
+    let path = ws.dir.path().join("Claude/claude_desktop_config.json");
+    write(
+        &path,
+        &json!({"mcpServers": {
+            "desktop": {"command": "scripts/mcp-server", "args": ["--record-dir", "rec"]}
+        }})
+        .to_string(),
+    );
+    let (push, _) = inspect(&ws, &[("CTXSYNC_MCP_CONFIG_FILES", path.to_str().unwrap())]);
+    assert_ok(server(&push, "desktop"), FIXTURE_TOOLS);
+    assert_eq!(config(&push, &path)["status"], "RESOURCE_STATUS_OK");
+    assert_eq!(mcp_fixture::read_starts(&ws.work().join("rec")).len(), 1);
 }
