@@ -7,7 +7,8 @@
 //! * The endpoint must be on the stream's origin (scheme, host, port): the
 //!   configured headers carry credentials, and a server cannot send them
 //!   elsewhere.
-//! * An event is at most [`MAX_EVENT_BYTES`]; a bigger one ends the session.
+//! * An event is at most [`MAX_EVENT_BYTES`], counted on the raw stream
+//!   before the parser buffers it; a bigger one ends the session.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -74,7 +75,7 @@ impl SseTransport {
                 "GET {stream_url} answered {content_type:?}, not an event stream (text/event-stream)"
             )));
         }
-        let mut events = SseStream::from_bytes_stream(response.bytes_stream());
+        let mut events = SseStream::from_bytes_stream(bounded(response.bytes_stream()));
         let endpoint = loop {
             match events.next().await {
                 None => {
@@ -108,22 +109,18 @@ impl SseTransport {
         let (sender, incoming) = mpsc::channel(QUEUE);
         let reader = tokio::spawn(async move {
             while let Some(event) = events.next().await {
-                let Ok(event) = event else {
-                    tracing::debug!("sse stream broke");
-                    break;
+                let event = match event {
+                    Ok(event) => event,
+                    Err(error) => {
+                        // A broken stream or an event over the limit.
+                        tracing::warn!(%error, "sse stream ended");
+                        break;
+                    }
                 };
                 if !matches!(event.event.as_deref(), None | Some("message")) {
                     continue;
                 }
                 let Some(data) = event.data else { continue };
-                if data.len() > MAX_EVENT_BYTES {
-                    tracing::warn!(
-                        bytes = data.len(),
-                        limit = MAX_EVENT_BYTES,
-                        "sse message over the limit; session ended"
-                    );
-                    break;
-                }
                 match serde_json::from_str::<RxJsonRpcMessage<RoleClient>>(&data) {
                     Ok(message) => {
                         if sender.send(message).await.is_err() {
@@ -144,6 +141,42 @@ impl SseTransport {
             reader,
         })
     }
+}
+
+/// The body's bytes, cut off with an error once more than
+/// [`MAX_EVENT_BYTES`] arrive without an event boundary (a blank line).
+fn bounded(
+    body: impl futures::Stream<Item = Result<bytes::Bytes, reqwest::Error>>,
+) -> impl futures::Stream<Item = Result<bytes::Bytes, std::io::Error>> {
+    body.scan(0usize, |since_boundary, chunk| {
+        let chunk = match chunk {
+            Ok(chunk) => chunk,
+            Err(error) => return std::future::ready(Some(Err(std::io::Error::other(error)))),
+        };
+        *since_boundary = match last_blank_line_end(&chunk) {
+            Some(end) => chunk.len() - end,
+            None => *since_boundary + chunk.len(),
+        };
+        if *since_boundary > MAX_EVENT_BYTES {
+            return std::future::ready(Some(Err(std::io::Error::other(format!(
+                "an event is over {MAX_EVENT_BYTES} bytes"
+            )))));
+        }
+        std::future::ready(Some(Ok(chunk)))
+    })
+}
+
+/// Where the last blank line (`\n\n` or `\n\r\n`) in `chunk` ends.
+fn last_blank_line_end(chunk: &[u8]) -> Option<usize> {
+    (1..chunk.len()).rev().find_map(|i| {
+        let ends_line = chunk[i] == b'\n';
+        let before = if chunk[i - 1] == b'\r' && i >= 2 {
+            chunk[i - 2]
+        } else {
+            chunk[i - 1]
+        };
+        (ends_line && before == b'\n').then_some(i + 1)
+    })
 }
 
 impl Transport<RoleClient> for SseTransport {
@@ -185,6 +218,19 @@ impl Transport<RoleClient> for SseTransport {
         self.reader.abort();
         self.incoming.close();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blank_lines_end_events_with_either_line_ending() {
+        assert_eq!(last_blank_line_end(b"data: a\n\ndata: b"), Some(9));
+        assert_eq!(last_blank_line_end(b"data: a\r\n\r\nxy"), Some(11));
+        assert_eq!(last_blank_line_end(b"data: a\ndata: b\n"), None);
+        assert_eq!(last_blank_line_end(b"data: a\r\ndata: b\r\n"), None);
     }
 }
 
