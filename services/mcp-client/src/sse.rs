@@ -111,9 +111,9 @@ impl SseTransport {
             while let Some(event) = events.next().await {
                 let event = match event {
                     Ok(event) => event,
-                    Err(error) => {
-                        // A broken stream or an event over the limit.
-                        tracing::warn!(%error, "sse stream ended");
+                    Err(_) => {
+                        // The error may name the URL (a secret): not logged.
+                        tracing::warn!("sse stream ended: broken, or an event over the limit");
                         break;
                     }
                 };
@@ -221,6 +221,12 @@ impl Transport<RoleClient> for SseTransport {
     }
 }
 
+impl Drop for SseTransport {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -231,11 +237,5 @@ mod tests {
         assert_eq!(last_blank_line_end(b"data: a\r\n\r\nxy"), Some(11));
         assert_eq!(last_blank_line_end(b"data: a\ndata: b\n"), None);
         assert_eq!(last_blank_line_end(b"data: a\r\ndata: b\r\n"), None);
-    }
-}
-
-impl Drop for SseTransport {
-    fn drop(&mut self) {
-        self.reader.abort();
     }
 }
