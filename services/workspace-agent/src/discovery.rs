@@ -716,18 +716,17 @@ async fn run_headers_helper(
             .take(HEADERS_HELPER_MAX_BYTES as u64 + 1)
             .read_to_end(&mut output)
             .await;
+        if output.len() > HEADERS_HELPER_MAX_BYTES {
+            // Still writing: its whole group goes.
+            kill_group(child.id());
+        }
         let status = child.wait().await;
         (read, status, output)
     };
     let (read, status, output) = match tokio::time::timeout(HEADERS_HELPER_TIMEOUT, run).await {
         Ok(done) => done,
         Err(_) => {
-            if let Some(pid) = child.id() {
-                let _ = nix::sys::signal::killpg(
-                    nix::unistd::Pid::from_raw(pid as i32),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            }
+            kill_group(child.id());
             return Err(format!(
                 "headersHelper did not finish within {}",
                 humantime::format_duration(HEADERS_HELPER_TIMEOUT)
@@ -756,6 +755,17 @@ async fn run_headers_helper(
             })
             .collect(),
         _ => Err("headersHelper did not print a JSON object of header names to strings".to_owned()),
+    }
+}
+
+/// SIGKILL to a helper's process group (it leads one).
+fn kill_group(pid: Option<u32>) {
+    if let Some(pid) = pid {
+        // ESRCH: already gone.
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
     }
 }
 

@@ -369,7 +369,8 @@ async fn headers_helper_output_is_sent_and_never_shown() {
             "helped": {"url": http.url(), "headersHelper": "sh auth.sh"},
             "unhelped": {"url": http.url()},
             "failing": {"url": http.url(), "headersHelper": "sh fail.sh"},
-            "junk": {"url": http.url(), "headersHelper": "sh junk.sh"}
+            "junk": {"url": http.url(), "headersHelper": "sh junk.sh"},
+            "endless": {"url": http.url(), "headersHelper": "yes h3lper-t0ken-5"}
         }})
         .to_string(),
     );
@@ -394,6 +395,10 @@ async fn headers_helper_output_is_sent_and_never_shown() {
     assert_eq!(
         server(&push, "junk")["error"],
         "headersHelper did not print a JSON object of header names to strings"
+    );
+    assert_eq!(
+        server(&push, "endless")["error"],
+        "headersHelper printed more than 65536 bytes"
     );
     let text = format!("{push} {stderr}");
     assert!(
