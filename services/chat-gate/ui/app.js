@@ -73,7 +73,7 @@ function showLogin(message) {
 // ---- labels ----
 const PHASES = { PHASE_PENDING: "pending", PHASE_COMPLETE: "complete", PHASE_UNSPECIFIED: "no phase" };
 const FRESHNESS = { FRESHNESS_CURRENT: "current run", FRESHNESS_STALE: "stale", FRESHNESS_LEGACY: "legacy", FRESHNESS_NO_REPORT: "no report" };
-const STATUS = { RESOURCE_STATUS_INVALID: "invalid", RESOURCE_STATUS_UNREADABLE: "unreadable", RESOURCE_STATUS_OVERSIZE: "over the size limit", RESOURCE_STATUS_EXCLUDED: "excluded", RESOURCE_STATUS_OK: "ok" };
+const STATUS = { RESOURCE_STATUS_INVALID: "invalid", RESOURCE_STATUS_UNREADABLE: "unreadable", RESOURCE_STATUS_OVERSIZE: "over the size limit", RESOURCE_STATUS_EXCLUDED: "excluded", RESOURCE_STATUS_DISABLED: "disabled", RESOURCE_STATUS_OK: "ok" };
 const badge = (value, labels) => el("span", { class: "badge " + value, "data-value": value, text: labels[value] || value });
 const when = (ts) => ts ? new Date(ts).toLocaleString() : "never";
 
@@ -142,6 +142,9 @@ function renderAgent(p, origin) {
   const failed = (p.failed_servers || []).map((s) => el("div", { class: "card failed-server", "data-server": s.name },
     el("strong", { text: s.name }), " ", el("span", { class: "muted", text: s.config_path }),
     el("p", { class: "failed", text: (STATUS[s.status] || s.status) + ": " + s.error })));
+  const disabled = (p.disabled_servers || []).map((s) => el("div", { class: "card disabled-server", "data-server": s.name },
+    el("strong", { text: s.name }), " ", el("span", { class: "muted", text: s.config_path }),
+    el("p", { class: "muted", text: "disabled in its config file: not started" })));
   const invalid = (p.invalid_config_files || []).map((f) => el("div", { class: "card invalid-config", "data-path": f.path },
     el("strong", { text: f.path }),
     el("p", { class: "failed", text: (STATUS[f.status] || f.status) + ": " + f.error })));
@@ -166,6 +169,7 @@ function renderAgent(p, origin) {
     p.store_error ? el("p", { class: "error", text: "store: " + p.store_error }) : null,
     section("Usable servers", servers, "none"),
     section("Failed servers", failed, "none"),
+    section("Disabled servers", disabled, "none"),
     section("Invalid config files", invalid, "none"),
     section("Instruction files", files, "none"),
     section("Skills", skills, "none")].flat(2).filter(Boolean));
@@ -191,7 +195,7 @@ async function openAgent(id) {
 
 // ---- the catalog ----
 const WARMUP = { WARMUP_PENDING: "not tried yet", WARMUP_DISCOVERED: "discovered", WARMUP_FAILING: "failing, retried", WARMUP_ABANDONED: "abandoned", WARMUP_UNSPECIFIED: "unknown" };
-const TRANSPORTS = { MCP_TRANSPORT_STDIO: "stdio", MCP_TRANSPORT_STREAMABLE_HTTP: "streamable HTTP" };
+const TRANSPORTS = { MCP_TRANSPORT_STDIO: "stdio", MCP_TRANSPORT_STREAMABLE_HTTP: "streamable HTTP", MCP_TRANSPORT_SSE: "HTTP+SSE" };
 const SVG = "http://www.w3.org/2000/svg";
 const ms = (v) => v === undefined || v === null ? "-" : (v >= 1000 ? (v / 1000).toFixed(2) + " s" : v.toFixed(1) + " ms");
 const hour = (ts) => new Date(ts).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });

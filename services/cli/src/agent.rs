@@ -326,6 +326,7 @@ fn status_name(status: i32) -> &'static str {
         ResourceStatus::Unreadable => "unreadable",
         ResourceStatus::Oversize => "oversize",
         ResourceStatus::Excluded => "excluded",
+        ResourceStatus::Disabled => "disabled",
         ResourceStatus::Unspecified => "?",
     }
 }

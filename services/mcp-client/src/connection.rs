@@ -135,7 +135,7 @@ impl Connection {
     ) -> Result<Connection, McpError> {
         let handler = ClientSide {
             server_name: spec.name.clone(),
-            tools_changed: options.tools_changed,
+            tools_changed: options.tools_changed.clone(),
         };
         let timeout = options.handshake_timeout;
         let (service, process) = match &spec.transport {
@@ -184,38 +184,54 @@ impl Connection {
                 }
             }
             TransportSpec::StreamableHttp { url, headers } => {
-                url::Url::parse(url).map_err(|error| McpError::InvalidSpec {
-                    message: format!("url {url} is not valid: {error}"),
-                })?;
-                let mut custom_headers = HashMap::new();
-                for (name, value) in headers {
-                    let header_name =
-                        http::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
-                            McpError::InvalidSpec {
-                                message: format!("header name {name:?} is not valid"),
-                            }
-                        })?;
-                    // The value is a secret: say which header, never what it holds.
-                    let header_value =
-                        http::HeaderValue::from_str(value).map_err(|_| McpError::InvalidSpec {
-                            message: format!(
-                                "the value of header {name} is not a valid header value"
-                            ),
-                        })?;
-                    custom_headers.insert(header_name, header_value);
-                }
+                let custom_headers = header_map(url, headers)?;
                 // Our client, not rmcp's default: rustls on ring with the
                 // operator's extra CA (see `crate::https`).
+                let client = crate::https::http_client()?;
                 let transport = StreamableHttpClientTransport::with_client(
-                    crate::https::http_client()?,
+                    client.clone(),
                     StreamableHttpClientTransportConfig::with_uri(url.as_str())
-                        .custom_headers(custom_headers),
+                        .custom_headers(custom_headers.clone()),
                 );
-                match tokio::time::timeout(timeout, handler.serve(transport)).await {
-                    Ok(Ok(service)) => (service, None),
-                    Ok(Err(error)) => return Err(http_handshake_error(error)),
+                let started = Instant::now();
+                let streamable = match tokio::time::timeout(timeout, handler.serve(transport)).await
+                {
+                    Ok(Ok(service)) => Ok(service),
+                    Ok(Err(error)) => Err(error),
                     Err(_) => return Err(McpError::Timeout { after: timeout }),
+                };
+                match streamable {
+                    Ok(service) => (service, None),
+                    // The specification's backwards compatibility: a 4xx to
+                    // the first POST may be a legacy HTTP+SSE server.
+                    Err(error) if is_legacy_hint(&error) => {
+                        let first = http_handshake_error(error);
+                        let handler = ClientSide {
+                            server_name: spec.name.clone(),
+                            tools_changed: options.tools_changed.clone(),
+                        };
+                        let left = timeout.saturating_sub(started.elapsed());
+                        match connect_sse(handler, client, url, custom_headers, left).await {
+                            Ok(service) => (service, None),
+                            Err(second) => {
+                                return Err(McpError::Transport {
+                                    message: format!(
+                                        "streamable HTTP: {}; legacy HTTP+SSE: {}",
+                                        error_message(&first),
+                                        error_message(&second)
+                                    ),
+                                });
+                            }
+                        }
+                    }
+                    Err(error) => return Err(http_handshake_error(error)),
                 }
+            }
+            TransportSpec::Sse { url, headers } => {
+                let custom_headers = header_map(url, headers)?;
+                let client = crate::https::http_client()?;
+                let service = connect_sse(handler, client, url, custom_headers, timeout).await?;
+                (service, None)
             }
         };
         let server_info = service
@@ -476,6 +492,80 @@ fn spawn_reason(command: &str, error: &std::io::Error) -> String {
         std::io::ErrorKind::NotFound => format!("command not found on PATH: {command}"),
         std::io::ErrorKind::PermissionDenied => format!("permission denied: {command}"),
         _ => error.to_string(),
+    }
+}
+
+/// The configured headers, checked: a bad one is a config error naming the
+/// header, never its value.
+fn header_map(
+    url: &str,
+    headers: &std::collections::BTreeMap<String, String>,
+) -> Result<HashMap<http::HeaderName, http::HeaderValue>, McpError> {
+    url::Url::parse(url).map_err(|error| McpError::InvalidSpec {
+        message: format!("url {url} is not valid: {error}"),
+    })?;
+    let mut custom_headers = HashMap::new();
+    for (name, value) in headers {
+        let header_name =
+            http::HeaderName::from_bytes(name.as_bytes()).map_err(|_| McpError::InvalidSpec {
+                message: format!("header name {name:?} is not valid"),
+            })?;
+        // The value is a secret: say which header, never what it holds.
+        let header_value =
+            http::HeaderValue::from_str(value).map_err(|_| McpError::InvalidSpec {
+                message: format!("the value of header {name} is not a valid header value"),
+            })?;
+        custom_headers.insert(header_name, header_value);
+    }
+    Ok(custom_headers)
+}
+
+/// Opens a legacy SSE session and runs the handshake over it, both within
+/// `timeout`.
+async fn connect_sse(
+    handler: ClientSide,
+    client: reqwest::Client,
+    url: &str,
+    headers: HashMap<http::HeaderName, http::HeaderValue>,
+    timeout: Duration,
+) -> Result<RunningService<RoleClient, ClientSide>, McpError> {
+    let handshake = async {
+        let transport = crate::sse::SseTransport::connect(client, url, headers)
+            .await
+            .map_err(|error| McpError::Transport { message: error.0 })?;
+        handler.serve(transport).await.map_err(http_handshake_error)
+    };
+    match tokio::time::timeout(timeout, handshake).await {
+        Ok(result) => result,
+        Err(_) => Err(McpError::Timeout { after: timeout }),
+    }
+}
+
+/// The error's text without its variant's prefix, for a message that joins two.
+fn error_message(error: &McpError) -> String {
+    match error {
+        McpError::Transport { message } => message.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Whether a failed streamable-HTTP initialize is the 4xx answer the
+/// specification says to retry as a legacy HTTP+SSE server.
+fn is_legacy_hint(error: &ClientInitializeError) -> bool {
+    use rmcp::transport::streamable_http_client::StreamableHttpError;
+    let ClientInitializeError::TransportError { error, .. } = error else {
+        return false;
+    };
+    match error
+        .error
+        .downcast_ref::<StreamableHttpError<reqwest::Error>>()
+    {
+        Some(StreamableHttpError::UnexpectedServerResponse(text)) => text.starts_with("HTTP 4"),
+        Some(StreamableHttpError::Client(inner)) => inner
+            .status()
+            .is_some_and(|status| status.is_client_error()),
+        Some(StreamableHttpError::UnexpectedContentType(_)) => true,
+        _ => false,
     }
 }
 

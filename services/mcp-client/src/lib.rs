@@ -2,7 +2,9 @@
 //!
 //! * [`Connection::connect`] starts a stdio server as a process-group leader (so
 //!   `npx`/shell grandchildren die with it) or opens a streamable-HTTP session,
-//!   bounded by a handshake timeout (rmcp has none of its own).
+//!   bounded by a handshake timeout (rmcp has none of its own); an HTTP
+//!   server is reached over streamable HTTP, or legacy HTTP+SSE (module `sse`: a
+//!   4xx to the first POST, or `TransportSpec::Sse`).
 //! * [`open_and_list`] is connect + list tools within one deadline, killing
 //!   the server on failure: every caller opens servers through it.
 //!   [`discover`] adds the close, within the same deadline;
@@ -22,6 +24,7 @@ pub mod https;
 mod open;
 mod sanitize;
 mod spec;
+mod sse;
 mod text;
 
 use sha2::{Digest, Sha256};
@@ -33,7 +36,7 @@ pub use open::{
 };
 pub use sanitize::{
     MAX_SANITIZED_LEN, MIN_INHERITED_SECRET_LEN, MIN_SECRET_LEN, REDACTED, Sanitizer,
-    is_harmless_env_name, is_secret_env_name, process_env,
+    is_harmless_env_name, is_secret_env_name, looks_secret, process_env,
 };
 pub use spec::{
     Declarations, PromptDecl, ResourceDecl, ServerInfo, ServerSpec, ToolDecl, TransportKind,

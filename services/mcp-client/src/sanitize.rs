@@ -1,24 +1,28 @@
-//! Error sanitizer (design note: sanitized errors): removes everything a server process could have
-//! seen of its configuration from an error text before it leaves the process.
+//! Error sanitizer (design note: sanitized errors): removes from an error
+//! text every secret a server process could have seen of its configuration,
+//! and nothing else: the structure around a secret (a URL's scheme, host and
+//! path, the working directory, home, PATH, ordinary words) stays readable.
 //!
 //! Secrets are found by VALUE, not by name: a server that echoes its whole
 //! environment on failure must not leak a variable whose name looks harmless.
 //! What is replaced with `[redacted]`:
-//! * the values of the server's configured env;
-//! * the values of the inherited environment (what the server process also
-//!   sees): every value of at least [`MIN_INHERITED_SECRET_LEN`] bytes, and of
-//!   at least [`MIN_SECRET_LEN`] bytes when the name looks secret
-//!   ([`is_secret_env_name`]). Only the well-known system variables listed in
-//!   [`is_harmless_env_name`] (`PATH`, `HOME`, `LANG`, `TERM`, …) are kept:
-//!   their values are not secrets and appear in useful errors (paths);
+//! * the values of the server's configured env (what the config file set);
+//! * of the inherited environment (what the server process also sees): the
+//!   values of variables whose name looks secret ([`is_secret_env_name`]),
+//!   and any other value that looks secret ([`looks_secret`]: a token-like
+//!   word of at least [`MIN_INHERITED_SECRET_LEN`] bytes mixing letters and
+//!   digits, or a known token prefix). Paths, URLs (judged by their parts),
+//!   words and the well-known system variables ([`is_harmless_env_name`]) stay;
 //! * header values, and for `Scheme credential` values (`Bearer x`, `Basic x`)
 //!   the credential alone; a `Basic` credential's decoded `user:password` too;
-//! * stdio arguments that are not flags (so `--token M` and `-p M`), the value
-//!   of `--flag=value` and `-f=value`, and a short flag's attached value
-//!   (`-pSECRET`, as getopt reads it); the command itself is kept: it names
-//!   what failed;
-//! * of the configured URL: userinfo, path and query (scheme, host and port stay);
-//! * of any URL found in the text: userinfo, path, query and fragment.
+//! * stdio arguments: a flag's attached value (`--flag=value`, `-f=value`,
+//!   `-fvalue` as getopt reads it), the argument after a flag whose name
+//!   looks secret (`--token M`, `-p M`), and any argument that looks secret;
+//!   the command, subcommands (`start`), package names and paths stay;
+//! * of a configured URL: userinfo, query values, fragment, and path segments
+//!   that look secret;
+//! * of any URL found in the text: the same (scheme, host, port, path and
+//!   query keys stay).
 //!
 //! Values shorter than [`MIN_SECRET_LEN`] bytes are not replaced: replacing `1`
 //! or `on` everywhere would shred the text and hide nothing worth hiding.
@@ -40,10 +44,10 @@ use crate::spec::{ServerSpec, TransportSpec};
 /// Replacement for every secret.
 pub const REDACTED: &str = "[redacted]";
 /// Values shorter than this (in bytes) are left alone.
-pub const MIN_SECRET_LEN: usize = 4;
-/// Inherited env values whose name does not look secret are redacted from
-/// this length on (in bytes): shorter ones (`1`, `true`, `info`, `0.1.0`)
-/// are settings, and replacing them everywhere would shred every text.
+pub const MIN_SECRET_LEN: usize = 6;
+/// A value whose name does not say it is secret must be at least this long
+/// (in bytes) to look secret ([`looks_secret`]): shorter ones (`1`, `true`,
+/// `info`, `0.1.0`) are settings.
 pub const MIN_INHERITED_SECRET_LEN: usize = 8;
 /// Maximum length of a sanitized text, in bytes.
 pub const MAX_SANITIZED_LEN: usize = 4096;
@@ -72,13 +76,23 @@ impl Sanitizer {
         spec: &ServerSpec,
         inherited: impl IntoIterator<Item = (String, String)>,
     ) -> Sanitizer {
+        Self::with_secrets(spec, inherited, std::iter::empty())
+    }
+
+    /// [`Sanitizer::with_inherited_env`] plus values known to be secret
+    /// wherever they appear (a variable expanded into the configuration).
+    pub fn with_secrets(
+        spec: &ServerSpec,
+        inherited: impl IntoIterator<Item = (String, String)>,
+        extra: impl IntoIterator<Item = String>,
+    ) -> Sanitizer {
         let mut secrets = BTreeSet::new();
+        for value in extra {
+            add_value(&mut secrets, &value);
+        }
         for (name, value) in inherited {
-            // A secret-looking name is a secret from MIN_SECRET_LEN bytes
-            // (filtered when the matcher is built), any other name from
-            // MIN_INHERITED_SECRET_LEN unless it is a well-known system variable.
-            let secret = is_secret_env_name(&name)
-                || (!is_harmless_env_name(&name) && value.trim().len() >= MIN_INHERITED_SECRET_LEN);
+            let secret =
+                is_secret_env_name(&name) || (!is_harmless_env_name(&name) && looks_secret(&value));
             if secret {
                 add_value(&mut secrets, &value);
             }
@@ -88,11 +102,10 @@ impl Sanitizer {
                 for value in env.values() {
                     add_value(&mut secrets, value);
                 }
-                for arg in args {
-                    add_arg(&mut secrets, arg);
-                }
+                add_args(&mut secrets, args);
             }
-            TransportSpec::StreamableHttp { url, headers } => {
+            TransportSpec::StreamableHttp { url, headers }
+            | TransportSpec::Sse { url, headers } => {
                 add_url_parts(&mut secrets, url);
                 for value in headers.values() {
                     add_header_value(&mut secrets, value);
@@ -156,6 +169,54 @@ impl Sanitizer {
 pub fn process_env() -> impl Iterator<Item = (String, String)> {
     std::env::vars_os()
         .filter_map(|(name, value)| Some((name.into_string().ok()?, value.into_string().ok()?)))
+}
+
+/// Whether a value reads as a credential although nothing names it one: a
+/// single word of at least [`MIN_INHERITED_SECRET_LEN`] bytes with at least
+/// two letters and two digits (`hunter22`, `a1b2c3d4e5f6`), or one starting
+/// with a well-known token prefix (`sk-`, `ghp_`, `xoxb-`, `AKIA`, `eyJ`, …).
+/// Paths (`/…`, `./…`, `~/…`), package names (`@scope/pkg@1.2`), URLs,
+/// versions and plain words do not.
+pub fn looks_secret(value: &str) -> bool {
+    const PREFIXES: &[&str] = &[
+        "sk-",
+        "sk_",
+        "pk_",
+        "rk_",
+        "ghp_",
+        "gho_",
+        "ghu_",
+        "ghs_",
+        "ghr_",
+        "github_pat_",
+        "glpat-",
+        "xoxa-",
+        "xoxb-",
+        "xoxp-",
+        "xoxs-",
+        "AKIA",
+        "ASIA",
+        "eyJ",
+        "npm_",
+        "hf_",
+    ];
+    let value = value.trim();
+    if value.len() < MIN_INHERITED_SECRET_LEN || value.chars().any(char::is_whitespace) {
+        return false;
+    }
+    if value.starts_with(['/', '.', '~', '@']) || value.contains("://") {
+        return false;
+    }
+    if PREFIXES.iter().any(|prefix| value.starts_with(prefix)) {
+        return true;
+    }
+    let digits = value.chars().filter(char::is_ascii_digit).count();
+    let letters = value.chars().filter(char::is_ascii_alphabetic).count();
+    let version = value
+        .trim_start_matches('v')
+        .chars()
+        .all(|c| c.is_ascii_digit() || matches!(c, '.' | '-' | '+'));
+    digits >= 2 && letters >= 2 && !version
 }
 
 /// Well-known system variables whose values are not secrets (paths, locale,
@@ -225,24 +286,49 @@ fn add_value(secrets: &mut BTreeSet<String>, value: &str) {
     }
 }
 
-fn add_arg(secrets: &mut BTreeSet<String>, arg: &str) {
-    if let Some(long) = arg.strip_prefix("--") {
-        // `--flag=value`: the value is secret, the flag name is not.
-        if let Some((_, value)) = long.split_once('=') {
-            add_value(secrets, value);
+/// A flag's value is secret; so is the argument after a flag whose name
+/// looks secret, and any argument that looks secret. Subcommands, package
+/// names and paths name what failed and stay.
+fn add_args(secrets: &mut BTreeSet<String>, args: &[String]) {
+    let mut secret_flag = false;
+    for arg in args {
+        let after_secret_flag = std::mem::take(&mut secret_flag);
+        if arg == "--" {
+            continue;
         }
-        return;
+        if let Some(long) = arg.strip_prefix("--") {
+            // `--flag=value`: the value is secret, the flag name is not.
+            match long.split_once('=') {
+                Some((_, value)) => add_value(secrets, value),
+                None => secret_flag = is_secret_flag(long),
+            }
+            continue;
+        }
+        if let Some(short) = arg.strip_prefix('-')
+            && !short.is_empty()
+        {
+            // `-f=value` and `-fvalue` (getopt's attached value): whatever
+            // follows the letter. Bundled switches (`-xvf`) are short and stay.
+            let mut chars = short.chars();
+            let letter = chars.next().unwrap_or_default();
+            let rest = chars.as_str();
+            if rest.is_empty() {
+                secret_flag = matches!(letter, 'p' | 'P' | 'k' | 'K');
+            } else {
+                add_value(secrets, rest.strip_prefix('=').unwrap_or(rest));
+            }
+            continue;
+        }
+        if after_secret_flag || looks_secret(arg) {
+            add_value(secrets, arg);
+        }
     }
-    if let Some(short) = arg.strip_prefix('-') {
-        // `-f=value` and `-fvalue` (getopt's attached value): whatever follows
-        // the letter. Bundled switches (`-xvf`) are short and stay readable.
-        let mut chars = short.chars();
-        chars.next();
-        let rest = chars.as_str();
-        add_value(secrets, rest.strip_prefix('=').unwrap_or(rest));
-        return;
-    }
-    add_value(secrets, arg);
+}
+
+/// `token`, `api-key`, `password`, …: the argument after it is its value.
+fn is_secret_flag(name: &str) -> bool {
+    let name = name.replace('-', "_").to_ascii_uppercase();
+    is_secret_env_name(&name) || matches!(name.as_str(), "PASS" | "PW" | "KEY")
 }
 
 fn add_header_value(secrets: &mut BTreeSet<String>, value: &str) {
@@ -263,7 +349,8 @@ fn add_header_value(secrets: &mut BTreeSet<String>, value: &str) {
     }
 }
 
-/// Userinfo, path and query of a configured URL, raw and percent-decoded.
+/// Userinfo, query values, fragment and secret-looking path segments of a
+/// configured URL, raw and percent-decoded.
 fn add_url_parts(secrets: &mut BTreeSet<String>, raw: &str) {
     let Ok(url) = url::Url::parse(raw.trim()) else {
         // Not a URL we can take apart: the whole text is the secret.
@@ -278,18 +365,17 @@ fn add_url_parts(secrets: &mut BTreeSet<String>, raw: &str) {
         parts.push(password.to_string());
         parts.push(format!("{}:{}", url.username(), password));
     }
-    let path = url.path();
-    if path.len() > 1 {
-        parts.push(path.to_string());
-        parts.push(path.trim_matches('/').to_string());
-        parts.extend(path.split('/').map(str::to_string));
-    }
+    parts.extend(
+        url.path()
+            .split('/')
+            .filter(|segment| segment_is_secret(segment))
+            .map(str::to_string),
+    );
     if let Some(query) = url.query() {
-        parts.push(query.to_string());
         for pair in query.split('&') {
-            parts.push(pair.to_string());
-            if let Some((_, value)) = pair.split_once('=') {
-                parts.push(value.to_string());
+            match pair.split_once('=') {
+                Some((_, value)) => parts.push(value.to_string()),
+                None => parts.push(pair.to_string()),
             }
         }
     }
@@ -305,6 +391,10 @@ fn add_url_parts(secrets: &mut BTreeSet<String>, raw: &str) {
         }
         secrets.insert(part);
     }
+}
+
+fn segment_is_secret(segment: &str) -> bool {
+    looks_secret(segment) || percent_decode(segment).is_ok_and(|decoded| looks_secret(&decoded))
 }
 
 fn percent_decode(text: &str) -> Result<String, std::string::FromUtf8Error> {
@@ -344,6 +434,11 @@ fn scrub_urls(text: &str) -> String {
                     || matches!(c, '"' | '\'' | '`' | '<' | '>' | ')' | ']' | '}' | ',')
             })
             .map_or(rest.len(), |i| sep + i);
+        // Punctuation that ends a sentence is not part of the URL.
+        let end = scheme_start.max(sep)
+            + rest[scheme_start.max(sep)..end]
+                .trim_end_matches(['.', ',', ';', ':', '!', '?'])
+                .len();
         let candidate = &rest[scheme_start..end];
         out.push_str(&rest[..scheme_start]);
         if scheme_start < sep {
@@ -357,6 +452,8 @@ fn scrub_urls(text: &str) -> String {
     out
 }
 
+/// A URL found in a text: scheme, host, port, path and query keys stay;
+/// userinfo, query values, the fragment and secret-looking path segments go.
 fn scrub_url(candidate: &str) -> String {
     let Ok(url) = url::Url::parse(candidate) else {
         // Unparseable after `://`: keep the scheme only.
@@ -374,15 +471,34 @@ fn scrub_url(candidate: &str) -> String {
     if let Some(port) = url.port() {
         out.push_str(&format!(":{port}"));
     }
-    if url.path().len() > 1 {
-        out.push('/');
-        out.push_str(REDACTED);
-    } else if candidate.ends_with('/') {
-        out.push('/');
-    }
-    if url.query().is_some() {
+    // The path as written (the parser may have normalised it).
+    let after_authority = &candidate[candidate.find("://").map_or(0, |i| i + 3)..];
+    let written_path = after_authority
+        .find('/')
+        .map(|i| &after_authority[i..])
+        .map(|rest| rest.split(['?', '#']).next().unwrap_or_default())
+        .unwrap_or_default();
+    let segments: Vec<&str> = written_path
+        .split('/')
+        .map(|segment| {
+            if segment_is_secret(segment) {
+                REDACTED
+            } else {
+                segment
+            }
+        })
+        .collect();
+    out.push_str(&segments.join("/"));
+    if let Some(query) = url.query() {
         out.push('?');
-        out.push_str(REDACTED);
+        let pairs: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((key, _)) => format!("{key}={REDACTED}"),
+                None => REDACTED.to_owned(),
+            })
+            .collect();
+        out.push_str(&pairs.join("&"));
     }
     if url.fragment().is_some() {
         out.push('#');
@@ -506,7 +622,8 @@ mod tests {
     #[test]
     fn inherited_values_are_redacted_by_value_whatever_their_name() {
         let inherited = [
-            ("HARMLESS_LOOKING", "plain-value-secret"),
+            ("HARMLESS_LOOKING", "plain9value4secret"),
+            ("WORKDIR", "/workspace/project-2024"),
             ("MODE", "short"),
             ("PATH", "/usr/local/bin:/usr/bin"),
             ("HOME", "/home/someone-else"),
@@ -515,8 +632,12 @@ mod tests {
         .map(|(k, v)| (k.to_string(), v.to_string()));
         let s = Sanitizer::with_inherited_env(&stdio(&[], &[]), inherited);
         assert_eq!(
-            s.sanitize("env: HARMLESS_LOOKING=plain-value-secret MODE=short"),
+            s.sanitize("env: HARMLESS_LOOKING=plain9value4secret MODE=short"),
             "env: HARMLESS_LOOKING=[redacted] MODE=short"
+        );
+        assert_eq!(
+            s.sanitize("cannot start `/workspace/project-2024/x`"),
+            "cannot start `/workspace/project-2024/x`"
         );
         assert_eq!(
             s.sanitize(
@@ -533,8 +654,10 @@ mod tests {
                 &[
                     "-pattached-secret",
                     "-k=equals-secret",
-                    "-u",
+                    "-p",
                     "separate-secret",
+                    "-u",
+                    "separate-word",
                     "-xvf",
                 ],
                 &[],
@@ -542,8 +665,10 @@ mod tests {
             no_env(),
         );
         assert_eq!(
-            s.sanitize("args -pattached-secret -k=equals-secret -u separate-secret -xvf"),
-            "args -p[redacted] -k=[redacted] -u [redacted] -xvf"
+            s.sanitize(
+                "args -pattached-secret -k=equals-secret -p separate-secret -u separate-word -xvf"
+            ),
+            "args -p[redacted] -k=[redacted] -p [redacted] -u separate-word -xvf"
         );
         assert_eq!(
             s.sanitize("password attached-secret"),
@@ -639,7 +764,7 @@ mod tests {
     }
 
     #[test]
-    fn stdio_non_flag_args_and_flag_values_are_redacted_but_not_the_command() {
+    fn flag_values_and_secret_looking_args_are_redacted_but_not_words_or_paths() {
         let s = Sanitizer::with_inherited_env(
             &stdio(
                 &[
@@ -648,6 +773,8 @@ mod tests {
                     "--token=arg-secret",
                     "-k",
                     "positional-secret",
+                    "start",
+                    "a1b2c3d4e5f6",
                     "ab",
                 ],
                 &[],
@@ -655,44 +782,45 @@ mod tests {
             no_env(),
         );
         let out = s.sanitize(
-            "my-server --verbose /srv/private-root --token=arg-secret -k positional-secret ab: failed",
+            "my-server --verbose /srv/private-root --token=arg-secret -k positional-secret start a1b2c3d4e5f6 ab: failed",
         );
         assert_eq!(
             out,
-            "my-server --verbose [redacted] --token=[redacted] -k [redacted] ab: failed"
+            "my-server --verbose /srv/private-root --token=[redacted] -k [redacted] start [redacted] ab: failed"
         );
     }
 
     #[test]
-    fn configured_url_userinfo_path_and_query_are_redacted() {
+    fn configured_url_userinfo_query_and_secret_path_segments_are_redacted() {
         let s = Sanitizer::with_inherited_env(
             &http(
-                "https://bobby:pa55word@mcp.example.test:8443/tenant-7/mcp?key=q-secret&x=1",
+                "https://bobby-user:pa55word@mcp.example.test:8443/tenant-7/t0k3n5ecret/mcp?key=q-secret&x=1",
                 &[],
             ),
             no_env(),
         );
         // Pieces that appear outside a URL are found by value.
-        let out = s.sanitize("user bobby pass pa55word tenant tenant-7 query key=q-secret");
+        let out =
+            s.sanitize("user bobby-user pass pa55word tenant tenant-7 t0k3n5ecret key=q-secret");
         assert_eq!(
             out,
-            "user [redacted] pass [redacted] tenant [redacted] query [redacted]"
+            "user [redacted] pass [redacted] tenant tenant-7 [redacted] key=[redacted]"
         );
         let out = s.sanitize(
-            "error sending request for url (https://bobby:pa55word@mcp.example.test:8443/tenant-7/mcp?key=q-secret&x=1)",
+            "error sending request for url (https://bobby-user:pa55word@mcp.example.test:8443/tenant-7/t0k3n5ecret/mcp?key=q-secret&x=1)",
         );
         assert_eq!(
             out,
-            "error sending request for url (https://[redacted]@mcp.example.test:8443/[redacted]?[redacted])"
+            "error sending request for url (https://[redacted]@mcp.example.test:8443/tenant-7/[redacted]/mcp?key=[redacted]&x=[redacted])"
         );
     }
 
     #[test]
-    fn any_url_in_the_text_keeps_only_scheme_host_and_port() {
+    fn any_url_in_the_text_keeps_scheme_host_port_and_path() {
         let s = Sanitizer::with_inherited_env(&stdio(&[], &[]), no_env());
         assert_eq!(
             s.sanitize("see postgres://u:p@db.internal:5432/prod?sslmode=disable now"),
-            "see postgres://[redacted]@db.internal:5432/[redacted]?[redacted] now"
+            "see postgres://[redacted]@db.internal:5432/prod?sslmode=[redacted] now"
         );
         assert_eq!(
             s.sanitize("GET http://127.0.0.1:9/ failed"),

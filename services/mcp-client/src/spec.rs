@@ -41,6 +41,16 @@ pub enum TransportSpec {
         #[serde(default)]
         headers: BTreeMap<String, String>,
     },
+    /// A legacy HTTP+SSE endpoint (MCP 2024-11-05): `GET url` opens the
+    /// event stream, whose `endpoint` event names where to POST.
+    /// A streamable-HTTP server that answers the first POST with a 4xx is
+    /// tried this way too (the specification's backwards compatibility).
+    Sse {
+        url: String,
+        /// Secret: never logged, stored or sent.
+        #[serde(default)]
+        headers: BTreeMap<String, String>,
+    },
 }
 
 // Hand-written: env values, headers, arguments and URLs are secrets.
@@ -91,10 +101,30 @@ impl std::fmt::Display for TransportKind {
 }
 
 impl TransportSpec {
+    /// Process or HTTP: what bounds and memory rules key on. A legacy SSE
+    /// server is reached over HTTP, so it is of the HTTP kind.
     pub fn kind(&self) -> TransportKind {
         match self {
             TransportSpec::Stdio { .. } => TransportKind::Stdio,
-            TransportSpec::StreamableHttp { .. } => TransportKind::StreamableHttp,
+            TransportSpec::StreamableHttp { .. } | TransportSpec::Sse { .. } => {
+                TransportKind::StreamableHttp
+            }
+        }
+    }
+
+    /// The transport as the protobuf contract names it (SSE distinct).
+    pub fn to_proto(&self) -> ctxsync_proto::v1::McpTransport {
+        match self {
+            TransportSpec::Sse { .. } => ctxsync_proto::v1::McpTransport::Sse,
+            other => other.kind().to_proto(),
+        }
+    }
+
+    /// A short name for messages: `stdio`, `streamable_http` or `sse`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            TransportSpec::Sse { .. } => "sse",
+            other => other.kind().as_str(),
         }
     }
 }

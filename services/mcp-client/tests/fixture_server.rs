@@ -336,7 +336,7 @@ async fn secret_error_is_fully_sanitized() {
     let url_arg = format!("--url={url}");
     let spec = fixture_spec(
         "secret",
-        &["--mode", "secret-error", &url_arg, "positional-secret-2"],
+        &["--mode", "secret-error", &url_arg, "positional9secret2"],
         &[
             ("FIXTURE_API_TOKEN", "env-secret-value-3"),
             ("FIXTURE_PLAIN", "configured-value-4"),
@@ -351,7 +351,7 @@ async fn secret_error_is_fully_sanitized() {
         "svc-pass-9",
         "tenant-4242",
         "query-secret-1",
-        "positional-secret-2",
+        "positional9secret2",
         "env-secret-value-3",
         "configured-value-4",
     ];
@@ -415,7 +415,7 @@ async fn unreachable_http_server_error_is_sanitized() {
         listener.local_addr().unwrap().port()
     };
     let url = format!(
-        "http://alice:wonderland-7@127.0.0.1:{port}/mcp/tenant-path-8?api_key=query-secret-9"
+        "http://alice-user:wonderland-7@127.0.0.1:{port}/mcp/tenant-path-8?api_key=query-secret-9"
     );
     let spec = ServerSpec {
         name: "unreachable".into(),
@@ -438,16 +438,18 @@ async fn unreachable_http_server_error_is_sanitized() {
     );
     let sanitized = Sanitizer::for_server(&spec).sanitize(&raw);
     for secret in [
-        "alice",
+        "alice-user",
         "wonderland-7",
-        "tenant-path-8",
         "query-secret-9",
         "header-token-10",
     ] {
         assert!(!sanitized.contains(secret), "{secret} leaked: {sanitized}");
     }
+    // The structure around the secrets stays: scheme, host, port, path, query key.
     assert!(
-        sanitized.contains(&format!("127.0.0.1:{port}")),
+        sanitized.contains(&format!(
+            "http://127.0.0.1:{port}/mcp/tenant-path-8?api_key=[redacted]"
+        )),
         "{sanitized}"
     );
     assert!(
@@ -471,4 +473,79 @@ async fn invalid_header_value_is_rejected_without_echoing_it() {
     assert!(matches!(error, McpError::InvalidSpec { .. }), "{error:?}");
     assert!(!error.to_string().contains("break-secret"), "{error}");
     assert!(error.to_string().contains("X-Key"), "{error}");
+}
+
+fn sse_spec(name: &str, url: &str) -> ServerSpec {
+    ServerSpec {
+        name: name.into(),
+        transport: TransportSpec::Sse {
+            url: url.into(),
+            headers: BTreeMap::new(),
+        },
+    }
+}
+
+#[tokio::test]
+async fn legacy_sse_transport_lists_and_calls() {
+    let server = HttpFixture::start_sse(&[]).await;
+    assert!(server.url().ends_with("/sse"), "{}", server.url());
+    let spec = sse_spec("sse-fixture", server.url());
+    assert_eq!(spec.transport.name(), "sse");
+    assert_eq!(
+        spec.transport.to_proto(),
+        ctxsync_proto::v1::McpTransport::Sse
+    );
+    let connection = Connection::connect(&spec, options(GENEROUS)).await.unwrap();
+    assert_eq!(connection.server_info().name, "mcp-fixture");
+    let tools = connection.list_tools().await.unwrap();
+    assert_eq!(tool_names(&tools), ["echo", "add"]);
+    let echoed = connection
+        .call_tool("echo", arguments(json!({"text": "over sse"})), GENEROUS)
+        .await
+        .unwrap();
+    assert_eq!(
+        echoed.content_json,
+        r#"[{"type":"text","text":"over sse"}]"#
+    );
+    connection.close().await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_streamable_http_url_that_answers_4xx_falls_back_to_legacy_sse() {
+    let server = HttpFixture::start_sse(&[]).await;
+    let spec = ServerSpec {
+        name: "fallback".into(),
+        transport: TransportSpec::StreamableHttp {
+            url: server.url().to_owned(),
+            headers: BTreeMap::new(),
+        },
+    };
+    let discovery = discover(&spec, GENEROUS).await.unwrap();
+    assert_eq!(tool_names(&discovery.tools), ["echo", "add"]);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_unreachable_sse_server_says_so_and_keeps_the_url_readable() {
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let spec = sse_spec(
+        "gone",
+        &format!("http://127.0.0.1:{port}/v1/sse?token=sse-token-42"),
+    );
+    let error = Connection::connect(&spec, options(GENEROUS))
+        .await
+        .unwrap_err();
+    let sanitized = Sanitizer::for_server(&spec).sanitize(&error.to_string());
+    assert!(!sanitized.contains("sse-token-42"), "{sanitized}");
+    assert!(
+        sanitized.starts_with(&format!(
+            "transport error: GET http://127.0.0.1:{port}/v1/sse?token=[redacted]: "
+        )),
+        "{sanitized}"
+    );
+    assert!(sanitized.contains("Connection refused"), "{sanitized}");
 }

@@ -20,7 +20,8 @@ pub const DEFAULT_INSTRUCTIONS_DIRS: &str = "~/.ctxsync";
 pub const DEFAULT_INSTRUCTIONS_FILE: &str = "AGENTS.md";
 pub const DEFAULT_SKILLS_DIRS: &str = ".agents/skills";
 pub const DEFAULT_SKILL_META_FILE: &str = "SKILL.md";
-pub const DEFAULT_MCP_CONFIG_FILES: &str = ".mcp.json";
+pub const DEFAULT_MCP_CONFIG_FILES: &str =
+    ".mcp.json,.vscode/mcp.json,.cursor/mcp.json,.roo/mcp.json";
 
 /// The resolved context configuration. Every path is absolute.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -160,7 +161,15 @@ mod tests {
         assert_eq!(config.instructions_file, "AGENTS.md");
         assert_eq!(config.skills_dirs, paths(&["/work/ws/.agents/skills"]));
         assert_eq!(config.skill_meta_file, "SKILL.md");
-        assert_eq!(config.mcp_config_files, paths(&["/work/ws/.mcp.json"]));
+        assert_eq!(
+            config.mcp_config_files,
+            paths(&[
+                "/work/ws/.mcp.json",
+                "/work/ws/.vscode/mcp.json",
+                "/work/ws/.cursor/mcp.json",
+                "/work/ws/.roo/mcp.json"
+            ])
+        );
     }
 
     #[test]
@@ -276,7 +285,12 @@ mod tests {
         assert_eq!(proto.instructions_dirs, vec!["/home/u/.ctxsync".to_owned()]);
         assert_eq!(
             proto.mcp_config_files,
-            vec!["/work/ws/.mcp.json".to_owned()]
+            [
+                "/work/ws/.mcp.json",
+                "/work/ws/.vscode/mcp.json",
+                "/work/ws/.cursor/mcp.json",
+                "/work/ws/.roo/mcp.json"
+            ]
         );
         assert_eq!(proto.skill_meta_file, "SKILL.md");
     }

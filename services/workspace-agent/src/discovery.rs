@@ -1,7 +1,9 @@
 //! The discovery actor: owns every MCP connection and the current report.
 //!
-//! * The initial discovery connects every declared server in parallel (at most
-//!   `max_concurrent_connects` handshakes at once), each bounded by the
+//! * At most `max_servers` servers are started per workspace (the config
+//!   file rows say how many were not). The initial discovery connects them
+//!   through a queue, at most `max_concurrent_connects` at once (a task is
+//!   spawned when its turn comes, not before), each bounded by the
 //!   handshake timeout (connect and `tools/list` together, counted from when
 //!   its turn comes). Each outcome updates
 //!   the report the moment it arrives; a server still connecting has no
@@ -9,14 +11,21 @@
 //!   PENDING until every server of the initial discovery has succeeded, failed or
 //!   timed out (zero servers: COMPLETE at once), then COMPLETE for good.
 //! * A failed server's row has status `invalid` and the sanitized error; a
-//!   server with zero tools is `ok`.
+//!   server with zero tools is `ok`; a disabled one is `disabled`; one whose
+//!   config cannot be used (an unset variable) is `invalid` with that error.
+//! * The report is put together from rows made when their outcome arrives
+//!   (never rebuilt from every server per outcome), once per batch of events.
+//! * An HTTP server's `headersHelper` runs (in the config file's folder, at
+//!   most [`HEADERS_HELPER_TIMEOUT`], [`HEADERS_HELPER_MAX_BYTES`] of output)
+//!   before each connect; its JSON object is laid over `headers`, every value
+//!   a secret.
 //! * Reload (config files changed): instruction files, skills and config files
 //!   are read again; only servers whose configuration changed are reconnected.
 //!   A failed reconnect keeps the previous connection (status ok plus a
 //!   warning); a removed server is closed and leaves the report.
 //! * `notifications/tools/list_changed` re-lists that server's tools.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,14 +35,14 @@ use ctxsync_proto::v1::{
     self, ContextResource, ResourceKind, ResourceStatus, context_resource::Body,
     mcp_discovery::Phase,
 };
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::context;
 use crate::context_config::ContextConfig;
-use crate::mcp_config::{self, DeclaredServer};
-use crate::report::{Report, SharedReport, enforce_limits};
+use crate::mcp_config::{self, DeclaredServer, LoadContext, Unstarted};
+use crate::report::{Report, SharedReport, enforce_each, enforce_total};
 
 pub fn server_source(name: &str) -> String {
     format!("mcp_server:{name}")
@@ -49,7 +58,17 @@ pub struct DiscoverySettings {
     pub working_dir: Option<PathBuf>,
     pub handshake_timeout: Duration,
     pub max_concurrent_connects: usize,
+    /// Servers started per workspace, at most (the rest are reported skipped).
+    pub max_servers: usize,
 }
+
+/// The default of [`DiscoverySettings::max_servers`]: far more than a person
+/// configures, far less than a push can carry rows for.
+pub const DEFAULT_MAX_SERVERS: usize = 200;
+/// How long a `headersHelper` may run.
+pub const HEADERS_HELPER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How much a `headersHelper` may print.
+pub const HEADERS_HELPER_MAX_BYTES: usize = 64 * 1024;
 
 impl DiscoverySettings {
     pub fn context_config(&self) -> ContextConfig {
@@ -61,6 +80,8 @@ impl DiscoverySettings {
 struct Live {
     connection: Arc<Connection>,
     server: DeclaredServer,
+    /// The connect's sanitizer (it knows the `headersHelper` values).
+    sanitizer: Sanitizer,
     tools: Vec<ToolDecl>,
     warning: String,
 }
@@ -80,6 +101,8 @@ struct Slot {
     server: DeclaredServer,
     generation: u64,
     state: SlotState,
+    /// The slot's row as of its last change (`None` while connecting).
+    row: Option<ContextResource>,
 }
 
 enum Event {
@@ -88,6 +111,7 @@ enum Event {
         generation: u64,
         outcome: Result<(Box<Connection>, Vec<ToolDecl>), String>,
         took: Duration,
+        sanitizer: Sanitizer,
     },
     Relisted {
         name: String,
@@ -136,7 +160,8 @@ pub fn start(settings: DiscoverySettings, shutdown: CancellationToken) -> Discov
     let (tools_changed_tx, tools_changed_rx) = mpsc::unbounded_channel();
     let (reload_tx, reload_rx) = mpsc::unbounded_channel();
     let mut actor = Actor {
-        semaphore: Arc::new(Semaphore::new(settings.max_concurrent_connects.max(1))),
+        queue: VecDeque::new(),
+        connecting: 0,
         settings,
         context_config: context_config.clone(),
         static_rows: Vec::new(),
@@ -154,6 +179,7 @@ pub fn start(settings: DiscoverySettings, shutdown: CancellationToken) -> Discov
         actor.initial_pending.insert(server.name.clone());
         actor.add(server);
     }
+    actor.pump();
     actor.check_complete();
     let (reports_tx, reports_rx) = watch::channel(Arc::new(actor.report()));
     let task = tokio::spawn(actor.run(reports_tx, events_rx, tools_changed_rx, reload_rx));
@@ -175,7 +201,10 @@ struct Actor {
     initial_pending: BTreeSet<String>,
     phase: Phase,
     next_generation: u64,
-    semaphore: Arc<Semaphore>,
+    /// Connects waiting for their turn: (server, generation).
+    queue: VecDeque<(String, u64)>,
+    /// Connects running now.
+    connecting: usize,
     events_tx: mpsc::UnboundedSender<Event>,
     tools_changed_tx: mpsc::UnboundedSender<String>,
     shutdown: CancellationToken,
@@ -194,12 +223,20 @@ impl Actor {
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => break,
-                Some(event) = events.recv() => self.on_event(event),
+                Some(event) = events.recv() => {
+                    self.on_event(event);
+                    // Every outcome already there, then one report.
+                    while let Ok(event) = events.try_recv() {
+                        self.on_event(event);
+                    }
+                    self.pump();
+                }
                 Some(name) = tools_changed.recv() => self.on_tools_changed(&name),
                 Some(()) = reload.recv() => {
                     // Coalesce a burst of triggers into one reload.
                     while reload.try_recv().is_ok() {}
                     self.reload();
+                    self.pump();
                 }
             }
             self.tasks.retain(|t| !t.is_finished());
@@ -223,26 +260,64 @@ impl Actor {
         rows.extend(context::read_skills(config));
         let configs = mcp_config::load(
             &config.mcp_config_files,
-            &self.settings.env,
-            self.settings.home.as_deref(),
-            config.working_dir.as_deref(),
+            LoadContext {
+                env: &self.settings.env,
+                home: self.settings.home.as_deref(),
+                working_dir: config.working_dir.as_deref(),
+                max_servers: self.settings.max_servers,
+            },
         );
         rows.extend(configs.files);
+        if configs.skipped > 0 {
+            tracing::warn!(
+                skipped = configs.skipped,
+                limit = self.settings.max_servers,
+                "more mcp servers than the workspace may start; the rest are not started"
+            );
+        }
+        for unstarted in &configs.disabled {
+            rows.push(unstarted_row(unstarted, ResourceStatus::Disabled));
+        }
+        for unstarted in &configs.failed {
+            rows.push(unstarted_row(unstarted, ResourceStatus::Invalid));
+        }
+        enforce_each(&mut rows);
         self.static_rows = rows;
         configs.servers
     }
 
     fn add(&mut self, server: DeclaredServer) {
         let generation = self.bump();
-        self.spawn_connect(&server, generation);
+        self.queue.push_back((server.name.clone(), generation));
         self.slots.insert(
             server.name.clone(),
             Slot {
                 server,
                 generation,
                 state: SlotState::Pending { previous: None },
+                row: None,
             },
         );
+    }
+
+    /// Starts queued connects while fewer than the bound run.
+    fn pump(&mut self) {
+        let bound = self.settings.max_concurrent_connects.max(1);
+        while self.connecting < bound {
+            let Some((name, generation)) = self.queue.pop_front() else {
+                break;
+            };
+            // Superseded by a later config, or removed: nothing to start.
+            let Some(slot) = self.slots.get(&name) else {
+                continue;
+            };
+            if slot.generation != generation {
+                continue;
+            }
+            let server = slot.server.clone();
+            self.connecting += 1;
+            self.spawn_connect(&server, generation);
+        }
     }
 
     fn bump(&mut self) -> u64 {
@@ -250,37 +325,50 @@ impl Actor {
         self.next_generation
     }
 
-    fn sanitizer(&self, server: &DeclaredServer) -> Sanitizer {
-        let inherited: Vec<(String, String)> = self
-            .settings
+    fn inherited(&self) -> Vec<(String, String)> {
+        self.settings
             .env
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .chain(ctxsync_mcp::process_env())
-            .collect();
-        Sanitizer::with_inherited_env(&server.spec(), inherited)
+            .collect()
     }
 
     fn spawn_connect(&mut self, server: &DeclaredServer, generation: u64) {
-        let spec = server.spec();
-        let sanitizer = self.sanitizer(server);
+        let server = server.clone();
+        let inherited = self.inherited();
+        let env = self.settings.env.clone();
         let name = server.name.clone();
         let timeout = self.settings.handshake_timeout;
-        let semaphore = self.semaphore.clone();
         let events = self.events_tx.clone();
         let tools_changed = self.tools_changed_tx.clone();
         let shutdown = self.shutdown.clone();
         self.tasks.push(tokio::spawn(async move {
             let work = async {
-                let Ok(_permit) = semaphore.acquire_owned().await else {
-                    return None;
-                };
                 let started = Instant::now();
-                let outcome = connect_and_list(&spec, timeout, tools_changed).await;
-                Some((outcome, started.elapsed()))
+                let mut spec = server.spec();
+                // The helper's values are headers: the sanitizer sees them.
+                let helped = match &server.headers_helper {
+                    None => Ok(()),
+                    Some(helper) => run_headers_helper(helper, server.root.as_deref(), &env)
+                        .await
+                        .map(|extra| add_headers(&mut spec, extra)),
+                };
+                let sanitizer = Sanitizer::with_secrets(
+                    &spec,
+                    inherited,
+                    server.expanded_secrets.iter().cloned(),
+                );
+                let outcome = match helped {
+                    Ok(()) => connect_and_list(&spec, timeout, tools_changed).await,
+                    Err(error) => Err(error),
+                };
+                (outcome, started.elapsed(), sanitizer)
             };
             // Shutdown drops the work: a dropped connection kills its server.
-            let Some(Some((outcome, took))) = shutdown.run_until_cancelled(work).await else {
+            let Some((outcome, took, sanitizer)) =
+                shutdown.run_until_cancelled(Box::pin(work)).await
+            else {
                 return;
             };
             let outcome = outcome
@@ -291,6 +379,7 @@ impl Actor {
                 generation,
                 outcome,
                 took,
+                sanitizer,
             };
             if let Err(mpsc::error::SendError(Event::Connected {
                 outcome: Ok((connection, _)),
@@ -309,7 +398,8 @@ impl Actor {
                 generation,
                 outcome,
                 took,
-            } => self.on_connected(name, generation, outcome, took),
+                sanitizer,
+            } => self.on_connected(name, generation, outcome, took, sanitizer),
             Event::Relisted {
                 name,
                 generation,
@@ -337,6 +427,7 @@ impl Actor {
                         );
                     }
                 }
+                slot.row = slot_row(&name, slot);
             }
         }
     }
@@ -347,7 +438,9 @@ impl Actor {
         generation: u64,
         outcome: Result<(Box<Connection>, Vec<ToolDecl>), String>,
         took: Duration,
+        sanitizer: Sanitizer,
     ) {
+        self.connecting = self.connecting.saturating_sub(1);
         let current = self
             .slots
             .get(&name)
@@ -382,6 +475,7 @@ impl Actor {
                 SlotState::Live(Live {
                     connection: Arc::new(*connection),
                     server: slot.server.clone(),
+                    sanitizer,
                     tools,
                     warning: String::new(),
                 })
@@ -404,6 +498,7 @@ impl Actor {
                 }
             }
         };
+        slot.row = slot_row(&name, slot);
         if let Some(connection) = to_close {
             self.close_later(connection);
         }
@@ -420,7 +515,7 @@ impl Actor {
         };
         let connection = live.connection.clone();
         let generation = slot.generation;
-        let sanitizer = self.sanitizer(&live.server);
+        let sanitizer = live.sanitizer.clone();
         let events = self.events_tx.clone();
         let timeout = self.settings.handshake_timeout;
         let name = name.to_owned();
@@ -475,7 +570,9 @@ impl Actor {
                 self.add(server);
                 continue;
             };
-            if slot.server.transport == server.transport {
+            if slot.server.transport == server.transport
+                && slot.server.headers_helper == server.headers_helper
+            {
                 // Moved between files or unchanged: no reconnect.
                 slot.server.config_path = server.config_path.clone();
                 if let SlotState::Live(live) = &mut slot.state
@@ -483,6 +580,7 @@ impl Actor {
                 {
                     live.server.config_path = server.config_path;
                 }
+                slot.row = slot_row(&server.name, slot);
                 continue;
             }
             tracing::info!(server = %server.name, "mcp server config changed; reconnecting");
@@ -495,11 +593,10 @@ impl Actor {
             slot.state = SlotState::Pending { previous };
             slot.server = server.clone();
             let generation = self.bump();
-            self.slots
-                .get_mut(&server.name)
-                .expect("present")
-                .generation = generation;
-            self.spawn_connect(&server, generation);
+            let slot = self.slots.get_mut(&server.name).expect("present");
+            slot.generation = generation;
+            slot.row = slot_row(&server.name, slot);
+            self.queue.push_back((server.name.clone(), generation));
         }
         self.check_complete();
     }
@@ -534,32 +631,149 @@ impl Actor {
     }
 
     fn report(&self) -> Report {
-        let mut resources = self.static_rows.clone();
-        for (name, slot) in &self.slots {
-            let row = match &slot.state {
-                SlotState::Pending { previous: None } => continue,
-                SlotState::Live(live)
-                | SlotState::Pending {
-                    previous: Some(live),
-                } => server_row(
-                    name,
-                    &live.server,
-                    &live.tools,
-                    ResourceStatus::Ok,
-                    "",
-                    &live.warning,
-                ),
-                SlotState::Failed { error } => {
-                    server_row(name, &slot.server, &[], ResourceStatus::Invalid, error, "")
-                }
-            };
-            resources.push(row);
-        }
+        let mut resources = Vec::with_capacity(self.static_rows.len() + self.slots.len());
+        resources.extend(self.static_rows.iter().cloned());
+        resources.extend(self.slots.values().filter_map(|slot| slot.row.clone()));
         Report {
             context_config: self.context_config.to_proto(),
             phase: self.phase,
-            resources: enforce_limits(resources),
+            resources: enforce_total(resources),
         }
+    }
+}
+
+/// A slot's row for its current state, its limits applied.
+fn slot_row(name: &str, slot: &Slot) -> Option<ContextResource> {
+    let row = match &slot.state {
+        SlotState::Pending { previous: None } => return None,
+        SlotState::Live(live)
+        | SlotState::Pending {
+            previous: Some(live),
+        } => server_row(
+            name,
+            &live.server,
+            &live.tools,
+            ResourceStatus::Ok,
+            "",
+            &live.warning,
+        ),
+        SlotState::Failed { error } => {
+            server_row(name, &slot.server, &[], ResourceStatus::Invalid, error, "")
+        }
+    };
+    let mut rows = [row];
+    enforce_each(&mut rows);
+    let [row] = rows;
+    Some(row)
+}
+
+/// The row of a server that is not started: disabled, or with a config error.
+fn unstarted_row(server: &Unstarted, status: ResourceStatus) -> ContextResource {
+    ContextResource {
+        source: server_source(&server.name),
+        kind: ResourceKind::McpServer as i32,
+        status: status as i32,
+        error: server.error.clone(),
+        warning: String::new(),
+        body: Some(Body::McpServer(v1::McpServer {
+            name: server.name.clone(),
+            transport: server.transport as i32,
+            config_path: server.config_path.display().to_string(),
+            tools: Vec::new(),
+        })),
+    }
+}
+
+/// Runs a `headersHelper` with `sh -c` in `root`: its stdout must be a JSON
+/// object of strings. The error never quotes the output (it holds secrets).
+async fn run_headers_helper(
+    helper: &str,
+    root: Option<&std::path::Path>,
+    env: &BTreeMap<String, String>,
+) -> Result<BTreeMap<String, String>, String> {
+    use tokio::io::AsyncReadExt as _;
+    let mut command = tokio::process::Command::new("sh");
+    command
+        .arg("-c")
+        .arg(helper)
+        .env_clear()
+        .envs(env)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .kill_on_drop(true);
+    if let Some(root) = root {
+        command.current_dir(root);
+    }
+    let mut child = command
+        .spawn()
+        .map_err(|error| format!("headersHelper could not start: {error}"))?;
+    let mut stdout = child.stdout.take().expect("stdout is piped");
+    let run = async {
+        let mut output = Vec::new();
+        let read = (&mut stdout)
+            .take(HEADERS_HELPER_MAX_BYTES as u64 + 1)
+            .read_to_end(&mut output)
+            .await;
+        if output.len() > HEADERS_HELPER_MAX_BYTES {
+            // Still writing: its whole group goes.
+            kill_group(child.id());
+        }
+        let status = child.wait().await;
+        (read, status, output)
+    };
+    let (read, status, output) = match tokio::time::timeout(HEADERS_HELPER_TIMEOUT, run).await {
+        Ok(done) => done,
+        Err(_) => {
+            kill_group(child.id());
+            return Err(format!(
+                "headersHelper did not finish within {}",
+                humantime::format_duration(HEADERS_HELPER_TIMEOUT)
+            ));
+        }
+    };
+    read.map_err(|error| format!("headersHelper output could not be read: {error}"))?;
+    if output.len() > HEADERS_HELPER_MAX_BYTES {
+        return Err(format!(
+            "headersHelper printed more than {HEADERS_HELPER_MAX_BYTES} bytes"
+        ));
+    }
+    let status =
+        status.map_err(|error| format!("headersHelper could not be waited for: {error}"))?;
+    if !status.success() {
+        return Err(format!("headersHelper failed ({status})"));
+    }
+    match serde_json::from_slice::<serde_json::Value>(&output) {
+        Ok(serde_json::Value::Object(map)) => map
+            .into_iter()
+            .map(|(name, value)| match value {
+                serde_json::Value::String(value) => Ok((name, value)),
+                _ => Err(format!(
+                    "headersHelper printed a JSON object whose {name:?} is not a string"
+                )),
+            })
+            .collect(),
+        _ => Err("headersHelper did not print a JSON object of header names to strings".to_owned()),
+    }
+}
+
+/// SIGKILL to a helper's process group (it leads one).
+fn kill_group(pid: Option<u32>) {
+    if let Some(pid) = pid {
+        // ESRCH: already gone.
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
+fn add_headers(spec: &mut ctxsync_mcp::ServerSpec, extra: BTreeMap<String, String>) {
+    match &mut spec.transport {
+        ctxsync_mcp::TransportSpec::StreamableHttp { headers, .. }
+        | ctxsync_mcp::TransportSpec::Sse { headers, .. } => headers.extend(extra),
+        ctxsync_mcp::TransportSpec::Stdio { .. } => {}
     }
 }
 
@@ -579,7 +793,7 @@ fn server_row(
         warning: warning.to_owned(),
         body: Some(Body::McpServer(v1::McpServer {
             name: name.to_owned(),
-            transport: server.transport.kind().to_proto() as i32,
+            transport: server.transport.to_proto() as i32,
             config_path: server.config_path.display().to_string(),
             tools: tools
                 .iter()

@@ -40,6 +40,7 @@ fn status_name(status: i32) -> &'static str {
         Ok(ResourceStatus::Unreadable) => "unreadable",
         Ok(ResourceStatus::Oversize) => "oversize",
         Ok(ResourceStatus::Excluded) => "excluded",
+        Ok(ResourceStatus::Disabled) => "disabled",
         _ => "unspecified",
     }
 }

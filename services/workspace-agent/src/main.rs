@@ -80,6 +80,16 @@ struct Common {
     )]
     mcp_concurrency: usize,
 
+    /// MCP servers started per workspace, at most; the rest are reported
+    /// as not started (on their config file's row).
+    #[arg(
+        long,
+        env = "CTXSYNC_MCP_MAX_SERVERS",
+        default_value_t = workspace_agent::discovery::DEFAULT_MAX_SERVERS,
+        global = true
+    )]
+    mcp_max_servers: usize,
+
     /// Log format.
     #[arg(long, env = "CTXSYNC_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
     log_format: LogFormat,
@@ -195,5 +205,6 @@ fn discovery_settings(common: &Common) -> anyhow::Result<DiscoverySettings> {
         working_dir: Some(working_dir),
         handshake_timeout: common.handshake_timeout,
         max_concurrent_connects: common.mcp_concurrency,
+        max_servers: common.mcp_max_servers,
     })
 }

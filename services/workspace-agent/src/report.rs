@@ -56,8 +56,15 @@ const REQUEST_HEADROOM_BYTES: usize = 64 * 1024;
 /// Applies every ingest limit (see the module docs), after
 /// [`clean_resources`] (cleaning can change a text's length).
 pub fn enforce_limits(mut resources: Vec<ContextResource>) -> Vec<ContextResource> {
-    clean_resources(&mut resources);
-    for resource in &mut resources {
+    enforce_each(&mut resources);
+    enforce_total(resources)
+}
+
+/// The limits of one resource at a time (cleaning, text and body sizes):
+/// done once when a row is made, so a report is only put together.
+pub fn enforce_each(resources: &mut [ContextResource]) {
+    clean_resources(resources);
+    for resource in resources.iter_mut() {
         if resource.error.len() > limits::MAX_ERROR_BYTES {
             resource.error = clamp(&resource.error, limits::MAX_ERROR_BYTES);
         }
@@ -72,6 +79,11 @@ pub fn enforce_limits(mut resources: Vec<ContextResource>) -> Vec<ContextResourc
             mark_oversize(resource, size, limits::MAX_RESOURCE_BODY_BYTES, "resource");
         }
     }
+}
+
+/// The limits of a whole push (resource count, request size), over rows
+/// [`enforce_each`] has seen.
+pub fn enforce_total(mut resources: Vec<ContextResource>) -> Vec<ContextResource> {
     if resources.len() > limits::MAX_RESOURCES {
         let rank = |r: &ContextResource| match ResourceKind::try_from(r.kind) {
             Ok(ResourceKind::McpConfig) => 0,

@@ -77,7 +77,12 @@ async fn missing_file_is_not_an_error_and_config_errors_are_attributed_to_their_
         .resource(&format!("mcp_config:{}", bad_json.display()))
         .unwrap();
     assert_eq!(bad.status, ResourceStatus::Invalid as i32);
-    assert!(bad.error.starts_with("invalid JSON"), "{}", bad.error);
+    assert!(
+        bad.error
+            .starts_with(&format!("{}: invalid JSON at line ", bad_json.display())),
+        "{}",
+        bad.error
+    );
     let sem = report
         .resource(&format!("mcp_config:{}", semantic.display()))
         .unwrap();
@@ -87,11 +92,21 @@ async fn missing_file_is_not_an_error_and_config_errors_are_attributed_to_their_
         "{}",
         sem.error
     );
+    // A named server with a config error has its own failed row; a bad
+    // name has none (it cannot be a row's key).
+    let servers: Vec<&str> = report
+        .resources
+        .iter()
+        .filter_map(|r| r.source.strip_prefix("mcp_server:"))
+        .collect();
+    assert_eq!(servers, ["no_command"]);
+    let no_command = report.resource("mcp_server:no_command").unwrap();
+    assert_eq!(no_command.status, ResourceStatus::Invalid as i32);
     assert!(
-        report
-            .resources
-            .iter()
-            .all(|r| !r.source.starts_with("mcp_server:"))
+        sem.error.contains(&no_command.error),
+        "{} / {}",
+        sem.error,
+        no_command.error
     );
     stop(handle, shutdown).await;
 }

@@ -68,14 +68,24 @@ async fn stdio_args_and_flag_values_are_redacted() {
                 "secret-error",
                 "--",
                 "--api-key=flag-value-secret",
-                "positional-secret-arg",
+                "--token",
+                "after-token-flag",
+                "p0sitional9secret",
+                "start",
             ]),
         )],
         "s",
     )
     .await;
     assert!(error.contains("--api-key=[redacted]"), "{error}");
-    assert_hidden(&error, &["flag-value-secret", "positional-secret-arg"]);
+    assert!(
+        error.contains("--token [redacted] [redacted] start"),
+        "a subcommand is no secret: {error}"
+    );
+    assert_hidden(
+        &error,
+        &["flag-value-secret", "after-token-flag", "p0sitional9secret"],
+    );
 }
 
 #[tokio::test]
@@ -114,22 +124,19 @@ async fn header_credential_without_a_scheme_is_redacted() {
 }
 
 #[tokio::test]
-async fn url_userinfo_path_and_query_are_redacted() {
+async fn url_userinfo_and_query_values_are_redacted_and_the_path_stays() {
     let port = testkit::free_port();
     let url = format!(
-        "http://alice:url-password-1@127.0.0.1:{port}/tenant-path-secret/mcp?api_key=query-secret-2"
+        "http://alice-user:url-password-1@127.0.0.1:{port}/tenant-path/mcp?api_key=query-secret-2"
     );
     let error = error_of(&[("u", json!({"url": url}))], "u").await;
-    assert_hidden(
-        &error,
-        &[
-            "alice",
-            "url-password-1",
-            "tenant-path-secret",
-            "query-secret-2",
-        ],
+    assert_hidden(&error, &["alice-user", "url-password-1", "query-secret-2"]);
+    assert!(
+        error.contains(&format!(
+            "http://127.0.0.1:{port}/tenant-path/mcp?api_key=[redacted]"
+        )),
+        "scheme, host, port, path and query key stay: {error}"
     );
-    assert!(error.contains("127.0.0.1"), "host and port stay: {error}");
 }
 
 #[tokio::test]
@@ -144,4 +151,69 @@ async fn long_errors_are_capped() {
         "capped, not emptied: {} bytes",
         error.len()
     );
+}
+
+/// Realistic error texts (issue 25): each secret goes, every other byte stays.
+#[test]
+fn realistic_errors_lose_their_secrets_and_nothing_else() {
+    use ctxsync_mcp::{Sanitizer, ServerSpec, TransportSpec};
+    let inherited = [
+        ("CTXSYNC_WORKDIR", "/workspace"),
+        ("HOME", "/home/ctxsync"),
+        ("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        ("RUST_LOG", "info"),
+        ("BUILD_LABEL", "LEAK3xa1b2c3d4e5"),
+        ("GITHUB_TOKEN", "ghp_16charsecret"),
+    ]
+    .map(|(k, v)| (k.to_owned(), v.to_owned()));
+    let http = ServerSpec {
+        name: "context7".into(),
+        transport: TransportSpec::StreamableHttp {
+            url: "https://mcp.context7.com/mcp?api_key=ctx7sk-12ab34cd".into(),
+            headers: [(
+                "Authorization".to_owned(),
+                "Bearer ctx7-bearer-99x".to_owned(),
+            )]
+            .into(),
+        },
+    };
+    let stdio = ServerSpec {
+        name: "tool".into(),
+        transport: TransportSpec::Stdio {
+            command: "/workspace/no-such-mcp-server".into(),
+            args: [
+                "start",
+                "--port",
+                "8080",
+                "--token",
+                "tk_9f8e7d6c5b4a",
+                "-v",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+            env: [("MODE".to_owned(), "production-eu".to_owned())].into(),
+            cwd: Some("/workspace".into()),
+        },
+    };
+    let cases = [
+        (
+            &http,
+            "transport error: send initialize request: error sending request for url (https://mcp.context7.com/mcp?api_key=ctx7sk-12ab34cd): client error (Connect): 401 for Bearer ctx7-bearer-99x",
+            "transport error: send initialize request: error sending request for url (https://mcp.context7.com/mcp?api_key=[redacted]): client error (Connect): 401 for [redacted]",
+        ),
+        (
+            &stdio,
+            "cannot start `/workspace/no-such-mcp-server`: no such file: /workspace/no-such-mcp-server (HOME /home/ctxsync, PATH /usr/local/bin:/usr/bin:/bin, RUST_LOG info)",
+            "cannot start `/workspace/no-such-mcp-server`: no such file: /workspace/no-such-mcp-server (HOME /home/ctxsync, PATH /usr/local/bin:/usr/bin:/bin, RUST_LOG info)",
+        ),
+        (
+            &stdio,
+            "server exited during the handshake (exit status: 2); stderr: cannot start with argv [start --port 8080 --token tk_9f8e7d6c5b4a -v] in mode production-eu; label LEAK3xa1b2c3d4e5; gh ghp_16charsecret",
+            "server exited during the handshake (exit status: 2); stderr: cannot start with argv [start --port 8080 --token [redacted] -v] in mode [redacted]; label [redacted]; gh [redacted]",
+        ),
+    ];
+    for (spec, raw, expected) in cases {
+        let sanitizer = Sanitizer::with_inherited_env(spec, inherited.clone());
+        assert_eq!(sanitizer.sanitize(raw), expected);
+    }
 }

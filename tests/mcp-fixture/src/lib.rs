@@ -24,7 +24,10 @@
 //! * `secret-list-error`: completes the handshake, then rejects `tools/list` with what
 //!   `secret-error` echoes;
 //! * `--record-dir D`: see [`read_starts`] and [`live_pids`];
-//! * `--http 127.0.0.1:PORT`: streamable HTTP at `/mcp`; prints `http://ADDR/mcp` on stdout.
+//! * `--http 127.0.0.1:PORT`: streamable HTTP at `/mcp`; prints `http://ADDR/mcp` on stdout;
+//!   with `--sse`, the legacy HTTP+SSE transport instead: `GET /sse` (prints `http://ADDR/sse`)
+//!   and `POST /message?sessionId=…`; a POST to `/sse` is answered 405;
+//!   `--require-header 'Name: value'` answers 401 to any request without that header.
 //!
 //! # Finding the binary
 //! Tests in other crates add `mcp-fixture = { path = "../../tests/mcp-fixture" }`
@@ -255,7 +258,15 @@ impl HttpFixture {
         HttpFixture { child, url }
     }
 
-    /// `http://127.0.0.1:PORT/mcp` (`https://` with TLS).
+    /// Starts `mcp-fixture --http 127.0.0.1:0 --sse <args>`: the legacy
+    /// HTTP+SSE transport, [`Self::url`] the stream's (`…/sse`).
+    pub async fn start_sse(args: &[&str]) -> HttpFixture {
+        let mut all = vec!["--sse"];
+        all.extend_from_slice(args);
+        Self::start(&all).await
+    }
+
+    /// `http://127.0.0.1:PORT/mcp` (`https://` with TLS; `/sse` with `--sse`).
     pub fn url(&self) -> &str {
         &self.url
     }

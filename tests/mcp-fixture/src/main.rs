@@ -5,7 +5,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+mod sse;
+
 use anyhow::Context as _;
+use axum::response::IntoResponse as _;
 use clap::{Parser, ValueEnum};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData,
@@ -80,6 +83,14 @@ struct Args {
     /// Serve streamable HTTP on this address (path `/mcp`) instead of stdio.
     #[arg(long, env = "MCP_FIXTURE_HTTP")]
     http: Option<String>,
+    /// With --http: serve the legacy HTTP+SSE transport instead (`GET /sse`
+    /// opens the stream, its `endpoint` event names `/message?sessionId=…`).
+    #[arg(long, env = "MCP_FIXTURE_SSE", requires = "http")]
+    sse: bool,
+    /// With --http: answer 401 to every request without this header,
+    /// written `Name: value`.
+    #[arg(long, env = "MCP_FIXTURE_REQUIRE_HEADER", requires = "http")]
+    require_header: Option<String>,
     /// With --http: serve HTTPS with this PEM certificate chain (needs --tls-key).
     #[arg(long, env = "MCP_FIXTURE_TLS_CERT", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -139,7 +150,7 @@ enum ToolsFile {
 }
 
 #[derive(Clone)]
-struct Fixture {
+pub(crate) struct Fixture {
     args: Arc<Args>,
     /// Peers to notify when the tools file changes (one per session).
     peers: Arc<Mutex<Vec<Peer<RoleServer>>>>,
@@ -600,6 +611,7 @@ async fn main() -> anyhow::Result<()> {
     match &args.http {
         Some(address) => {
             let cancel = tokio_util::sync::CancellationToken::new();
+            let sse_fixture = fixture.clone();
             let service: StreamableHttpService<Fixture, LocalSessionManager> =
                 StreamableHttpService::new(
                     move || Ok(fixture.clone()),
@@ -608,7 +620,32 @@ async fn main() -> anyhow::Result<()> {
                         .with_sse_keep_alive(None)
                         .with_cancellation_token(cancel.child_token()),
                 );
-            let router = axum::Router::new().nest_service("/mcp", service);
+            let (mut router, path) = if args.sse {
+                (sse::router(sse_fixture), "sse")
+            } else {
+                (axum::Router::new().nest_service("/mcp", service), "mcp")
+            };
+            if let Some(required) = &args.require_header {
+                let (name, value) = required
+                    .split_once(':')
+                    .context("--require-header is `Name: value`")?;
+                let (name, value) = (name.trim().to_owned(), value.trim().to_owned());
+                router = router.layer(axum::middleware::from_fn(
+                    move |request: axum::extract::Request, next: axum::middleware::Next| {
+                        let present = request
+                            .headers()
+                            .get(name.as_str())
+                            .is_some_and(|v| v.as_bytes() == value.as_bytes());
+                        async move {
+                            if present {
+                                next.run(request).await
+                            } else {
+                                axum::http::StatusCode::UNAUTHORIZED.into_response()
+                            }
+                        }
+                    },
+                ));
+            }
             let listener = tokio::net::TcpListener::bind(address)
                 .await
                 .with_context(|| format!("binding {address}"))?;
@@ -622,7 +659,7 @@ async fn main() -> anyhow::Result<()> {
                         &ctxsync_tls::PemFile::new("--tls-cert", cert),
                         &ctxsync_tls::PemFile::new("--tls-key", key),
                     )?;
-                    println!("https://{}/mcp", listener.local_addr()?);
+                    println!("https://{}/{path}", listener.local_addr()?);
                     let listener = TlsListener {
                         inner: listener,
                         acceptor: tokio_rustls::TlsAcceptor::from(config),
@@ -634,7 +671,7 @@ async fn main() -> anyhow::Result<()> {
                     }
                 }
                 _ => {
-                    println!("http://{}/mcp", listener.local_addr()?);
+                    println!("http://{}/{path}", listener.local_addr()?);
                     let server = axum::serve(listener, router).with_graceful_shutdown(stopped);
                     tokio::select! {
                         result = server => result?,

@@ -8,10 +8,10 @@
 use std::fmt::Write as _;
 
 use ctxsync_proto::v1::{
-    AgentState, CatalogSection, ChatProjection, ContextResource, FailedServer, GateDecision,
-    InvalidConfigFile, ProjectedInstructionFile, ProjectedServer, ProjectedSkill, ProjectedTool,
-    ProjectionCounts, ResourceKind, ResourceStatus, catalog_section, context_resource::Body,
-    mcp_discovery::Phase,
+    AgentState, CatalogSection, ChatProjection, ContextResource, DisabledServer, FailedServer,
+    GateDecision, InvalidConfigFile, ProjectedInstructionFile, ProjectedServer, ProjectedSkill,
+    ProjectedTool, ProjectionCounts, ResourceKind, ResourceStatus, catalog_section,
+    context_resource::Body, mcp_discovery::Phase,
 };
 
 /// Separates a server's name from its tool's in the names offered to a model.
@@ -149,6 +149,19 @@ pub fn build(agent_id: &str, state: &AgentState) -> ChatProjection {
                     tools_withheld: if stale { tool_count } else { 0 },
                     warning: resource.warning.clone(),
                 });
+            }
+            // Disabled in its config file: not started, and not a failure.
+            (ResourceKind::McpServer, body) if resource.status() == ResourceStatus::Disabled => {
+                counts.servers_disabled += 1;
+                let (name, config_path) = match body {
+                    Some(Body::McpServer(server)) => {
+                        (server.name.clone(), server.config_path.clone())
+                    }
+                    _ => (source_name(&resource.source), String::new()),
+                };
+                projection
+                    .disabled_servers
+                    .push(DisabledServer { name, config_path });
             }
             (ResourceKind::McpServer, body) => {
                 counts.servers_failed += 1;
@@ -373,6 +386,24 @@ fn describe(projection: &mut ChatProjection, decision: GateDecision, waited_ms: 
             names.join(", ")
         );
     }
+    if counts.servers_disabled > 0 {
+        let names: Vec<&str> = projection
+            .disabled_servers
+            .iter()
+            .map(|server| server.name.as_str())
+            .collect();
+        let _ = write!(
+            s,
+            " {} disabled in {} config: {}.",
+            plural(counts.servers_disabled, "MCP server is", "MCP servers are"),
+            if counts.servers_disabled == 1 {
+                "its"
+            } else {
+                "their"
+            },
+            names.join(", ")
+        );
+    }
     if counts.invalid_config_files > 0 {
         let paths: Vec<&str> = projection
             .invalid_config_files
@@ -390,7 +421,12 @@ fn describe(projection: &mut ChatProjection, decision: GateDecision, waited_ms: 
             paths.join(", ")
         );
     }
-    if counts.servers_ok + counts.servers_zero_tools + counts.servers_failed == 0 {
+    if counts.servers_ok
+        + counts.servers_zero_tools
+        + counts.servers_failed
+        + counts.servers_disabled
+        == 0
+    {
         s.push_str(" No MCP servers were reported.");
     }
     let _ = write!(
@@ -513,5 +549,47 @@ mod tests {
         let pending = build("a", &state("r", Some("r"), Phase::Pending));
         assert!(!pending.stale);
         assert_eq!(pending.servers[0].tools[0].name, "s__t");
+    }
+
+    #[test]
+    fn a_disabled_server_is_listed_apart_and_never_counted_failed() {
+        let mut state = state("r", Some("r"), Phase::Complete);
+        state.resources.push(ContextResource {
+            source: "mcp_server:off".into(),
+            kind: ResourceKind::McpServer as i32,
+            status: ResourceStatus::Disabled as i32,
+            body: Some(Body::McpServer(McpServer {
+                name: "off".into(),
+                config_path: "/w/.roo/mcp.json".into(),
+                ..Default::default()
+            })),
+            ..Default::default()
+        });
+        let mut projection = build("a", &state);
+        finish(&mut projection, GateDecision::Ready, 0);
+        let counts = projection.counts.unwrap();
+        assert_eq!(
+            (
+                counts.servers_ok,
+                counts.servers_failed,
+                counts.servers_disabled
+            ),
+            (1, 0, 1)
+        );
+        assert!(projection.failed_servers.is_empty());
+        assert_eq!(
+            projection.disabled_servers,
+            [DisabledServer {
+                name: "off".into(),
+                config_path: "/w/.roo/mcp.json".into()
+            }]
+        );
+        assert!(
+            projection
+                .summary
+                .contains(" 1 MCP server is disabled in its config: off."),
+            "{}",
+            projection.summary
+        );
     }
 }

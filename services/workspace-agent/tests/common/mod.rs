@@ -57,6 +57,7 @@ impl Workspace {
             working_dir: Some(self.work()),
             handshake_timeout,
             max_concurrent_connects: 8,
+            max_servers: workspace_agent::discovery::DEFAULT_MAX_SERVERS,
         }
     }
 }
@@ -91,6 +92,9 @@ pub fn entry(spec: &ServerSpec) -> Value {
         }
         TransportSpec::StreamableHttp { url, headers } => {
             json!({"type": "http", "url": url, "headers": headers})
+        }
+        TransportSpec::Sse { url, headers } => {
+            json!({"type": "sse", "url": url, "headers": headers})
         }
     }
 }
