@@ -670,10 +670,8 @@ async fn an_unreachable_server_answers_tool_server_unreachable() {
     );
     let message = &reply.error.as_ref().unwrap().message;
     assert!(!message.contains("top-secret-header-value"), "{message}");
-    assert!(
-        !message.contains(&url),
-        "the URL path is redacted: {message}"
-    );
+    // A URL without credentials is no secret: the user sees where it failed.
+    assert!(message.contains(&url), "the URL stays readable: {message}");
     let called = harness.events_of("mcp.tool.called").await;
     assert_eq!(called.len(), 1);
     assert_eq!(called[0].2["outcome"], "server_unreachable");

@@ -376,6 +376,8 @@ async fn connect_one(
 ) -> Result<NatsConnection, NatsConnectError> {
     ctxsync_tls::install_default_provider();
     let servers = parse_nats_urls_of(option, url)?;
+    // Connect errors name the env var alone (`NATS_URL`), as operators set it.
+    let option = option.split(' ').next().unwrap_or(option);
     // The recorder first: a series recorded before it is installed is lost.
     let _ = crate::metrics::handle();
     // Present from the start, so `increase()` alerts see the first reconnect.
