@@ -28,8 +28,22 @@ fn refuse(what: &'static str, value: &str, rule: &'static str) -> IdError {
     IdError { what, value, rule }
 }
 
-/// A tenant id: `[A-Za-z0-9_-]{1,64}`.
+/// Tenant ids whose chat users' inboxes (`_INBOX.chat-<tenant>`, as the
+/// deployment names them) would be chat-gate's own (`chat-gate`,
+/// `chat-gate-rpc`): a tenant so named could aim answers at the gate.
+pub const RESERVED_TENANTS: &[&str] = &["gate", "gate-rpc"];
+
+const RESERVED_RULE: &str =
+    "is reserved: its chat user's inbox (_INBOX.chat-<tenant>) would be chat-gate's own";
+
+/// A tenant id: `[A-Za-z0-9_-]{1,64}`, not one of [`RESERVED_TENANTS`].
 pub fn tenant(value: &str) -> Result<(), IdError> {
+    if RESERVED_TENANTS
+        .iter()
+        .any(|reserved| value.eq_ignore_ascii_case(reserved))
+    {
+        return Err(refuse("tenant", value, RESERVED_RULE));
+    }
     let ok = !value.is_empty()
         && value.len() <= MAX_TENANT_BYTES
         && value
@@ -81,6 +95,10 @@ mod tests {
         ] {
             let error = tenant(bad).unwrap_err();
             assert!(error.to_string().contains("letters, digits"), "{error}");
+        }
+        for reserved in ["gate", "gate-rpc", "GATE"] {
+            let error = tenant(reserved).unwrap_err();
+            assert!(error.to_string().contains("is reserved"), "{error}");
         }
     }
 

@@ -566,6 +566,11 @@ async fn events(
     let Some(ticket) = page.redeem(&query.ticket) else {
         return unknown_ticket();
     };
+    // Listening for the key's revocation starts before the key is checked
+    // again, so a revocation between the check and the stream's first poll
+    // still ends the stream.
+    let revoked: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> =
+        Box::pin(page.keys.until_revoked(&ticket.caller, &ticket.key));
     // The key the ticket was issued for, checked again: revoked meanwhile,
     // the ticket opens nothing.
     let bearer = format!("Bearer {}", ticket.key);
@@ -579,11 +584,6 @@ async fn events(
         Err(refusal) => return refusal.answer(page.limits),
     };
     let tenant = ticket.caller.tenant.clone();
-    // Ends the stream at the key's revocation (within the event's delivery).
-    let revoked: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> = {
-        let keys = page.keys.clone();
-        Box::pin(async move { keys.until_revoked(&ticket.caller, &ticket.key).await })
-    };
     let receiver = page.feed.subscribe();
     let deadline = tokio::time::Instant::now() + STREAM_MAX_AGE;
     let reader = page.reader.clone();

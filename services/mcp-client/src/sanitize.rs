@@ -465,14 +465,20 @@ fn scrub_url(candidate: &str) -> String {
         out.push_str(REDACTED);
         out.push('@');
     }
-    if let Some(host) = url.host_str() {
-        out.push_str(host);
-    }
-    if let Some(port) = url.port() {
-        out.push_str(&format!(":{port}"));
+    // Host and port as written: the parser lowercases a host, and a secret
+    // in a subdomain must still match the secrets found by value.
+    let after_authority = &candidate[candidate.find("://").map_or(0, |i| i + 3)..];
+    let authority = after_authority
+        .split(['/', '?', '#'])
+        .next()
+        .unwrap_or_default();
+    let written_host = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
+    if url.host_str().is_some() {
+        out.push_str(written_host);
     }
     // The path as written (the parser may have normalised it).
-    let after_authority = &candidate[candidate.find("://").map_or(0, |i| i + 3)..];
     let written_path = after_authority
         .find('/')
         .map(|i| &after_authority[i..])
@@ -593,6 +599,16 @@ mod tests {
         );
         let out = s.sanitize("failed with value-one and harmless-looking in it");
         assert_eq!(out, "failed with [redacted] and [redacted] in it");
+    }
+
+    #[test]
+    fn a_secret_in_a_urls_host_is_redacted_as_written() {
+        let s = Sanitizer::with_inherited_env(&stdio(&[], &[("TUNNEL", "AbC123Tok9xY")]), no_env());
+        let out = s.sanitize("cannot reach https://AbC123Tok9xY.ngrok.app/mcp: refused");
+        assert_eq!(
+            out,
+            "cannot reach https://[redacted].ngrok.app/mcp: refused"
+        );
     }
 
     #[test]

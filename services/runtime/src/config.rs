@@ -546,6 +546,11 @@ impl ReplyInboxes {
         Ok(Self { prefixes })
     }
 
+    /// Whether an entry confines tenants to their own inboxes.
+    pub fn names_tenants(&self) -> bool {
+        self.prefixes.iter().any(|p| p.contains(TENANT_PLACEHOLDER))
+    }
+
     /// clap's parser of the setting.
     pub fn parse_arg(value: &str) -> Result<Self, ReplyInboxesError> {
         Self::parse(value)

@@ -363,6 +363,12 @@ pub async fn connect(
         )
         .await?;
         connection.responder = Some(Box::new(responder));
+        if !target.reply_inboxes.names_tenants() {
+            tracing::warn!(
+                reply_inbox_prefixes = %target.reply_inboxes,
+                "answers may go into any tenant's inbox: set CTXSYNC_REPLY_INBOX_PREFIXES to the tenants' own (e.g. _INBOX.chat-{{tenant}}.)"
+            );
+        }
     }
     connection.reply_inboxes = target.reply_inboxes;
     Ok(connection)

@@ -273,32 +273,42 @@ impl TenantKeys {
         let _ = self.changes.send(KeyChange::Unknown);
     }
 
-    /// Resolves once `key` (which authenticated as `caller`) stops being
-    /// valid: at its revocation event, or when a check after a gap in the
-    /// events finds it unknown. A check the store cannot answer now is
-    /// retried every second: a resource is not ended for an outage, nor
-    /// kept past one without its key being checked.
-    pub async fn until_revoked(&self, caller: &Caller, key: &str) {
+    /// A future that resolves once `key` (which authenticated as `caller`)
+    /// stops being valid: at its revocation event, or when a check after a
+    /// gap in the events finds it unknown. It listens from this call on, not
+    /// from its first poll: call it before the last check of the key, so a
+    /// revocation between the two is not missed. A check the store cannot
+    /// answer now is retried every second: a resource is not ended for an
+    /// outage, nor kept past one without its key being checked.
+    pub fn until_revoked(
+        &self,
+        caller: &Caller,
+        key: &str,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
         let mut changes = self.changes();
-        loop {
-            let recheck = match changes.recv().await {
-                Ok(KeyChange::Revoked { key_id }) if key_id == caller.key_id => return,
-                Ok(KeyChange::Revoked { .. }) => false,
-                Ok(KeyChange::Unknown) | Err(broadcast::error::RecvError::Lagged(_)) => true,
-                // The follower stopped (shutdown): nothing will revoke the key any more.
-                Err(broadcast::error::RecvError::Closed) => std::future::pending().await,
-            };
-            if !recheck {
-                continue;
-            }
+        let (keys, caller, key) = (self.clone(), caller.clone(), key.to_owned());
+        async move {
             loop {
-                match self.verify(key).await {
-                    Ok(now) if now.key_id == caller.key_id => break,
-                    Ok(_) | Err(AuthError::Unknown | AuthError::Missing | AuthError::Malformed) => {
-                        return;
-                    }
-                    Err(AuthError::Unavailable(_)) => {
-                        tokio::time::sleep(Duration::from_secs(1)).await;
+                let recheck = match changes.recv().await {
+                    Ok(KeyChange::Revoked { key_id }) if key_id == caller.key_id => return,
+                    Ok(KeyChange::Revoked { .. }) => false,
+                    Ok(KeyChange::Unknown) | Err(broadcast::error::RecvError::Lagged(_)) => true,
+                    // The follower stopped (shutdown): nothing will revoke the key any more.
+                    Err(broadcast::error::RecvError::Closed) => std::future::pending().await,
+                };
+                if !recheck {
+                    continue;
+                }
+                loop {
+                    match keys.verify(&key).await {
+                        Ok(now) if now.key_id == caller.key_id => break,
+                        Ok(_)
+                        | Err(AuthError::Unknown | AuthError::Missing | AuthError::Malformed) => {
+                            return;
+                        }
+                        Err(AuthError::Unavailable(_)) => {
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                        }
                     }
                 }
             }

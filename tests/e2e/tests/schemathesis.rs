@@ -68,7 +68,7 @@ async fn run(
         .args(["--header", &format!("Authorization: Bearer {bearer}")])
         .args(["--checks", CHECKS])
         .args(["--max-examples", MAX_EXAMPLES, "--max-time", MAX_TIME])
-        .args(["--seed", SEED, "--workers", "2", "--request-timeout", "3"])
+        .args(["--seed", SEED, "--workers", "2", "--request-timeout", "10"])
         .args(["--generation-database", "none", "--no-color"])
         .kill_on_drop(true)
         .output()
