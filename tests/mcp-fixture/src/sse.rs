@@ -18,26 +18,39 @@ use rmcp::transport::Transport;
 use rmcp::{RoleServer, ServiceExt};
 use tokio::sync::mpsc;
 
-use crate::Fixture;
-
 type Inbox = mpsc::UnboundedSender<RxJsonRpcMessage<RoleServer>>;
 
-#[derive(Clone)]
-struct Sessions {
-    fixture: Fixture,
+/// What an MCP server must be to be served here (the fixture's handler;
+/// generic so this module needs nothing of the crate root).
+pub(crate) trait Handler: rmcp::ServerHandler + Clone + Send + Sync + 'static {}
+
+impl<H: rmcp::ServerHandler + Clone + Send + Sync + 'static> Handler for H {}
+
+struct Sessions<H> {
+    fixture: H,
     next: Arc<AtomicU64>,
     inboxes: Arc<Mutex<HashMap<String, Inbox>>>,
 }
 
-pub(crate) fn router(fixture: Fixture) -> axum::Router {
+impl<H: Clone> Clone for Sessions<H> {
+    fn clone(&self) -> Self {
+        Self {
+            fixture: self.fixture.clone(),
+            next: self.next.clone(),
+            inboxes: self.inboxes.clone(),
+        }
+    }
+}
+
+pub(crate) fn router<H: Handler>(fixture: H) -> axum::Router {
     let sessions = Sessions {
         fixture,
         next: Arc::new(AtomicU64::new(1)),
         inboxes: Arc::new(Mutex::new(HashMap::new())),
     };
     axum::Router::new()
-        .route("/sse", axum::routing::get(open))
-        .route("/message", axum::routing::post(message))
+        .route("/sse", axum::routing::get(open::<H>))
+        .route("/message", axum::routing::post(message::<H>))
         .with_state(sessions)
 }
 
@@ -72,8 +85,8 @@ impl Transport<RoleServer> for Channels {
     }
 }
 
-async fn open(
-    State(sessions): State<Sessions>,
+async fn open<H: Handler>(
+    State(sessions): State<Sessions<H>>,
 ) -> Sse<impl futures::Stream<Item = Result<Event, Infallible>>> {
     let id = sessions.next.fetch_add(1, Ordering::Relaxed).to_string();
     let (inbox_tx, inbox) = mpsc::unbounded_channel();
@@ -109,8 +122,8 @@ struct SessionQuery {
     session_id: String,
 }
 
-async fn message(
-    State(sessions): State<Sessions>,
+async fn message<H: Handler>(
+    State(sessions): State<Sessions<H>>,
     Query(query): Query<SessionQuery>,
     body: String,
 ) -> StatusCode {
