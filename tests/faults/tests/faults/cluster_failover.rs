@@ -177,10 +177,22 @@ async fn store_node_killed_during_a_burst_loses_no_acked_push() {
                     } else {
                         Phase::Pending
                     };
-                    agent
+                    let sent = agent
                         .push(&tagged_push(agent.run_id(), version, phase))
                         .await;
+                    // Pace like a real agent after a failure: "no responders"
+                    // is answered at once, and without a pause a burst could
+                    // run out while the store is still reconnecting (this
+                    // test is about the pushes after that).
+                    let failed = matches!(
+                        sent.answer,
+                        testkit::agent::Answer::ServerError(..)
+                            | testkit::agent::Answer::Transport(_)
+                    );
                     answered.fetch_add(1, Ordering::SeqCst);
+                    if failed {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
                 }
                 (agent.agent_id().to_owned(), agent.into_history())
             })
