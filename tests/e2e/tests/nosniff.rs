@@ -10,8 +10,6 @@ use reqwest::header::{CONTENT_TYPE, HeaderName};
 use reqwest::{Client, RequestBuilder};
 use serde_json::json;
 use testkit::chat::TEST_TENANT_KEY;
-use testkit::stack::TestStack;
-use testkit::store::StoreClient;
 
 const DEADLINE: Duration = Duration::from_secs(30);
 /// chat-gate's request body limit (`chat_gate::http::MAX_BODY_BYTES`).
@@ -75,27 +73,15 @@ async fn declared_too_large(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_service_answers_nosniff_on_every_kind_of_answer() {
-    let test = TestStack::private().await;
-    let shutdown = ctxsync_runtime::Shutdown::new();
-    let stack = testkit::stack::start(
-        test.builder()
-            .store(|_| {})
-            .ingest(|_| {})
-            .gate(|_| {})
-            .catalog(
-                catalog::config::CatalogConfig { tenants: vec![] },
-                catalog::Settings::default(),
-                |_| {},
-            ),
-        &shutdown,
-    )
-    .await;
-    let nats = async_nats::connect(test.nats.url()).await.unwrap();
-    let store = StoreClient::new(nats, test.subjects(), Duration::from_secs(10), "workspace")
-        .retrying_no_responders();
     let token = "n".repeat(43);
-    let agent_id = store.register("nosniff", &token).await;
-    store.create_test_tenant_key().await;
+    // `_test` keeps the NATS server and the database for the test's length.
+    let e2e::http_stack::HttpStack {
+        test: _test,
+        shutdown,
+        stack,
+        store: _,
+        agent_id,
+    } = e2e::http_stack::start("nosniff", &token).await;
 
     let http = Client::new();
     let base = |addr: std::net::SocketAddr| format!("http://{addr}");

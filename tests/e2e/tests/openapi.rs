@@ -9,8 +9,6 @@ use e2e::openapi::{self, ERROR_SCHEMA};
 use serde_json::{Value, json};
 use testkit::chat::TEST_TENANT_KEY;
 use testkit::report::{complete, failed_server, server};
-use testkit::stack::TestStack;
-use testkit::store::StoreClient;
 
 const DOCUMENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../proto/openapi.yaml");
 const HEADER: &str =
@@ -50,28 +48,15 @@ async fn send(request: reqwest::RequestBuilder) -> (u16, Value) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_http_answer_fits_the_openapi_document() {
     let document = openapi::document();
-    let test = TestStack::private().await;
-    let shutdown = ctxsync_runtime::Shutdown::new();
-    let stack = testkit::stack::start(
-        test.builder()
-            .store(|_| {})
-            .ingest(|_| {})
-            .gate(|_| {})
-            // A catalog with no servers: its status answer costs no MCP start.
-            .catalog(
-                catalog::config::CatalogConfig { tenants: vec![] },
-                catalog::Settings::default(),
-                |_| {},
-            ),
-        &shutdown,
-    )
-    .await;
-    let nats = async_nats::connect(test.nats.url()).await.unwrap();
-    let store = StoreClient::new(nats, test.subjects(), Duration::from_secs(10), "workspace")
-        .retrying_no_responders();
     let token = "t".repeat(43);
-    let agent_id = store.register("openapi", &token).await;
-    store.create_test_tenant_key().await;
+    // `_test` keeps the NATS server and the database for the test's length.
+    let e2e::http_stack::HttpStack {
+        test: _test,
+        shutdown,
+        stack,
+        store: _,
+        agent_id,
+    } = e2e::http_stack::start("openapi", &token).await;
 
     let http = reqwest::Client::new();
     let ingest = format!("http://{}", stack.ingest().http_addr());

@@ -9,12 +9,10 @@
 //! The working directory is a fresh temp dir: no schemathesis.toml applies.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use testkit::chat::TEST_TENANT_KEY;
 use testkit::report::{complete, server};
-use testkit::stack::TestStack;
-use testkit::store::StoreClient;
 
 const DOCUMENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../proto/openapi.yaml");
 /// Test cases per operation and phase.
@@ -92,28 +90,15 @@ async fn run(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schemathesis_finds_no_answer_outside_the_openapi_document() {
     let bin = schemathesis();
-    let test = TestStack::private().await;
-    let shutdown = ctxsync_runtime::Shutdown::new();
-    let stack = testkit::stack::start(
-        test.builder()
-            .store(|_| {})
-            .ingest(|_| {})
-            .gate(|_| {})
-            // A catalog with no servers: the gate's catalog status is answered.
-            .catalog(
-                catalog::config::CatalogConfig { tenants: vec![] },
-                catalog::Settings::default(),
-                |_| {},
-            ),
-        &shutdown,
-    )
-    .await;
-    let nats = async_nats::connect(test.nats.url()).await.unwrap();
-    let store = StoreClient::new(nats, test.subjects(), Duration::from_secs(10), "workspace")
-        .retrying_no_responders();
     let token = "s".repeat(43);
-    let agent_id = store.register("schemathesis", &token).await;
-    store.create_test_tenant_key().await;
+    // `_test` keeps the NATS server and the database for the test's length.
+    let e2e::http_stack::HttpStack {
+        test: _test,
+        shutdown,
+        stack,
+        store,
+        agent_id,
+    } = e2e::http_stack::start("schemathesis", &token).await;
     // An agent with a report, so the gate's listings have something in them.
     let run_id = uuid::Uuid::new_v4().to_string();
     store.startup(&agent_id, &run_id).await;

@@ -1,0 +1,50 @@
+//! The services that answer HTTP, in this process on a private NATS server
+//! and database, as the HTTP-wide tests (the OpenAPI document, schemathesis,
+//! `nosniff`) start them: store, ingest, gate, and a catalog with no servers
+//! (its status answer costs no MCP start); one agent registered and the test
+//! tenant's key created.
+
+use std::time::Duration;
+
+use testkit::stack::{Stack, TestStack};
+use testkit::store::StoreClient;
+
+pub struct HttpStack {
+    pub test: TestStack,
+    pub shutdown: ctxsync_runtime::Shutdown,
+    pub stack: Stack,
+    pub store: StoreClient,
+    /// The registered agent, whose token is the one given to [`start`].
+    pub agent_id: String,
+}
+
+/// Starts the stack and registers agent `name` with `token`.
+pub async fn start(name: &str, token: &str) -> HttpStack {
+    let test = TestStack::private().await;
+    let shutdown = ctxsync_runtime::Shutdown::new();
+    let stack = testkit::stack::start(
+        test.builder()
+            .store(|_| {})
+            .ingest(|_| {})
+            .gate(|_| {})
+            .catalog(
+                catalog::config::CatalogConfig { tenants: vec![] },
+                catalog::Settings::default(),
+                |_| {},
+            ),
+        &shutdown,
+    )
+    .await;
+    let nats = async_nats::connect(test.nats.url()).await.unwrap();
+    let store = StoreClient::new(nats, test.subjects(), Duration::from_secs(10), "workspace")
+        .retrying_no_responders();
+    let agent_id = store.register(name, token).await;
+    store.create_test_tenant_key().await;
+    HttpStack {
+        test,
+        shutdown,
+        stack,
+        store,
+        agent_id,
+    }
+}
