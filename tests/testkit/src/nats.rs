@@ -19,6 +19,25 @@ fn binary() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("nats-server"))
 }
 
+/// With `CTXSYNC_TEST_NATS_LOG` set to a file, appends the name of the test
+/// that starts a server (the harness names each test's thread after it): the
+/// census of tests that need NATS, kept with `sort -u`.
+fn record_start() {
+    use std::io::Write;
+    let Some(path) = std::env::var_os("CTXSYNC_TEST_NATS_LOG") else {
+        return;
+    };
+    let binary = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.file_name().map(|name| name.to_string_lossy().into_owned()))
+        .unwrap_or_default();
+    let binary = binary.rsplit_once('-').map_or(binary.as_str(), |(name, _hash)| name);
+    let test = std::thread::current().name().unwrap_or("?").to_owned();
+    if let Ok(mut file) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+        let _ = writeln!(file, "{binary} {test}");
+    }
+}
+
 impl NatsServer {
     /// Starts a server with JetStream on a free port and waits until it accepts connections.
     pub fn start() -> Self {
@@ -30,6 +49,7 @@ impl NatsServer {
     pub fn start_with_config(extra_config: &str) -> Self {
         // Tests build reqwest clients, which need rustls' process default.
         ctxsync_tls::install_default_provider();
+        record_start();
         let mut store_dir = tempfile::tempdir().expect("cannot create a temp dir for nats-server");
         let mut last_error = String::new();
         // A reserved port can be taken by another test between reservation and bind: retry.
@@ -180,6 +200,7 @@ impl NatsCluster {
     /// meta leader).
     pub fn start() -> Self {
         ctxsync_tls::install_default_provider();
+        record_start();
         let mut last_error = String::new();
         // Reserved ports can be taken by another test before the bind: retry.
         for _ in 0..3 {
