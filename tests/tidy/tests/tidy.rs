@@ -12,9 +12,11 @@ fn crate_sources(root: &Path) -> Vec<std::path::PathBuf> {
     let mut sources = vec![root.join("proto/src")];
     for parent in ["services", "tests"] {
         for entry in std::fs::read_dir(root.join(parent)).unwrap().flatten() {
-            let src = entry.path().join("src");
-            if src.is_dir() {
-                sources.push(src);
+            // A service's core is a crate of its own under it (`core/src`).
+            for src in [entry.path().join("src"), entry.path().join("core/src")] {
+                if src.is_dir() {
+                    sources.push(src);
+                }
             }
         }
     }
