@@ -3,19 +3,20 @@
 //! them (each commit a new revision, handed to the core as the store's event
 //! would be, with its state), and time paused, so every timeout is exact and
 //! none takes real time. No nats-server, no Postgres: what needs them (event
-//! ordering, gaps, the APIs, end to end) is in `gate.rs` and the others.
+//! ordering, gaps, the APIs, end to end) is in chat-gate's `tests/gate.rs` and
+//! the others.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use chat_gate::core::projection;
-use chat_gate::core::{EventUpdate, Gate, GateSettings, ReadError, StateSource};
 use ctxsync_proto::v1::mcp_discovery::Phase;
 use ctxsync_proto::v1::*;
 use futures::FutureExt;
 use futures::future::BoxFuture;
+use gate_core::projection;
+use gate_core::{EventUpdate, Gate, GateSettings, ReadError, StateSource};
 use testkit::report::{
     complete, failed_server, instruction, invalid_config, pending, push, server_with_schema, skill,
 };

@@ -30,8 +30,8 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::core::projection::{self, Readiness};
-use crate::core::source::{ReadError, StateSource};
+use crate::projection::{self, Readiness};
+use crate::source::{ReadError, StateSource};
 
 /// Retries of a failed read while someone waits: short first (a store that
 /// reconnects after a NATS restart is back within a second), then capped.
