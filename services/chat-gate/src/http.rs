@@ -22,9 +22,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use ctxsync_proto::v1::{TurnRequest, gate_error::Code};
 
-use crate::core::gate::Gate;
-use crate::core::source::ReadError;
 use ctxsync_runtime::tenant_keys::{Caller, TenantKeys};
+use gate_core::gate::Gate;
+use gate_core::source::ReadError;
 
 /// Largest accepted request body, in bytes.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;

@@ -13,12 +13,12 @@
 //! /api/v1/gate`, `GET /api/v1/agents/{agent_id}/context`) authenticated by
 //! a tenant key. Either way an agent of another tenant is not found.
 //!
-//! The decisions live in [`core`], which touches neither NATS nor HTTP;
-//! [`nats`] and [`http`] (with the tenant keys of
-//! [`ctxsync_runtime::tenant_keys`]) are adapters around it, and this
-//! file wires them up.
+//! The decisions live in [`core`] (the `gate-core` crate, which depends on
+//! no transport, so it touches neither NATS nor HTTP); [`nats`] and [`http`]
+//! (with the tenant keys of [`ctxsync_runtime::tenant_keys`]) are adapters
+//! around it, and this file wires them up.
 
-pub mod core;
+pub use gate_core as core;
 pub mod http;
 pub mod nats;
 pub mod page;
@@ -35,7 +35,7 @@ use futures::StreamExt;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-pub use crate::core::{Gate, GateSettings};
+pub use gate_core::{Gate, GateSettings};
 
 /// chat-gate's configuration.
 #[derive(Debug, Clone, clap::Args)]
@@ -182,11 +182,11 @@ impl Config {
             stale_grace: self.stale_grace,
             store_timeout: self.store_timeout,
             attempt_ttl: self.attempt_ttl,
-            views: crate::core::ViewLimits {
+            views: gate_core::ViewLimits {
                 max_views: self.max_views,
                 idle_ttl: self.view_ttl,
             },
-            drain: crate::core::drain_window(self.common.shutdown_grace),
+            drain: gate_core::drain_window(self.common.shutdown_grace),
         })
     }
 }

@@ -47,12 +47,12 @@ use ctxsync_proto::v1::{
 };
 use futures::StreamExt;
 
-use crate::core::projection::{self, Readiness};
-use crate::core::source::ReadError;
 use crate::http::{caller, error};
 use crate::nats::events::PageFeed;
 use crate::nats::{AgentLister, CatalogClient, StoreReader};
 use ctxsync_runtime::tenant_keys::{Caller, TenantKeys};
+use gate_core::projection::{self, Readiness};
+use gate_core::source::ReadError;
 
 /// How long an event-stream ticket can be redeemed.
 pub const TICKET_TTL: Duration = Duration::from_secs(30);

@@ -8,10 +8,10 @@ mod common;
 
 use std::time::{Duration, SystemTime};
 
-use chat_gate::core::drain_window;
 use common::*;
 use ctxsync_proto::v1::*;
 use ctxsync_runtime::rpc::{self, RpcError};
+use gate_core::drain_window;
 
 const AGENTS: usize = 5;
 

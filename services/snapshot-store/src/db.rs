@@ -10,14 +10,15 @@ use chrono::{DateTime, Utc};
 use ctxsync_proto::ids;
 use ctxsync_proto::v1::{
     Agent, AgentState, ContextConfig, ContextResource, DiscoveryChanged, PushContextStateRequest,
-    PushDropReason, Snapshot, SnapshotCommitted, StartupDropReason, StartupRequest,
-    StartupResponse, discovery_changed::Cause, mcp_discovery::Phase,
+    PushDropReason, Snapshot, SnapshotCommitted, StartupRequest, StartupResponse,
+    mcp_discovery::Phase,
 };
 use ctxsync_proto::validate::{self, ValidationError};
+use pbjson_types::Timestamp;
 use prost::Message;
-use sha2::{Digest, Sha256};
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgPool, Postgres, Row, Transaction};
+use store_core::{PushContent, PushPlan, StartupPlan, StoredAgent, StoredSnapshot};
 use uuid::Uuid;
 
 #[derive(Debug, thiserror::Error)]
@@ -109,15 +110,6 @@ pub fn phase_to_db(phase: Phase) -> &'static str {
     }
 }
 
-/// Phases in the order a run moves through them.
-fn phase_rank(phase: Phase) -> u8 {
-    match phase {
-        Phase::Unspecified => 0,
-        Phase::Pending => 1,
-        Phase::Complete => 2,
-    }
-}
-
 fn phase_from_db(text: &str) -> Result<Phase, StoreError> {
     match text {
         "unspecified" => Ok(Phase::Unspecified),
@@ -125,37 +117,6 @@ fn phase_from_db(text: &str) -> Result<Phase, StoreError> {
         "complete" => Ok(Phase::Complete),
         other => Err(StoreError::Corrupt(format!("unknown phase {other:?}"))),
     }
-}
-
-pub fn timestamp(at: DateTime<Utc>) -> pbjson_types::Timestamp {
-    pbjson_types::Timestamp {
-        seconds: at.timestamp(),
-        nanos: at.timestamp_subsec_nanos() as i32,
-    }
-}
-
-fn push_phase(push: &PushContextStateRequest) -> Phase {
-    push.mcp_discovery
-        .as_ref()
-        .and_then(|d| Phase::try_from(d.phase).ok())
-        .unwrap_or(Phase::Unspecified)
-}
-
-/// SHA-256 over everything a snapshot says (but its version): an unchanged
-/// re-push has the same hash.
-fn content_hash(push: &PushContextStateRequest, phase: Phase, config: &[u8]) -> String {
-    let mut hasher = Sha256::new();
-    hasher.update((push.agent_run_id.len() as u64).to_be_bytes());
-    hasher.update(push.agent_run_id.as_bytes());
-    hasher.update((phase as i32).to_be_bytes());
-    hasher.update((config.len() as u64).to_be_bytes());
-    hasher.update(config);
-    for resource in &push.resources {
-        let encoded = resource.encode_to_vec();
-        hasher.update((encoded.len() as u64).to_be_bytes());
-        hasher.update(&encoded);
-    }
-    hex::encode(hasher.finalize())
 }
 
 /// Begins a transaction whose lock waits end at `deadline`: a replica that
@@ -319,7 +280,8 @@ impl Store {
 
     /// UpdateStartup: overwrites the agent's run id (empty included), unless
     /// the startup names a run the agent already moved away from: that one is
-    /// late or replayed and is dropped, unless it is a reclaim.
+    /// late or replayed and is dropped, unless it is a reclaim
+    /// ([`store_core::plan_startup`] decides; this carries it out).
     pub async fn update_startup(
         &self,
         agent_id: Uuid,
@@ -327,34 +289,34 @@ impl Store {
         deadline: Option<SystemTime>,
     ) -> Result<StartupOutcome, StoreError> {
         validate::startup(startup)?;
-        // A re-announcement of the current run changes nothing: answer it
-        // without a write (live agents repeat it periodically).
-        if !startup.reclaim {
-            let row = sqlx::query(
-                "SELECT agent_run_id, agent_version FROM snapshot.agents WHERE agent_id = $1",
-            )
-            .bind(agent_id)
-            .fetch_optional(&self.pool)
-            .await?
-            .ok_or(StoreError::NotFound(agent_id))?;
-            let (run_id, version): (String, String) =
-                (row.get("agent_run_id"), row.get("agent_version"));
-            if run_id == startup.agent_run_id && version == startup.agent_version {
-                return Ok(StartupOutcome {
-                    response: StartupResponse {
-                        previous_agent_run_id: run_id,
-                        ..Default::default()
-                    },
-                    discovery_changed: None,
-                });
-            }
+        // A re-announcement of the current run changes nothing: answered
+        // without the lock or a write (live agents repeat it periodically).
+        let row = sqlx::query(
+            "SELECT agent_run_id, agent_version FROM snapshot.agents WHERE agent_id = $1",
+        )
+        .bind(agent_id)
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or(StoreError::NotFound(agent_id))?;
+        let stored = StoredAgent {
+            agent_run_id: row.get("agent_run_id"),
+            agent_version: row.get("agent_version"),
+        };
+        if let Some(response) = store_core::repeated_startup(stored, startup) {
+            return Ok(StartupOutcome {
+                response,
+                discovery_changed: None,
+            });
         }
 
         let mut tx = begin(&self.pool, deadline).await?;
-        let previous = lock_agent(&mut tx, agent_id).await?.agent.agent_run_id;
-        let changed = previous != startup.agent_run_id;
-        if changed && !startup.agent_run_id.is_empty() {
-            let superseded: bool = sqlx::query_scalar(
+        let locked = lock_agent(&mut tx, agent_id).await?.agent;
+        let stored = StoredAgent {
+            agent_run_id: &locked.agent_run_id,
+            agent_version: &locked.agent_version,
+        };
+        let superseded = store_core::superseded_matters(stored, startup)
+            && sqlx::query_scalar(
                 "SELECT EXISTS (SELECT 1 FROM snapshot.superseded_runs
                                 WHERE agent_id = $1 AND agent_run_id = $2)",
             )
@@ -362,75 +324,55 @@ impl Store {
             .bind(&startup.agent_run_id)
             .fetch_one(&mut *tx)
             .await?;
-            if superseded && !startup.reclaim {
+        let write = match store_core::plan_startup(stored, startup, superseded) {
+            StartupPlan::Repeated(response) | StartupPlan::Dropped(response) => {
                 tx.rollback().await?;
                 return Ok(StartupOutcome {
-                    response: StartupResponse {
-                        previous_agent_run_id: previous.clone(),
-                        run_id_changed: false,
-                        drop_reason: StartupDropReason::SupersededRun as i32,
-                        message: format!(
-                            "run {:?} was already replaced by another run of this agent \
-                             (now {previous:?}): the startup is late or replayed and changed nothing",
-                            startup.agent_run_id
-                        ),
-                    },
+                    response,
                     discovery_changed: None,
                 });
             }
-        }
+            StartupPlan::Write(write) => write,
+        };
         sqlx::query(
             "UPDATE snapshot.agents
              SET agent_run_id = $2, agent_version = $3, startup_at = clock_timestamp()
              WHERE agent_id = $1",
         )
         .bind(agent_id)
-        .bind(&startup.agent_run_id)
+        .bind(&write.agent_run_id)
         .bind(&startup.agent_version)
         .execute(&mut *tx)
         .await?;
-        if changed {
-            record_superseded(&mut tx, agent_id, &previous, &startup.agent_run_id).await?;
+        if write.records_superseded() {
+            record_superseded(
+                &mut tx,
+                agent_id,
+                &write.previous_agent_run_id,
+                &write.agent_run_id,
+            )
+            .await?;
         }
         // Only an event needs the state; read under the lock, it is exactly
         // what commits.
-        let state = if changed {
+        let state = if write.publishes() {
             Some(read_state(&mut *tx, agent_id).await?)
         } else {
             None
         };
         commit_before(tx, deadline).await?;
-        let now = Utc::now();
-
+        let committed_at = Timestamp::from(Utc::now());
         let discovery_changed = state.map(|state| {
-            let snapshot = state.snapshot.as_ref();
-            let phase = snapshot.map_or(Phase::Unspecified as i32, |s| s.phase);
-            Box::new(DiscoveryChanged {
-                agent_id: agent_id.to_string(),
-                cause: Cause::Startup as i32,
-                agent_run_id: startup.agent_run_id.clone(),
-                previous_agent_run_id: previous.clone(),
-                has_snapshot: snapshot.is_some(),
-                snapshot_agent_run_id: snapshot.map(|s| s.agent_run_id.clone()).unwrap_or_default(),
-                phase,
-                previous_phase: phase,
-                snapshot_version: snapshot.map(|s| s.version).unwrap_or_default(),
-                committed_at: Some(timestamp(now)),
-                revision: state.revision,
-                state: Some(state),
-            })
+            Box::new(write.discovery_changed(&agent_id.to_string(), state, committed_at))
         });
         Ok(StartupOutcome {
-            response: StartupResponse {
-                previous_agent_run_id: previous,
-                run_id_changed: changed,
-                ..Default::default()
-            },
+            response: write.response(),
             discovery_changed,
         })
     }
 
-    /// PushContextState: every rule of the report path in one transaction.
+    /// PushContextState: every rule of the report path in one transaction
+    /// ([`store_core::plan_push`] decides; this carries it out).
     pub async fn push(
         &self,
         agent_id: Uuid,
@@ -439,10 +381,7 @@ impl Store {
     ) -> Result<PushOutcome, StoreError> {
         validate::push(&push)?;
         let started = Instant::now();
-        let phase = push_phase(&push);
-        let context_config = push.context_config.clone().unwrap_or_default();
-        let config = context_config.encode_to_vec();
-        let hash = content_hash(&push, phase, &config);
+        let content = PushContent::of(&push);
         let version = i64::try_from(push.version).map_err(|_| ValidationError::Invalid {
             field: "version".into(),
             reason: "must fit in a signed 64-bit integer".into(),
@@ -450,7 +389,6 @@ impl Store {
 
         let mut tx = begin(&self.pool, deadline).await?;
         let locked = lock_agent(&mut tx, agent_id).await?;
-        let agent_run_id = locked.agent.agent_run_id.clone();
         let row = sqlx::query(
             "SELECT agent_run_id AS snapshot_run_id, version, phase, hash
              FROM snapshot.snapshots WHERE agent_id = $1",
@@ -458,61 +396,26 @@ impl Store {
         .bind(agent_id)
         .fetch_optional(&mut *tx)
         .await?;
-        let stored_run_id: Option<String> = row.as_ref().map(|r| r.get("snapshot_run_id"));
-        let stored_version: Option<i64> = row.as_ref().map(|r| r.get("version"));
-        let stored_phase = match row.as_ref().map(|r| r.get::<String, _>("phase")) {
-            Some(p) => Some(phase_from_db(&p)?),
+        let stored = match &row {
+            Some(row) => Some(StoredSnapshot {
+                agent_run_id: row.get("snapshot_run_id"),
+                // Only ever written from a validated version: never negative.
+                version: row.get::<i64, _>("version") as u64,
+                phase: phase_from_db(row.get("phase"))?,
+                hash: row.get("hash"),
+            }),
             None => None,
         };
-        let stored_hash: Option<String> = row.as_ref().map(|r| r.get("hash"));
-
-        // A non-empty agent row names the current process: anything else is
-        // from a previous one (an empty push run id included).
-        if !agent_run_id.is_empty() && push.agent_run_id != agent_run_id {
-            tx.rollback().await?;
-            record_push_transaction(started, "dropped");
-            return Ok(PushOutcome::Dropped {
-                reason: PushDropReason::StaleRun,
-                message: format!(
-                    "push from agent run {:?} but the agent's current run is {:?}",
-                    push.agent_run_id, agent_run_id
-                ),
-            });
-        }
-        // Within a run, versions only move forward and so does the phase. A
-        // new process starts over with its own run id, so `initial` is only
-        // the first push of a run, never a reset: a late or replayed first
-        // push of the running process is an old version like any other.
-        let same_run = !agent_run_id.is_empty()
-            && stored_run_id.as_deref() == Some(push.agent_run_id.as_str());
-        if same_run && let Some(stored) = stored_version.filter(|&stored| version <= stored) {
-            tx.rollback().await?;
-            record_push_transaction(started, "dropped");
-            return Ok(PushOutcome::Dropped {
-                reason: PushDropReason::StaleVersion,
-                message: format!(
-                    "version {} is not above the stored version {stored} of this run",
-                    push.version
-                ),
-            });
-        }
-        if same_run
-            && let Some(stored) =
-                stored_phase.filter(|&stored| phase_rank(phase) < phase_rank(stored))
+        let write = match store_core::plan_push(&locked.agent.agent_run_id, stored, &push, &content)
         {
-            tx.rollback().await?;
-            record_push_transaction(started, "dropped");
-            return Ok(PushOutcome::Dropped {
-                reason: PushDropReason::PhaseRegression,
-                message: format!(
-                    "phase {} would move this run back from {}",
-                    phase.as_str_name(),
-                    stored.as_str_name()
-                ),
-            });
-        }
+            PushPlan::Dropped { reason, message } => {
+                tx.rollback().await?;
+                record_push_transaction(started, "dropped");
+                return Ok(PushOutcome::Dropped { reason, message });
+            }
+            PushPlan::Write(write) => write,
+        };
 
-        let content_changed = stored_hash.as_deref() != Some(hash.as_str());
         // clock_timestamp(), not now(): now() is the transaction's start,
         // before the lock wait. RETURNING gives the stored value, rounded as
         // a read returns it.
@@ -529,13 +432,13 @@ impl Store {
         .bind(agent_id)
         .bind(&push.agent_run_id)
         .bind(version)
-        .bind(phase_to_db(phase))
-        .bind(&hash)
-        .bind(&config)
+        .bind(phase_to_db(content.phase))
+        .bind(&content.hash)
+        .bind(&content.config)
         .fetch_one(&mut *tx)
         .await?;
 
-        if content_changed {
+        if write.rewrites_resources {
             write_resources(&mut tx, agent_id, &push.resources).await?;
         }
         if let Err(error) = commit_before(tx, deadline).await {
@@ -546,55 +449,20 @@ impl Store {
 
         // The event's commit time is when COMMIT returned, not when the row
         // was stamped inside the transaction: waits are measured from it.
-        let committed_at = Some(timestamp(Utc::now()));
-        let discovery_changed = (stored_phase != Some(phase)
-            || stored_run_id.as_deref() != Some(push.agent_run_id.as_str()))
-        .then(|| {
-            Box::new(DiscoveryChanged {
-                agent_id: agent_id.to_string(),
-                cause: Cause::Push as i32,
-                agent_run_id: agent_run_id.clone(),
-                previous_agent_run_id: agent_run_id.clone(),
-                has_snapshot: true,
-                snapshot_agent_run_id: push.agent_run_id.clone(),
-                phase: phase as i32,
-                previous_phase: stored_phase.unwrap_or(Phase::Unspecified) as i32,
-                snapshot_version: push.version,
-                committed_at,
-                revision: locked.revision,
-                state: None,
-            })
-        });
-        // Every accepted push is announced, unchanged content included: its
-        // version and receive time still changed, and watchers show those.
-        let snapshot_committed = Box::new(SnapshotCommitted {
-            agent_id: agent_id.to_string(),
-            agent_run_id: push.agent_run_id.clone(),
-            version: push.version,
-            phase: phase as i32,
-            hash: hash.clone(),
-            committed_at,
-            revision: locked.revision,
-            state: None,
-        });
-
-        // What a read right after the commit returns, built from what this
-        // transaction wrote (no read): the agent row as RETURNING gave it, the
-        // snapshot as stored, and the push's resources, which are the stored
-        // ones also when unchanged (same hash).
-        let state = AgentState {
-            agent: Some(locked.agent),
-            snapshot: Some(Snapshot {
-                agent_run_id: push.agent_run_id,
-                version: push.version,
-                phase: phase as i32,
-                hash,
-                received_at: Some(timestamp(received_at)),
-                context_config: Some(context_config),
-            }),
-            resources: push.resources,
-            revision: locked.revision,
-        };
+        let committed_at = Timestamp::from(Utc::now());
+        let id = agent_id.to_string();
+        let discovery_changed = write
+            .discovery_changed(&id, locked.revision, committed_at)
+            .map(Box::new);
+        let snapshot_committed =
+            Box::new(write.snapshot_committed(&id, locked.revision, committed_at));
+        let state = write.state(
+            locked.agent,
+            locked.revision,
+            content.context_config,
+            push.resources,
+            received_at.into(),
+        );
         Ok(PushOutcome::Accepted {
             discovery_changed,
             snapshot_committed,
@@ -698,7 +566,7 @@ where
                 version: first.get::<i64, _>("version") as u64,
                 phase: phase_from_db(first.get("phase"))? as i32,
                 hash: first.get("hash"),
-                received_at: Some(timestamp(first.get("received_at"))),
+                received_at: Some(first.get::<DateTime<Utc>, _>("received_at").into()),
                 context_config: Some(
                     ContextConfig::decode(config.as_slice())
                         .map_err(|e| StoreError::Corrupt(e.to_string()))?,
@@ -741,10 +609,10 @@ fn agent_from_row(agent_id: Uuid, row: &PgRow) -> Agent {
         name: row.get("name"),
         agent_run_id: row.get("agent_run_id"),
         agent_version: row.get("agent_version"),
-        created_at: Some(timestamp(row.get("created_at"))),
+        created_at: Some(row.get::<DateTime<Utc>, _>("created_at").into()),
         startup_at: row
             .get::<Option<DateTime<Utc>>, _>("startup_at")
-            .map(timestamp),
+            .map(Timestamp::from),
     }
 }
 

@@ -23,7 +23,7 @@ use ctxsync_runtime::{Shutdown, rpc};
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 
-use crate::db::{Store, StoreError, timestamp};
+use crate::db::{Store, StoreError};
 use crate::endpoint::{endpoint, publish, reply};
 
 /// Longest key label, in bytes.
@@ -60,8 +60,8 @@ fn key_of(row: &PgRow) -> TenantKey {
         key_id: row.get("key_id"),
         tenant: row.get("tenant"),
         label: row.get("label"),
-        created_at: Some(timestamp(created_at)),
-        revoked_at: revoked_at.map(timestamp),
+        created_at: Some(created_at.into()),
+        revoked_at: revoked_at.map(Into::into),
     }
 }
 

@@ -1,4 +1,19 @@
 //! snapshot-store against a real nats-server and a real Postgres database.
+//!
+//! The ordering rules are decided by `store-core` and tested there one by
+//! one, in process (`core/tests/rules.rs`). Here each rule has one test end
+//! to end, through the SQL, locks and events that carry it out: stale run
+//! (`stale_run_push_is_dropped_and_leaves_every_row_untouched`), stale
+//! version (`a_late_or_replayed_initial_push_never_moves_the_run_back`),
+//! phase regression and a new run starting over
+//! (`the_phase_never_moves_back_within_a_run`), superseded startups
+//! (`a_late_startup_of_a_replaced_run_is_dropped_and_changes_nothing`),
+//! reclaims (`a_live_process_reclaims_its_agent_from_a_late_unknown_run`),
+//! repeated startups (`revision_rises_by_one_per_accepted_write_and_not_for_dropped_ones`),
+//! which events are published
+//! (`discovery_event_is_published_exactly_when_phase_or_run_id_changes_after_commit`,
+//! `the_event_state_equals_a_read_after_the_commit`) and resources kept or
+//! replaced (`sources_absent_from_a_push_are_deleted`).
 
 mod common;
 
@@ -81,49 +96,6 @@ async fn stale_run_push_is_dropped_and_leaves_every_row_untouched() {
 }
 
 #[tokio::test]
-async fn same_run_push_is_accepted() {
-    let h = StoreHarness::spawn().await;
-    let agent = h.register("a").await;
-    h.startup(&agent, RUN_A).await;
-    h.push_ok(&agent, pending(RUN_A, 1, vec![])).await;
-    h.push_ok(&agent, pending(RUN_A, 2, vec![server("s", &["t"])]))
-        .await;
-    assert_eq!(sources(&h.state(&agent).await), ["mcp_server:s"]);
-}
-
-#[tokio::test]
-async fn empty_run_id_is_accepted_against_an_empty_row_and_dropped_against_a_set_one() {
-    let h = StoreHarness::spawn().await;
-    let legacy = h.register("legacy").await;
-    // A legacy agent: empty run id in Startup and in every push.
-    h.startup(&legacy, "").await;
-    h.push_ok(
-        &legacy,
-        push("", 0, false, None, vec![instruction("/a", "1")]),
-    )
-    .await;
-    h.push_ok(
-        &legacy,
-        push("", 0, false, None, vec![instruction("/a", "2")]),
-    )
-    .await;
-    assert_eq!(h.state(&legacy).await.snapshot.unwrap().agent_run_id, "");
-
-    let current = h.register("current").await;
-    h.startup(&current, RUN_A).await;
-    h.push_ok(&current, complete(RUN_A, 1, vec![])).await;
-    let before = h.state(&current).await;
-    let reply = h
-        .push(
-            &current,
-            push("", 5, true, None, vec![instruction("/x", "y")]),
-        )
-        .await;
-    assert_eq!(dropped(&reply), Some(PushDropReason::StaleRun));
-    assert_eq!(h.state(&current).await, before);
-}
-
-#[tokio::test]
 async fn update_startup_overwrites_the_run_id_including_to_empty() {
     let h = StoreHarness::spawn().await;
     let agent = h.register("a").await;
@@ -168,35 +140,6 @@ async fn oversized_run_id_is_refused_on_both_paths_and_changes_nothing() {
 
     // Exactly 64 bytes is fine.
     assert_eq!(h.startup(&agent, &"r".repeat(64)).await.error, None);
-}
-
-#[tokio::test]
-async fn versions_only_move_forward_within_a_run_initial_included() {
-    let h = StoreHarness::spawn().await;
-    let agent = h.register("a").await;
-    h.startup(&agent, RUN_A).await;
-    h.push_ok(&agent, push(RUN_A, 5, true, Some(Phase::Pending), vec![]))
-        .await;
-    for stale in [5, 4] {
-        let reply = h
-            .push(
-                &agent,
-                push(RUN_A, stale, false, Some(Phase::Complete), vec![]),
-            )
-            .await;
-        assert_eq!(
-            dropped(&reply),
-            Some(PushDropReason::StaleVersion),
-            "version {stale}"
-        );
-    }
-    assert_eq!(h.state(&agent).await.snapshot.unwrap().version, 5);
-
-    // A new run's first push is accepted even with a lower version than the old run's.
-    h.startup(&agent, RUN_B).await;
-    h.push_ok(&agent, push(RUN_B, 1, false, Some(Phase::Pending), vec![]))
-        .await;
-    assert_eq!(h.state(&agent).await.snapshot.unwrap().agent_run_id, RUN_B);
 }
 
 /// The issue's replay: v2 COMPLETE, then the same run's first push again

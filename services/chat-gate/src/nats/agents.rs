@@ -6,7 +6,7 @@ use ctxsync_proto::subjects::Subjects;
 use ctxsync_proto::v1::{AgentState, ListAgentsReply, ListAgentsRequest, store_error::Code};
 use ctxsync_runtime::rpc;
 
-use crate::core::source::ReadError;
+use gate_core::source::ReadError;
 
 /// One page of agents and the id to continue after (empty at the end).
 pub type AgentPage = (Vec<AgentState>, String);

@@ -13,7 +13,7 @@ use ctxsync_runtime::rpc;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
-use crate::core::source::CatalogSource;
+use gate_core::source::CatalogSource;
 
 #[derive(Clone)]
 pub struct CatalogClient {

@@ -12,9 +12,9 @@ use prost::Message;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::core::gate::Gate;
-use crate::core::watch::EventUpdate;
 use ctxsync_runtime::tenant_keys::TenantKeys;
+use gate_core::gate::Gate;
+use gate_core::watch::EventUpdate;
 
 fn timestamp_to_system(ts: Option<&pbjson_types::Timestamp>) -> Option<SystemTime> {
     let ts = ts?;

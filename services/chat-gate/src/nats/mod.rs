@@ -13,7 +13,7 @@ pub use catalog::CatalogClient;
 pub use store::StoreReader;
 pub use turns::{TurnServer, TurnServing};
 
-use crate::core::source::WaitAnnouncer;
+use gate_core::source::WaitAnnouncer;
 
 /// Publishes each first turn's decision and wait on `subject` (where the
 /// catalog records it for `ctxsync latency`), from its own task so the

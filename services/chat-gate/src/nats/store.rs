@@ -11,7 +11,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use tokio::sync::watch;
 
-use crate::core::source::{ReadError, StateSource};
+use gate_core::source::{ReadError, StateSource};
 
 #[derive(Clone)]
 pub struct StoreReader {

@@ -28,7 +28,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio_util::task::TaskTracker;
 
-use crate::core::gate::Gate;
+use gate_core::gate::Gate;
 
 /// Where and how many turns one replica serves.
 #[derive(Debug, Clone)]

@@ -1,8 +1,9 @@
-//! The gate's decisions, with no transport: which turns wait and for what
+//! chat-gate's decisions, with no transport: which turns wait and for what
 //! (`gate`), the views of agents kept current by events (`watch`), and what a
 //! chat may use of a snapshot (`projection`). It reads and learns through the
-//! traits of `source`; the NATS and HTTP modules of this crate are adapters
-//! around it, and nothing here uses them.
+//! traits of `source`; chat-gate's NATS and HTTP modules are adapters around
+//! it. This crate depends on no transport (no async-nats, sqlx or axum), so
+//! it cannot use them.
 //!
 //! Modules here use only each other, in one direction:
 //! `gate` → `watch` → `projection`, and all of them → `source`.

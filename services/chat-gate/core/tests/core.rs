@@ -3,19 +3,20 @@
 //! them (each commit a new revision, handed to the core as the store's event
 //! would be, with its state), and time paused, so every timeout is exact and
 //! none takes real time. No nats-server, no Postgres: what needs them (event
-//! ordering, gaps, the APIs, end to end) is in `gate.rs` and the others.
+//! ordering, gaps, the APIs, end to end) is in chat-gate's `tests/gate.rs` and
+//! the others.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use chat_gate::core::projection;
-use chat_gate::core::{EventUpdate, Gate, GateSettings, ReadError, StateSource};
 use ctxsync_proto::v1::mcp_discovery::Phase;
 use ctxsync_proto::v1::*;
 use futures::FutureExt;
 use futures::future::BoxFuture;
+use gate_core::projection;
+use gate_core::{EventUpdate, Gate, GateSettings, ReadError, StateSource};
 use testkit::report::{
     complete, failed_server, instruction, invalid_config, pending, push, server_with_schema, skill,
 };
@@ -534,6 +535,88 @@ async fn caller_cancelled_while_pending_does_not_cancel_the_others() {
         gate.watches().held() == 0
     })
     .await;
+}
+
+// ---- retries of failed reads ---------------------------------------------------
+
+#[test]
+fn read_retries_start_at_100_ms_and_double_up_to_1_s_without_end() {
+    use gate_core::watch::{RETRY_MAX, RETRY_MIN, retry_delays};
+    assert_eq!(
+        (RETRY_MIN, RETRY_MAX),
+        (Duration::from_millis(100), Duration::from_secs(1))
+    );
+    let delays: Vec<Duration> = retry_delays().take(50).collect();
+    assert_eq!(delays.len(), 50, "no last retry");
+    // Doubling is computed in f32 seconds: within a microsecond of the ideal.
+    for (delay, ideal_ms) in delays.iter().zip([100, 200, 400, 800]) {
+        let ideal = Duration::from_millis(ideal_ms);
+        assert!(
+            delay.abs_diff(ideal) < Duration::from_micros(1),
+            "{delay:?} for {ideal:?}"
+        );
+    }
+    assert!(delays[4..].iter().all(|&d| d == RETRY_MAX), "{delays:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_read_is_retried_with_backoff_while_a_turn_waits_and_reset_by_a_success() {
+    let core = Core::new();
+    let agent = core.agent_reporting(pending(RUN_A, 1, vec![]));
+    let turn = core.spawn_turn("chat-1", &agent);
+    core.until_waiting(1).await;
+    let unavailable = |reason: Option<&str>| {
+        *core.memory.unavailable.lock().unwrap() = reason.map(str::to_owned);
+    };
+    // A commit whose event comes without its state (too large): it asks for a read.
+    let stateless_commit = || {
+        let revision = {
+            let mut states = core.memory.states.lock().unwrap();
+            let state = states.get_mut(&agent).expect("registered");
+            state.revision += 1;
+            state.revision
+        };
+        core.gate
+            .apply_event(&agent, EventUpdate::new(revision, None, None));
+    };
+    let reads_before = core.reads();
+    let reads = || core.reads() - reads_before;
+    let ms = Duration::from_millis;
+
+    unavailable(Some("no service answers on the store"));
+    let start = Instant::now();
+    stateless_commit();
+    // Read at once, then after 100, 200, 400, 800 ms, then every second
+    // (each timer rounds up to tokio's millisecond: checked 10 ms around).
+    for (n, at) in [0, 100, 300, 700, 1500, 2500, 3500].into_iter().enumerate() {
+        if at > 0 {
+            tokio::time::sleep_until(start + ms(at - 10)).await;
+            assert_eq!(reads(), n as u64, "no read yet just before {at} ms");
+        }
+        tokio::time::sleep_until(start + ms(at + 10)).await;
+        assert_eq!(reads(), n as u64 + 1, "read {} at {at} ms", n + 1);
+    }
+    // The store is back: the next retry succeeds, and nothing more is read.
+    unavailable(None);
+    tokio::time::sleep_until(start + ms(4510)).await;
+    assert_eq!(reads(), 8);
+    tokio::time::sleep_until(start + ms(6000)).await;
+    assert_eq!(reads(), 8, "no retry after a success");
+    assert!(!turn.is_finished(), "a failed read keeps the wait");
+
+    // Failing again starts over at the shortest delay.
+    unavailable(Some("no service answers on the store"));
+    stateless_commit();
+    tokio::time::sleep_until(start + ms(6010)).await;
+    assert_eq!(reads(), 9);
+    tokio::time::sleep_until(start + ms(6090)).await;
+    assert_eq!(reads(), 9);
+    tokio::time::sleep_until(start + ms(6110)).await;
+    assert_eq!(reads(), 10, "retried after 100 ms again");
+
+    unavailable(None);
+    core.push(&agent, complete(RUN_A, 2, vec![]));
+    assert_eq!(decision(&answer(turn).await), GateDecision::Ready);
 }
 
 // ---- the attempt cache -----------------------------------------------------

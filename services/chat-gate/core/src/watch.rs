@@ -25,18 +25,33 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime};
 
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use ctxsync_proto::v1::{AgentState, ChatProjection};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::core::projection::{self, Readiness};
-use crate::core::source::{ReadError, StateSource};
+use crate::projection::{self, Readiness};
+use crate::source::{ReadError, StateSource};
 
 /// Retries of a failed read while someone waits: short first (a store that
-/// reconnects after a NATS restart is back within a second), then capped.
-const RETRY_MIN: Duration = Duration::from_millis(100);
-const RETRY_MAX: Duration = Duration::from_secs(1);
+/// reconnects after a NATS restart is back within a second), doubling, then
+/// capped; for as long as someone waits.
+pub const RETRY_MIN: Duration = Duration::from_millis(100);
+pub const RETRY_MAX: Duration = Duration::from_secs(1);
+
+/// The delays before each retry of a failed read, from [`RETRY_MIN`]
+/// doubling up to [`RETRY_MAX`], without end (and without jitter: one reader
+/// per agent and replica, so retries don't herd). A pure iterator: the
+/// reader sleeps on tokio's clock, which tests pause.
+pub fn retry_delays() -> ExponentialBackoff {
+    ExponentialBuilder::new()
+        .with_min_delay(RETRY_MIN)
+        .with_factor(2.0)
+        .with_max_delay(RETRY_MAX)
+        .without_max_times()
+        .build()
+}
 
 /// One state of an agent and its projection, shared by every waiter.
 #[derive(Debug)]
@@ -233,7 +248,7 @@ impl AgentWatch {
         gaps: watch::Receiver<u64>,
     ) {
         let mut retry_at: Option<Instant> = None;
-        let mut backoff = RETRY_MIN;
+        let mut delays = retry_delays();
         loop {
             tokio::select! {
                 biased;
@@ -274,7 +289,7 @@ impl AgentWatch {
                         }
                         let again = state.force || !state.shows(state.announced);
                         state.fresh_in = (!again && *gaps.borrow() == epoch).then_some(epoch);
-                        backoff = RETRY_MIN;
+                        delays = retry_delays();
                         self.views.send_replace(Published {
                             seq,
                             result: state.latest.clone().map(Ok),
@@ -285,8 +300,7 @@ impl AgentWatch {
                         state.fresh_in = None;
                         if let ReadError::Unavailable(reason) = &error {
                             tracing::debug!(agent_id = %self.agent_id, %reason, "store read failed; retrying while waiters remain");
-                            retry_at = Some(Instant::now() + backoff);
-                            backoff = (backoff * 2).min(RETRY_MAX);
+                            retry_at = delays.next().map(|delay| Instant::now() + delay);
                         }
                         self.views.send_replace(Published {
                             seq,

@@ -3,7 +3,7 @@
 //! asks for a chat's catalog, and where it announces a first turn's wait.
 //! The NATS adapters implement them over the services; tests
 //! implement them in memory. Events themselves are handed to the core by
-//! whoever receives them ([`super::gate::Gate::apply_event`]).
+//! whoever receives them ([`crate::gate::Gate::apply_event`]).
 
 use std::sync::Arc;
 

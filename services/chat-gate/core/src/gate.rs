@@ -8,7 +8,7 @@
 //! wait's task, which then only goes away.
 //! A timed-out attempt is remembered for a while so the chat's later first
 //! turns don't wait again; a finished one is forgotten at once. Every turn
-//! is answered from the agent's view (see [`super::watch`]): a fresh one at
+//! is answered from the agent's view (see [`crate::watch`]): a fresh one at
 //! once, otherwise after one read.
 //!
 //! On shutdown the gate drains: waits go on (still woken by events) for
@@ -29,9 +29,9 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::core::projection::{self, Readiness};
-use crate::core::source::{CatalogSource, ReadError, StateSource, WaitAnnouncer};
-use crate::core::watch::{EventUpdate, Interest, Published, Trust, View, ViewLimits, Watches};
+use crate::projection::{self, Readiness};
+use crate::source::{CatalogSource, ReadError, StateSource, WaitAnnouncer};
+use crate::watch::{EventUpdate, Interest, Published, Trust, View, ViewLimits, Watches};
 
 /// Longest accepted `chat_id` and `tenant`, in bytes.
 pub const MAX_ID_BYTES: usize = 256;
