@@ -28,7 +28,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
-use ctxsync_mcp::{Declarations, PromptDecl, ResourceDecl, ToolDecl, TransportKind};
+use catalog_core::Transport;
+use ctxsync_mcp::{Declarations, PromptDecl, ResourceDecl, ToolDecl};
 use ctxsync_proto::v1::{CatalogMemoryEntry, McpTool, McpTransport};
 use futures::StreamExt as _;
 use prost::Message as _;
@@ -184,8 +185,17 @@ pub const RELEASE: &str = env!("CARGO_PKG_VERSION");
 
 /// How long a start waits for the bucket's entries before serving without them.
 const LOAD_BOUND: Duration = Duration::from_secs(10);
-/// Longest pause between attempts to reopen a failed bucket.
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// The pauses between attempts to reopen a failed bucket: 1 s, doubling to
+/// at most 30 s, for as long as it fails.
+fn reopen_delays() -> backon::ExponentialBackoff {
+    use backon::BackoffBuilder as _;
+    backon::ExponentialBuilder::new()
+        .with_min_delay(Duration::from_secs(1))
+        .with_factor(2.0)
+        .with_max_delay(Duration::from_secs(30))
+        .without_max_times()
+        .build()
+}
 
 /// Where the shared memory lives and how it is kept.
 #[derive(Debug, Clone)]
@@ -214,7 +224,7 @@ pub fn claims_bucket(name: &str) -> String {
 /// One remembered discovery as the bucket holds it.
 #[derive(Debug, Clone)]
 pub struct Entry {
-    pub transport: TransportKind,
+    pub transport: Transport,
     pub catalog: Catalog,
     pub discovered_at: SystemTime,
     pub release: String,
@@ -239,10 +249,7 @@ pub enum BucketError {
 }
 
 pub fn encode(entry: &Entry) -> Bytes {
-    let transport = match entry.transport {
-        TransportKind::Stdio => McpTransport::Stdio,
-        TransportKind::StreamableHttp => McpTransport::StreamableHttp,
-    };
+    let transport = entry.transport.to_proto();
     let discovered_at_unix_ms = entry
         .discovered_at
         .duration_since(UNIX_EPOCH)
@@ -274,8 +281,8 @@ pub fn sealed_len(entry: &Entry) -> usize {
 pub fn decode(value: &[u8]) -> Result<Entry, String> {
     let stored = CatalogMemoryEntry::decode(value).map_err(|e| e.to_string())?;
     let transport = match McpTransport::try_from(stored.transport) {
-        Ok(McpTransport::Stdio) => TransportKind::Stdio,
-        Ok(McpTransport::StreamableHttp) => TransportKind::StreamableHttp,
+        Ok(McpTransport::Stdio) => Transport::Stdio,
+        Ok(McpTransport::StreamableHttp) => Transport::StreamableHttp,
         _ => return Err(format!("unknown transport {}", stored.transport)),
     };
     let tools = stored
@@ -579,7 +586,7 @@ impl Bucket {
         loaded: oneshot::Sender<()>,
     ) {
         let mut loaded = Some(loaded);
-        let mut backoff = Duration::from_secs(1);
+        let mut delays = reopen_delays();
         loop {
             let error = self.open_and_watch(&*apply, &mut loaded).await;
             self.stores.send_replace(None);
@@ -587,8 +594,8 @@ impl Bucket {
             if let Some(loaded) = loaded.take() {
                 let _ = loaded.send(());
             }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(MAX_BACKOFF);
+            let delay = delays.next().expect("reopen delays never end");
+            tokio::time::sleep(delay).await;
         }
     }
 
@@ -728,6 +735,12 @@ mod tests {
     use crate::tools::Tool;
 
     #[test]
+    fn a_failed_bucket_is_reopened_after_1_s_doubling_to_30_s() {
+        let delays: Vec<u64> = reopen_delays().take(8).map(|d| d.as_secs()).collect();
+        assert_eq!(delays, [1, 2, 4, 8, 16, 30, 30, 30]);
+    }
+
+    #[test]
     fn an_entry_round_trips_and_its_hash_is_computed_again() {
         let catalog = mcp::catalog_of(Declarations {
             tools: vec![ToolDecl {
@@ -745,14 +758,14 @@ mod tests {
             }],
         });
         let entry = Entry {
-            transport: TransportKind::StreamableHttp,
+            transport: Transport::StreamableHttp,
             catalog: catalog.clone(),
             discovered_at: UNIX_EPOCH + Duration::from_millis(1_700_000_000_123),
             release: "9.9.9".into(),
         };
         let decoded = decode(&encode(&entry)).unwrap();
         assert_eq!(decoded.catalog, catalog);
-        assert_eq!(decoded.transport, TransportKind::StreamableHttp);
+        assert_eq!(decoded.transport, Transport::StreamableHttp);
         assert_eq!(decoded.discovered_at, entry.discovered_at);
         assert_eq!(decoded.release, "9.9.9");
 

@@ -15,24 +15,22 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ctxsync_mcp::TransportKind;
-use ctxsync_mcp::{CallOutcome, Connection, McpError};
+use catalog_core::call::{self as core, Answer, CallRef, Open, Setup, Step};
+use catalog_core::request::{Arguments, Refusal, valid_call};
+use catalog_core::{ErrorCode, Failure, Transport};
+use ctxsync_mcp::{CallOutcome, Connection};
 use ctxsync_proto::v1::{CatalogCallReply, CatalogCallRequest};
-use serde_json::json;
 use tokio::sync::Mutex;
 
 use crate::config::{ConfiguredServer, Current, Processes};
-use crate::discovery::{Cause, Discoverer, OpenServer};
-use crate::events::{Events, ms, ms_precise};
-use crate::mcp::{self, Failure};
+use crate::discovery::{Discoverer, OpenServer};
+use crate::events::Events;
+use crate::mcp::{self, transport_of};
 use crate::processes::{Place, ProcessBound};
-use crate::request::{MAX_RESOURCE_URI_BYTES, codes, error, valid_bounded, valid_request_id};
 use crate::sessions::{LiveServer, Session, Sessions, Slot};
 use crate::shared::{self, SharedServers};
-use crate::store::{GenerationRef, NewEvent, StoredPin, kinds};
+use crate::store::{GenerationRef, NewEvent, StoredPin};
 use crate::tools::{Catalog, CatalogDiff, Item};
-
-type Arguments = serde_json::Map<String, serde_json::Value>;
 
 /// The `call` command.
 pub(crate) struct Call {
@@ -48,17 +46,12 @@ pub(crate) struct Call {
 
 /// The pin and the configured server a call is for.
 struct Target<'a> {
-    request: &'a CatalogCallRequest,
+    call: CallRef<'a>,
     pin: &'a StoredPin,
     server: ConfiguredServer,
+    transport: Transport,
     /// The session's signal of servers whose tools changed.
     changes: tokio::sync::watch::Sender<u64>,
-}
-
-/// What the call path did before the tool ran, for the `mcp.tool.called` event.
-struct Setup {
-    connected: bool,
-    duration: Duration,
 }
 
 /// The server, ready to take the call.
@@ -92,10 +85,7 @@ impl Call {
 
     pub async fn handle(&self, request: CatalogCallRequest) -> CatalogCallReply {
         let started = Instant::now();
-        let mut reply = self.call(&request).await;
-        if let Some(error) = &mut reply.error {
-            error.code = code_for(item_of(&request), &error.code);
-        }
+        let reply = self.call(&request).await;
         let outcome = match &reply.error {
             Some(e) => e.code.clone(),
             None => "ok".to_owned(),
@@ -106,33 +96,21 @@ impl Call {
     }
 
     async fn call(&self, request: &CatalogCallRequest) -> CatalogCallReply {
-        let (tenant, session_id) = (request.tenant.as_str(), request.session_id.as_str());
-        let validated = valid_request_id("tenant", tenant)
-            .and_then(|()| valid_request_id("session_id", session_id))
-            .and_then(|()| valid_request_id("server_id", &request.server_id))
-            .and_then(|()| valid_item(request));
-        if let Err(message) = validated {
-            return call_error(codes::REQUEST_INVALID, message);
-        }
-        let arguments = match arguments_of(&request.arguments_json) {
+        let arguments = match valid_call(request) {
             Ok(arguments) => arguments,
-            Err(message) => return call_error(codes::REQUEST_INVALID, message),
+            Err(refusal) => return core::refused(&refusal),
         };
+        let (tenant, session_id) = (request.tenant.as_str(), request.session_id.as_str());
         let session = match self
             .sessions
             .get_or_load(self.events.pool(), tenant, session_id)
             .await
         {
             Ok(Some(session)) => session,
-            Ok(None) => {
-                return call_error(
-                    codes::SESSION_NOT_PREPARED,
-                    format!("session {session_id:?} of tenant {tenant:?} was never prepared"),
-                );
-            }
+            Ok(None) => return core::refused(&core::session_not_prepared(tenant, session_id)),
             Err(e) => {
                 return call_error(
-                    codes::INTERNAL,
+                    ErrorCode::Internal,
                     format!(
                         "cannot read the session's pins: {}",
                         ctxsync_runtime::db::describe(&e)
@@ -177,41 +155,24 @@ impl Call {
         reply
     }
 
-    /// The session's pin of the server, holding the tool, and the server as
-    /// configured now.
+    /// The session's pin of the server, holding the item, and the server as
+    /// configured now: the core decides whether the call may go on.
     fn target<'a>(
         &self,
         session: &'a Session,
         request: &'a CatalogCallRequest,
     ) -> Result<Target<'a>, CatalogCallReply> {
-        let server_id = &request.server_id;
-        let Some(pin) = session.pin(server_id) else {
-            return Err(call_error(
-                codes::SERVER_NOT_PINNED,
-                format!("server {server_id:?} is not pinned in this session"),
-            ));
-        };
-        // Items the server added after the pin stay unadvertised: unknown here.
-        let item = item_of(request);
-        if !pin.catalog.has(item) {
-            return Err(call_error(
-                codes::TOOL_NOT_FOUND,
-                format!(
-                    "{} {:?} is not in the session's pin of server {server_id:?}",
-                    item.kind(),
-                    item.key()
-                ),
-            ));
-        }
-        let Some(server) = self.configured(&request.tenant, server_id) else {
-            return Err(call_error(
-                codes::SERVER_NOT_CONFIGURED,
-                format!("server {server_id:?} is no longer configured or enabled"),
-            ));
-        };
+        let call = CallRef::of(request);
+        let (pin, server) = core::target(
+            &call,
+            session.pin(&request.server_id),
+            self.configured(&request.tenant, &request.server_id),
+        )
+        .map_err(|refusal| core::refused(&refusal))?;
         Ok(Target {
-            request,
+            call,
             pin,
+            transport: transport_of(server.transport_kind()),
             server,
             changes: session.change_signal(),
         })
@@ -239,15 +200,16 @@ impl Call {
         else {
             return;
         };
-        let request = CatalogCallRequest {
-            tenant: tenant.to_owned(),
-            session_id: session_id.to_owned(),
-            server_id: server_id.to_owned(),
-            ..Default::default()
-        };
         let target = Target {
-            request: &request,
+            call: CallRef {
+                tenant,
+                session_id,
+                server_id,
+                // A re-list is about the server, not one of its items.
+                item: Item::Tool(""),
+            },
             pin,
+            transport: transport_of(server.transport_kind()),
             server,
             changes: session.change_signal(),
         };
@@ -256,7 +218,12 @@ impl Call {
         let Some(live) = slot.live() else {
             return;
         };
-        if !live.tools_changed() {
+        // Only a server that said its list changed is listed again.
+        let open = Open {
+            closed: false,
+            list_changed: live.tools_changed(),
+        };
+        if core::step(Some(open)) != Step::Relist {
             return;
         }
         let connection = live.connection();
@@ -274,20 +241,21 @@ impl Call {
     ) -> Result<Ready, CatalogCallReply> {
         let mut slot = slot.lock().await;
         let first_call = slot.count_call(target.pin);
-        let mut setup = Setup {
-            connected: false,
-            duration: Duration::ZERO,
-        };
-        slot.close_if_gone().await;
-        let relist = match slot.live() {
-            Some(live) => live.tools_changed().then(|| live.connection()),
-            None => {
+        let mut setup = Setup::default();
+        let open = slot.live().map(|live| Open {
+            closed: live.is_closed(),
+            list_changed: live.tools_changed(),
+        });
+        match core::step(open) {
+            Step::Connect => {
+                slot.close_if_gone().await;
                 setup = self.connect(target, &mut slot, first_call).await?;
-                None
             }
-        };
-        if let Some(connection) = relist {
-            self.relist(target, &mut slot, &connection).await;
+            Step::Relist => {
+                let connection = slot.live().expect("open").connection();
+                self.relist(target, &mut slot, &connection).await;
+            }
+            Step::Use => {}
         }
         let live = slot.live().expect("connected above");
         Ok(Ready {
@@ -310,8 +278,8 @@ impl Call {
             return self.connect_shared(target, slot, first_call).await;
         }
         let (open, place) = self.start(target, first_call).await?;
-        let diff = target.pin.catalog.diff(&open.catalog);
-        self.record_live_catalog(target, slot, &open.catalog, Some(open.duration))
+        let diff = self
+            .record_live_catalog(target, slot, &open.catalog, Some(open.duration))
             .await;
         let notices = shared::notices(open.tools_changed);
         slot.open(LiveServer::new(
@@ -349,8 +317,7 @@ impl Call {
                 match listed {
                     Ok(Ok(declared)) => (Arc::new(mcp::catalog_of(declared)), None),
                     Ok(Err(e)) => {
-                        let failure =
-                            Failure::from_error(&target.server.spec(), &e, started.elapsed());
+                        let failure = mcp::failure(&target.server.spec(), &e, started.elapsed());
                         return Err(self.unreachable(target, failure, first_call).await);
                     }
                     Err(_) => {
@@ -367,8 +334,8 @@ impl Call {
                 }
             }
         };
-        let diff = target.pin.catalog.diff(&catalog);
-        self.record_live_catalog(target, slot, &catalog, handshake)
+        let diff = self
+            .record_live_catalog(target, slot, &catalog, handshake)
             .await;
         slot.open(LiveServer::new(
             attached.connection,
@@ -392,9 +359,9 @@ impl Call {
     ) -> Result<(OpenServer, Option<Place>), CatalogCallReply> {
         // A stdio server is a process of this replica: it needs a place.
         let place = match &self.processes {
-            Some(bound) if target.server.transport_kind() == TransportKind::Stdio => {
+            Some(bound) if target.transport == Transport::Stdio => {
                 Some(bound.take(&target.server.tenant).map_err(|refusal| {
-                    call_error(codes::SERVER_PROCESS_LIMIT, refusal.to_string())
+                    call_error(ErrorCode::ServerProcessLimit, refusal.to_string())
                 })?)
             }
             _ => None,
@@ -414,55 +381,28 @@ impl Call {
         failure: Failure,
         first_call: bool,
     ) -> CatalogCallReply {
-        let failed = Setup {
-            connected: false,
-            duration: failure.duration,
-        };
-        self.record(vec![
-            server_event(
-                target,
-                kinds::SERVER_CONNECT_FAILED,
-                json!({
-                    "transport": target.server.transport_kind().as_str(),
-                    "duration_ms": ms(failure.duration),
-                    "cause": Cause::Call.as_str(),
-                    "error_kind": failure.kind,
-                }),
-            ),
-            called_event(
-                target,
-                first_call,
-                "server_unreachable",
-                Duration::ZERO,
-                &failed,
-            ),
-        ])
-        .await;
-        call_error(
-            codes::TOOL_SERVER_UNREACHABLE,
-            format!(
-                "server {:?} is unreachable: {}",
-                target.request.server_id, failure.message
-            ),
-        )
+        let (refusal, events) =
+            core::unreachable(&target.call, target.transport, &failure, first_call);
+        self.record(events).await;
+        core::refused(&refusal)
     }
 
     /// The server said its tools changed: compare the new list with the pin.
     /// A failed re-list keeps the previous comparison.
     async fn relist(&self, target: &Target<'_>, slot: &mut Slot, connection: &Connection) {
-        let server_id = &target.request.server_id;
+        let server_id = target.call.server_id;
         match tokio::time::timeout(self.connect_timeout, connection.list_all()).await {
             Ok(Ok(declared)) => {
                 let catalog = Arc::new(mcp::catalog_of(declared));
                 self.discovery.relisted(&target.server, catalog.clone());
+                let diff = self.record_live_catalog(target, slot, &catalog, None).await;
                 if let Some(live) = slot.live() {
-                    live.set_diff(target.pin.catalog.diff(&catalog));
+                    live.set_diff(diff);
                 }
-                self.record_live_catalog(target, slot, &catalog, None).await;
             }
             Ok(Err(e)) => tracing::warn!(
                 server = %server_id,
-                error = %Failure::from_error(&target.server.spec(), &e, Duration::ZERO).message,
+                error = %mcp::failure(&target.server.spec(), &e, Duration::ZERO).message,
                 "cannot list tools after tools/list_changed"
             ),
             Err(_) => {
@@ -473,32 +413,17 @@ impl Call {
 
     /// Refuses an item removed or changed since the pin (recorded as `withdrawn`).
     async fn withdrawn(&self, target: &Target<'_>, ready: &Ready) -> Option<CatalogCallReply> {
-        let item = item_of(target.request);
-        if !ready.diff.withdraws_item(item) {
-            return None;
-        }
-        let reason = if ready.diff.removes_item(item) {
-            "removed"
-        } else {
-            "changed"
-        };
-        self.record(vec![called_event(
-            target,
+        let refusal = core::withdrawal(&target.call, &ready.diff)?;
+        self.record(vec![core::called_event(
+            &target.call,
+            target.transport,
             ready.first_call,
             "withdrawn",
             Duration::ZERO,
-            &ready.setup,
+            ready.setup,
         )])
         .await;
-        Some(call_error(
-            codes::TOOL_WITHDRAWN,
-            format!(
-                "{} {:?} of server {:?} was {reason} since the session pinned it",
-                item.kind(),
-                item.key(),
-                target.request.server_id
-            ),
-        ))
+        Some(core::refused(&refusal))
     }
 
     /// Calls the tool within the server's limit; a broken transport is
@@ -514,7 +439,7 @@ impl Call {
         let limits = &target.server.config.limits;
         let timeout = Duration::from_secs(limits.call_timeout_seconds);
         let started = Instant::now();
-        let result = match item_of(target.request) {
+        let result = match target.call.item {
             Item::Tool(name) => connection.call_tool(name, arguments, timeout).await,
             Item::Prompt(name) => connection
                 .get_prompt(name, arguments, timeout)
@@ -526,60 +451,48 @@ impl Call {
                 .map(whole_result),
         };
         let duration = started.elapsed();
-        let (reply, outcome, transport_broke) = classify(target, result, duration);
-        if transport_broke {
+        let spec = target.server.spec();
+        let result = result
+            .map(|outcome| Answer {
+                is_error: outcome.is_error,
+                content_json: outcome.content_json,
+            })
+            .map_err(|e| mcp::call_failure(&spec, e));
+        let classified = core::classify(&target.call, result, limits.max_content_bytes);
+        if classified.transport_broke {
             slot.lock().await.broken(connection).await;
         }
-        (reply, outcome, duration)
+        (classified.reply, classified.outcome, duration)
     }
 
-    /// After a call's (re)connect or a re-list: `mcp.server.connected` (for a
-    /// handshake) and, when the live hash differs from the pin and from what
-    /// was last reported, the new generation and `mcp.catalog.changed`; one
-    /// transaction, published after commit.
+    /// After a call's (re)connect or a re-list: what the core says the live
+    /// catalog writes (`mcp.server.connected` for a handshake; for a hash
+    /// not reported yet the new generation and `mcp.catalog.changed`), in
+    /// one transaction, published after commit. Returns the pin's diff.
     async fn record_live_catalog(
         &self,
         target: &Target<'_>,
         slot: &mut Slot,
         live: &Catalog,
         handshake: Option<Duration>,
-    ) {
-        let (server, pin) = (&target.server, target.pin);
-        let transport = server.transport_kind();
-        let mut events = Vec::new();
-        if let Some(duration) = handshake {
-            events.push(server_event(
-                target,
-                kinds::SERVER_CONNECTED,
-                json!({
-                    "transport": transport.as_str(),
-                    "duration_ms": ms(duration),
-                    "cause": Cause::Call.as_str(),
-                    "catalog_hash": live.hash,
-                    "tool_count": live.tools.len(),
-                }),
-            ));
-        }
-        let changed = slot.is_unreported_change(pin, &live.hash);
-        if changed {
-            let diff = pin.catalog.diff(live);
-            events.push(server_event(
-                target,
-                kinds::CATALOG_CHANGED,
-                json!({
-                    "transport": transport.as_str(),
-                    "previous_hash": pin.catalog.hash,
-                    "catalog_hash": live.hash,
-                    "added": diff.added,
-                    "removed": diff.removed,
-                    "changed": diff.changed,
-                }),
-            ));
-        }
+    ) -> CatalogDiff {
+        let server = &target.server;
+        let core::LiveRecord {
+            diff,
+            events,
+            changed,
+        } = core::live_catalog(
+            &target.call,
+            target.transport,
+            target.pin,
+            live,
+            handshake,
+            slot.server_use(),
+        );
         if events.is_empty() {
-            return;
+            return diff;
         }
-        let tenant = target.request.tenant.as_str();
+        let tenant = target.call.tenant;
         let written = async {
             let mut tx = self.events.pool().begin().await?;
             if changed {
@@ -587,10 +500,10 @@ impl Call {
                     .write_generation(
                         &mut tx,
                         &GenerationRef {
-                            key: &server.key,
+                            key: server.key.as_str(),
                             tenant,
                             server_id: server.id(),
-                            transport,
+                            transport: target.transport,
                             catalog: live,
                         },
                     )
@@ -604,7 +517,8 @@ impl Call {
         match written {
             Ok(written) => {
                 if changed {
-                    self.events.generation_committed(&server.key, &live.hash);
+                    self.events
+                        .generation_committed(server.key.as_str(), &live.hash);
                     slot.reported(&live.hash);
                     tracing::info!(%tenant, server = server.id(), "catalog changed since the pin");
                 }
@@ -614,49 +528,13 @@ impl Call {
                 tracing::error!(error = %ctxsync_runtime::db::describe(&e), server = server.id(), "cannot store call-time events")
             }
         }
+        diff
     }
 
     async fn record(&self, events: Vec<NewEvent>) {
         if let Err(e) = self.events.record(events).await {
             tracing::warn!(error = %ctxsync_runtime::db::describe(&e), "cannot store call events");
         }
-    }
-}
-
-/// What the request names: its prompt, else its resource, else its tool.
-fn item_of(request: &CatalogCallRequest) -> Item<'_> {
-    if !request.prompt.is_empty() {
-        Item::Prompt(&request.prompt)
-    } else if !request.resource_uri.is_empty() {
-        Item::Resource(&request.resource_uri)
-    } else {
-        Item::Tool(&request.tool)
-    }
-}
-
-/// Exactly one of `tool`, `prompt` and `resource_uri`, each a valid id (a
-/// URI may be longer).
-fn valid_item(request: &CatalogCallRequest) -> Result<(), String> {
-    let named = [&request.tool, &request.prompt, &request.resource_uri]
-        .iter()
-        .filter(|v| !v.is_empty())
-        .count();
-    if named > 1 {
-        return Err("name exactly one of tool, prompt and resource_uri".to_owned());
-    }
-    match item_of(request) {
-        Item::Tool(tool) => valid_request_id("tool", tool),
-        Item::Prompt(prompt) => valid_request_id("prompt", prompt),
-        Item::Resource(uri) => valid_bounded("resource_uri", uri, MAX_RESOURCE_URI_BYTES),
-    }
-}
-
-/// The code of a tool's error, for `item`: `tool.timeout` is
-/// `prompt.timeout` for a prompt; server and session codes stay.
-fn code_for(item: Item<'_>, code: &str) -> String {
-    match (item, code.strip_prefix("tool.")) {
-        (Item::Tool(_), _) | (_, None) => code.to_owned(),
-        (item, Some(rest)) => format!("{}.{rest}", item.kind()),
     }
 }
 
@@ -669,98 +547,7 @@ fn whole_result(json: String) -> CallOutcome {
     }
 }
 
-/// The call's arguments: a JSON object, or nothing.
-fn arguments_of(json: &str) -> Result<Arguments, String> {
-    if json.trim().is_empty() {
-        return Ok(Arguments::new());
-    }
-    match serde_json::from_str::<serde_json::Value>(json) {
-        Ok(serde_json::Value::Object(map)) => Ok(map),
-        // Never echo the arguments: they are the user's content.
-        Ok(_) => Err("arguments_json is not a JSON object".to_owned()),
-        Err(e) => Err(format!(
-            "arguments_json is not valid JSON (line {}, column {})",
-            e.line(),
-            e.column()
-        )),
-    }
-}
-
-/// The answer to a tool's result, the outcome recorded, and whether the
-/// transport broke.
-fn classify(
-    target: &Target<'_>,
-    result: Result<CallOutcome, McpError>,
-    duration: Duration,
-) -> (CatalogCallReply, &'static str, bool) {
-    let limits = &target.server.config.limits;
-    let sanitized = |e: &McpError| Failure::from_error(&target.server.spec(), e, duration).message;
-    match result {
-        Ok(outcome) if outcome.content_json.len() as u64 > limits.max_content_bytes => (
-            call_error(
-                codes::TOOL_RESULT_TOO_LARGE,
-                format!(
-                    "the result is {} bytes, over the server's limit max_content_bytes = {}",
-                    outcome.content_json.len(),
-                    limits.max_content_bytes
-                ),
-            ),
-            "result_too_large",
-            false,
-        ),
-        Ok(outcome) => {
-            let outcome_name = if outcome.is_error { "tool_error" } else { "ok" };
-            (
-                CatalogCallReply {
-                    ok: true,
-                    is_error: outcome.is_error,
-                    content_json: outcome.content_json,
-                    error: None,
-                },
-                outcome_name,
-                false,
-            )
-        }
-        Err(McpError::Timeout { after }) => (
-            call_error(
-                codes::TOOL_TIMEOUT,
-                format!("no result within {after:?} (limits.call_timeout_seconds)"),
-            ),
-            "timeout",
-            false,
-        ),
-        Err(e @ McpError::Protocol { .. }) => (
-            call_error(codes::TOOL_CALL_FAILED, sanitized(&e)),
-            "call_failed",
-            false,
-        ),
-        Err(e) => (
-            call_error(
-                codes::TOOL_SERVER_UNREACHABLE,
-                format!(
-                    "server {:?} is unreachable: {}",
-                    target.request.server_id,
-                    sanitized(&e)
-                ),
-            ),
-            "server_unreachable",
-            true,
-        ),
-    }
-}
-
-/// An event about the call's server in its session.
-fn server_event(target: &Target<'_>, kind: &'static str, payload: serde_json::Value) -> NewEvent {
-    NewEvent {
-        kind,
-        tenant: target.request.tenant.clone(),
-        session_id: Some(target.request.session_id.clone()),
-        server_id: Some(target.request.server_id.clone()),
-        payload,
-    }
-}
-
-/// `mcp.tool.called`, `mcp.prompt.got` or `mcp.resource.read`.
+/// The call's `mcp.tool.called` (`mcp.prompt.got`, `mcp.resource.read`).
 fn called_event(
     target: &Target<'_>,
     first_call: bool,
@@ -768,30 +555,16 @@ fn called_event(
     duration: Duration,
     setup: &Setup,
 ) -> NewEvent {
-    let item = item_of(target.request);
-    let (kind, field) = match item {
-        Item::Tool(_) => (kinds::TOOL_CALLED, "tool"),
-        Item::Prompt(_) => (kinds::PROMPT_GOT, "prompt"),
-        Item::Resource(_) => (kinds::RESOURCE_READ, "uri"),
-    };
-    server_event(
-        target,
-        kind,
-        json!({
-            "transport": target.server.transport_kind().as_str(),
-            field: item.key(),
-            "outcome": outcome,
-            "first_call": first_call,
-            "connected": setup.connected,
-            "setup_ms": ms_precise(setup.duration),
-            "duration_ms": ms_precise(duration),
-        }),
+    core::called_event(
+        &target.call,
+        target.transport,
+        first_call,
+        outcome,
+        duration,
+        *setup,
     )
 }
 
-fn call_error(code: &str, message: impl Into<String>) -> CatalogCallReply {
-    CatalogCallReply {
-        error: error(code, message),
-        ..Default::default()
-    }
+fn call_error(code: ErrorCode, message: impl Into<String>) -> CatalogCallReply {
+    core::refused(&Refusal::new(code, message))
 }

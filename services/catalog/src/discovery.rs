@@ -12,35 +12,15 @@ use ctxsync_mcp::{Connection, Declarations, McpError, TransportKind};
 use tokio::sync::{Semaphore, SemaphorePermit, mpsc};
 use tokio_util::task::TaskTracker;
 
+pub(crate) use catalog_core::events::Cause;
+use catalog_core::events::ms;
+use catalog_core::memory::{MemoryWrite, after_live};
+use catalog_core::{Failure, Live};
+
 use crate::config::ConfiguredServer;
-use crate::events::ms;
-use crate::mcp::{self, Failure};
+use crate::mcp;
 use crate::memory::Memory;
 use crate::tools::Catalog;
-
-/// Why a live discovery ran: it is timed and labelled by cause.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Cause {
-    Preparation,
-    Call,
-    Warmup,
-}
-
-impl Cause {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Preparation => "preparation",
-            Self::Call => "call",
-            Self::Warmup => "warmup",
-        }
-    }
-}
-
-/// A successful live discovery.
-pub(crate) struct Live {
-    pub catalog: Arc<Catalog>,
-    pub duration: Duration,
-}
 
 /// A server opened for a session's calls: its connection stays open.
 pub(crate) struct OpenServer {
@@ -109,19 +89,19 @@ impl Discoverer {
             }
             Err(error) => Err(error),
         };
-        match result {
-            Ok((declared, duration)) => {
-                let catalog = self.succeeded(server, declared, duration, cause);
-                tracing::debug!(
-                    tenant = %server.tenant, server = server.id(), cause = cause.as_str(),
-                    tools = catalog.tools.len(), prompts = catalog.prompts.len(),
-                    resources = catalog.resources.len(), duration_ms = ms(duration),
-                    "live discovery"
-                );
-                Ok(Live { catalog, duration })
-            }
+        let result = match result {
+            Ok((declared, duration)) => Ok(self.succeeded(server, declared, duration, cause)),
             Err(error) => Err(self.failed(server, &error, started.elapsed(), cause)),
-        }
+        };
+        self.learn(server, &result);
+        let live = result?;
+        tracing::debug!(
+            tenant = %server.tenant, server = server.id(), cause = cause.as_str(),
+            tools = live.catalog.tools.len(), prompts = live.catalog.prompts.len(),
+            resources = live.catalog.resources.len(), duration_ms = ms(live.duration),
+            "live discovery"
+        );
+        Ok(live)
     }
 
     /// Starts or opens `server` for a session's calls and lists its tools
@@ -135,14 +115,19 @@ impl Discoverer {
         let (sender, tools_changed) = mpsc::unbounded_channel();
         let started = Instant::now();
         match ctxsync_mcp::open_and_list_all(&server.spec(), timeout, Some(sender)).await {
-            Ok(opened) => Ok(OpenServer {
-                catalog: self.succeeded(server, opened.declared, opened.duration, Cause::Call),
-                connection: opened.connection,
-                duration: opened.duration,
-                tools_changed,
-            }),
+            Ok(opened) => {
+                let live = self.succeeded(server, opened.declared, opened.duration, Cause::Call);
+                self.learn(server, &Ok(live.clone()));
+                Ok(OpenServer {
+                    catalog: live.catalog,
+                    connection: opened.connection,
+                    duration: opened.duration,
+                    tools_changed,
+                })
+            }
             Err(failed) => {
                 let failure = self.failed(server, &failed.error, started.elapsed(), Cause::Call);
+                self.learn(server, &Err(failure.clone()));
                 tracing::info!(server = server.id(), error = %failure.message, "call-time connect failed");
                 Err(failure)
             }
@@ -152,8 +137,9 @@ impl Discoverer {
     /// An open server listed its tools again (after `tools/list_changed`):
     /// the list replaces the memory entry.
     pub fn relisted(&self, server: &ConfiguredServer, catalog: Arc<Catalog>) {
+        let transport = mcp::transport_of(server.transport_kind());
         self.memory
-            .remember(&server.key, server.transport_kind(), catalog);
+            .write(&server.key, transport, MemoryWrite::Remember(catalog));
     }
 
     /// Waits until every server closing after a discovery has exited, at
@@ -183,17 +169,17 @@ impl Discoverer {
         declared: Declarations,
         duration: Duration,
         cause: Cause,
-    ) -> Arc<Catalog> {
-        let kind = server.transport_kind();
-        let catalog = Arc::new(mcp::catalog_of(declared));
-        self.memory.remember(&server.key, kind, catalog.clone());
+    ) -> Live {
         metrics::histogram!(
             "ctxsync_catalog_handshake_seconds",
-            "transport" => kind.as_str(),
+            "transport" => server.transport_kind().as_str(),
             "cause" => cause.as_str(),
         )
         .record(duration.as_secs_f64());
-        catalog
+        Live {
+            catalog: Arc::new(mcp::catalog_of(declared)),
+            duration,
+        }
     }
 
     fn failed(
@@ -203,8 +189,7 @@ impl Discoverer {
         duration: Duration,
         cause: Cause,
     ) -> Failure {
-        self.memory.forget(&server.key);
-        let failure = Failure::from_error(&server.spec(), error, duration);
+        let failure = mcp::failure(&server.spec(), error, duration);
         metrics::counter!(
             "ctxsync_catalog_handshake_failures_total",
             "transport" => server.transport_kind().as_str(),
@@ -213,5 +198,13 @@ impl Discoverer {
         )
         .increment(1);
         failure
+    }
+
+    /// What a live attempt teaches the memory (the core's rule: a success
+    /// replaces the entry, a failure forgets it), here and in the bucket.
+    fn learn(&self, server: &ConfiguredServer, result: &Result<Live, Failure>) {
+        let transport = mcp::transport_of(server.transport_kind());
+        self.memory
+            .write(&server.key, transport, after_live(result));
     }
 }

@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use ctxsync_proto::v1::{CatalogEndSessionReply, CatalogEndSessionRequest};
 
-use crate::request::{codes, error, valid_request_id};
+use catalog_core::ErrorCode;
+
+use crate::request::{error, valid_request_id};
 use crate::sessions::Sessions;
 
 /// The `end_session` command.
@@ -23,7 +25,7 @@ impl EndSession {
             .and_then(|()| valid_request_id("session_id", &request.session_id))
         {
             return CatalogEndSessionReply {
-                error: error(codes::REQUEST_INVALID, message),
+                error: error(ErrorCode::RequestInvalid, message),
                 ..Default::default()
             };
         }

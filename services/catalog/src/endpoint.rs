@@ -33,7 +33,6 @@
 //!   (`processes`). A revoked key's sessions end at once, streams included.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -64,6 +63,8 @@ pub use crate::mcp_sessions::{
     DEFAULT_SESSION_IDLE, DEFAULT_SESSIONS_PER_KEY, DEFAULT_SESSIONS_PER_TENANT, SessionLimits,
 };
 use crate::prepare::Prepare;
+use crate::rate_limit::Limiter;
+pub use crate::rate_limit::RateLimit;
 use crate::sessions::{Sessions, Withdrawn};
 
 /// Separates a server's id from its tool's name, as the gate does.
@@ -71,13 +72,6 @@ pub const TOOL_NAME_SEPARATOR: &str = "__";
 
 /// The header carrying the MCP session id.
 const SESSION_HEADER: &str = "mcp-session-id";
-
-/// Per-key request rate limit: a token bucket.
-#[derive(Debug, Clone, Copy)]
-pub struct RateLimit {
-    pub per_second: f64,
-    pub burst: u32,
-}
 
 /// The catalog's parts the endpoint drives in-process.
 pub(crate) struct Commands {
@@ -97,33 +91,6 @@ pub(crate) struct Endpoint {
     mcp_sessions: Arc<McpSessions>,
 }
 
-/// Token buckets by tenant key id.
-struct Limiter {
-    limit: Option<RateLimit>,
-    buckets: Mutex<HashMap<String, (f64, Instant)>>,
-}
-
-impl Limiter {
-    /// Takes one request from the key's bucket; false when it is empty.
-    fn admit(&self, key_id: &str) -> bool {
-        let Some(limit) = self.limit else {
-            return true;
-        };
-        let burst = f64::from(limit.burst);
-        let now = Instant::now();
-        let mut buckets = self.buckets.lock().expect("rate limit lock");
-        let (tokens, at) = buckets.entry(key_id.to_owned()).or_insert((burst, now));
-        *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * limit.per_second).min(burst);
-        *at = now;
-        if *tokens >= 1.0 {
-            *tokens -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
-}
-
 impl Endpoint {
     pub fn new(
         commands: Commands,
@@ -137,10 +104,7 @@ impl Endpoint {
             mcp_sessions: McpSessions::new(keys.clone(), session_limits),
             keys,
             page_size: page_size.max(1),
-            limiter: Limiter {
-                limit: rate_limit,
-                buckets: Mutex::default(),
-            },
+            limiter: Limiter::new(rate_limit),
         }
     }
 
@@ -187,7 +151,7 @@ async fn authenticate(
             return tenant_keys::refusal_response(refusal);
         }
     };
-    if !endpoint.limiter.admit(&caller.key_id) {
+    if let Err(wait) = endpoint.limiter.admit(&caller.key_id) {
         refused("rate_limited");
         let mut response = tenant_keys::error_response(
             StatusCode::TOO_MANY_REQUESTS,
@@ -196,7 +160,7 @@ async fn authenticate(
         );
         response.headers_mut().insert(
             header::RETRY_AFTER,
-            axum::http::HeaderValue::from_static("1"),
+            axum::http::HeaderValue::from(crate::rate_limit::retry_after_seconds(wait)),
         );
         return response;
     }
@@ -702,17 +666,16 @@ fn result_of(reply: CatalogCallReply) -> CallToolResult {
 /// A catalog error as the JSON-RPC error of `prompts/get` or `resources/read`:
 /// its code in `data.code`.
 fn rpc_error(error: &ctxsync_proto::v1::CatalogError) -> ErrorData {
+    use catalog_core::{ErrorCode as Code, ItemError, ItemKind};
     let code = error.code.as_str();
-    let rpc_code = if code.ends_with(".not_found") || code.ends_with(".withdrawn") {
-        if code.starts_with("resource.") {
+    let rpc_code = match Code::from_wire(code) {
+        Some(Code::Item(ItemKind::Resource, ItemError::NotFound | ItemError::Withdrawn)) => {
             ErrorCode::RESOURCE_NOT_FOUND
-        } else {
+        }
+        Some(Code::Item(_, ItemError::NotFound | ItemError::Withdrawn) | Code::RequestInvalid) => {
             ErrorCode::INVALID_PARAMS
         }
-    } else if code == crate::request::codes::REQUEST_INVALID {
-        ErrorCode::INVALID_PARAMS
-    } else {
-        ErrorCode::INTERNAL_ERROR
+        _ => ErrorCode::INTERNAL_ERROR,
     };
     ErrorData::new(
         rpc_code,
@@ -815,7 +778,7 @@ impl ServerHandler for McpSession {
         let Some(offered) = bound.tools.iter().find(|o| o.tool.name == name) else {
             return Ok(result_of(CatalogCallReply {
                 error: crate::request::error(
-                    crate::request::codes::TOOL_NOT_FOUND,
+                    catalog_core::ErrorCode::tool(catalog_core::ItemError::NotFound),
                     format!("tool {name:?} is not in this session's pins"),
                 ),
                 ..Default::default()
@@ -859,7 +822,11 @@ impl ServerHandler for McpSession {
         let bound = self.bound(&context.extensions)?;
         let Some(offered) = bound.prompts.iter().find(|o| o.prompt.name == request.name) else {
             return Err(rpc_error(&ctxsync_proto::v1::CatalogError {
-                code: crate::request::codes::PROMPT_NOT_FOUND.to_owned(),
+                code: catalog_core::ErrorCode::Item(
+                    catalog_core::ItemKind::Prompt,
+                    catalog_core::ItemError::NotFound,
+                )
+                .to_string(),
                 message: format!("prompt {:?} is not in this session's pins", request.name),
             }));
         };
@@ -908,7 +875,11 @@ impl ServerHandler for McpSession {
             .find(|o| o.resource.uri == request.uri)
         else {
             return Err(rpc_error(&ctxsync_proto::v1::CatalogError {
-                code: crate::request::codes::RESOURCE_NOT_FOUND.to_owned(),
+                code: catalog_core::ErrorCode::Item(
+                    catalog_core::ItemKind::Resource,
+                    catalog_core::ItemError::NotFound,
+                )
+                .to_string(),
                 message: format!("resource {:?} is not in this session's pins", request.uri),
             }));
         };

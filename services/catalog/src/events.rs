@@ -2,13 +2,10 @@
 //! `<prefix>.events.catalog.<kind>`; and which generations this process
 //! knows are written.
 
-use std::time::Duration;
-
 use ctxsync_proto::subjects::Subjects;
 use prost::Message;
 use sqlx::{PgConnection, PgPool};
 
-use crate::config::ServerKey;
 use crate::store::{self, GenerationRef, NewEvent, StoredEvent, WrittenGenerations};
 
 /// Stores and publishes events; remembers the generations written.
@@ -71,17 +68,7 @@ impl Events {
     }
 
     /// The transaction that wrote (or found) the generation committed.
-    pub fn generation_committed(&self, key: &ServerKey, hash: &str) {
-        self.written.insert(key.clone(), hash.to_owned());
+    pub fn generation_committed(&self, key: &str, hash: &str) {
+        self.written.insert(key.to_owned(), hash.to_owned());
     }
-}
-
-/// Whole milliseconds, for durations in answers and event payloads.
-pub(crate) fn ms(duration: Duration) -> u64 {
-    duration.as_millis().min(u64::MAX as u128) as u64
-}
-
-/// Milliseconds with microsecond precision, for phases that take less than one.
-pub(crate) fn ms_precise(duration: Duration) -> f64 {
-    duration.as_micros() as f64 / 1000.0
 }

@@ -540,17 +540,13 @@ impl Report {
     }
 
     pub fn to_proto(&self) -> v1::LatencyReport {
-        let timestamp = |at: &DateTime<Utc>| pbjson_types::Timestamp {
-            seconds: at.timestamp(),
-            nanos: at.timestamp_subsec_nanos() as i32,
-        };
         let count = |c: &Count| v1::LatencyCount {
             name: c.name.clone(),
             count: c.count,
         };
         v1::LatencyReport {
-            window_start: Some(timestamp(&self.window_start)),
-            generated_at: Some(timestamp(&self.generated_at)),
+            window_start: Some(self.window_start.into()),
+            generated_at: Some(self.generated_at.into()),
             preparations: Some(v1::LatencyPreparations {
                 first: Some(self.preparations.first.to_proto()),
                 follow_up: Some(self.preparations.follow_up.to_proto()),

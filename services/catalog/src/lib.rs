@@ -16,9 +16,11 @@
 //!   (streamable HTTP, tenant keys): `endpoint`.
 //! * [`latency::report`] aggregates the stored events.
 //!
-//! One part per concern, each owning its data: [`memory`] over `bucket` (the
-//! shared level) and `discovery` (live discovery, which alone writes the
-//! memory), one type per command
+//! The decisions are the core's (`catalog_core`: what a preparation pins,
+//! what a call does, what the memory keeps, which events follow); this
+//! crate is its adapter. One part per concern, each owning its data:
+//! [`memory`] over `bucket` (the shared level) and `discovery` (live
+//! discovery, which alone writes the memory), one type per command
 //! (`prepare::Prepare`, `call::Call`, `end_session::EndSession`) over the
 //! `sessions` they share, `warmup`, and `events` (storing and publishing).
 //! `service` wires them to NATS. Modules import each other without cycles;
@@ -40,6 +42,7 @@ mod mcp_sessions;
 pub mod memory;
 mod prepare;
 mod processes;
+mod rate_limit;
 mod request;
 pub mod series;
 mod service;
@@ -48,13 +51,14 @@ pub mod settings;
 mod shared;
 mod status;
 pub mod store;
-pub mod tools;
+pub use catalog_core::tools;
 mod warmup;
 
 pub use bucket::MemoryKey;
+pub use catalog_core::ErrorCode;
 pub use config::{CatalogConfig, ConfigError};
 pub use endpoint::{RateLimit, SessionLimits, TOOL_NAME_SEPARATOR};
-pub use request::{MAX_REQUEST_ID_BYTES, codes};
+pub use request::MAX_REQUEST_ID_BYTES;
 pub use service::{Error, Reloader, Running, run, start};
 pub use settings::{CatalogArgs, Config, MemorySettings, Settings, WarmupSettings};
 pub use warmup::WarmupStatus;

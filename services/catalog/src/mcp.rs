@@ -1,9 +1,11 @@
-//! The catalog's use of the MCP client: declarations to catalogs, and
-//! errors to sanitized texts.
+//! The catalog's use of the MCP client: declarations to catalogs, errors
+//! to sanitized failures, and its types as the core names them.
 
 use std::time::Duration;
 
-use ctxsync_mcp::{Declarations, McpError, Sanitizer, ServerSpec};
+use catalog_core::call::CallFailure;
+use catalog_core::{Failure, Transport};
+use ctxsync_mcp::{Declarations, McpError, Sanitizer, ServerSpec, TransportKind};
 
 use crate::tools::{Catalog, Prompt, Resource, Tool};
 
@@ -34,22 +36,32 @@ pub fn catalog_of(declared: Declarations) -> Catalog {
     }
 }
 
-/// A failed live attempt, safe to log, store and send.
-#[derive(Debug, Clone)]
-pub struct Failure {
-    /// Stable name of the error kind (`timeout`, `spawn`, `exited`, ...).
-    pub kind: &'static str,
-    /// Sanitized of the server's secrets.
-    pub message: String,
-    pub duration: Duration,
+/// A failed live attempt, sanitized of the server's secrets.
+pub fn failure(spec: &ServerSpec, error: &McpError, duration: Duration) -> Failure {
+    Failure {
+        kind: error.kind(),
+        message: Sanitizer::for_server(spec).sanitize(&error.to_string()),
+        duration,
+    }
 }
 
-impl Failure {
-    pub fn from_error(spec: &ServerSpec, error: &McpError, duration: Duration) -> Self {
-        Self {
-            kind: error.kind(),
-            message: Sanitizer::for_server(spec).sanitize(&error.to_string()),
-            duration,
-        }
+/// The transport as the core names it.
+pub fn transport_of(kind: TransportKind) -> Transport {
+    match kind {
+        TransportKind::Stdio => Transport::Stdio,
+        TransportKind::StreamableHttp => Transport::StreamableHttp,
+    }
+}
+
+/// A call's failure as the core classifies it, sanitized.
+pub fn call_failure(spec: &ServerSpec, error: McpError) -> CallFailure {
+    match error {
+        McpError::Timeout { after } => CallFailure::Timeout { after },
+        e @ McpError::Protocol { .. } => CallFailure::Protocol {
+            message: failure(spec, &e, Duration::ZERO).message,
+        },
+        e => CallFailure::Transport {
+            message: failure(spec, &e, Duration::ZERO).message,
+        },
     }
 }

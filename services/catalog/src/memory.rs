@@ -18,120 +18,72 @@
 //! key past either is refused and counted, said once when it fills; an
 //! entry it holds is still replaced or forgotten.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use catalog_core::memory::{MemoryMap, MemoryWrite, Put, Removed, Reuse};
+use catalog_core::{Discovery, Transport};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::bucket::{Bucket, Change, Entry, Ignored, RELEASE};
 use crate::config::ServerKey;
 use crate::tools::Catalog;
-use ctxsync_mcp::TransportKind;
 
-#[derive(Clone, Debug)]
-pub struct Remembered {
-    pub catalog: Arc<Catalog>,
-    pub transport: TransportKind,
-    /// When the discovery finished, by its writer's clock.
-    pub discovered_at: SystemTime,
-    /// The release of the catalog that discovered it.
-    pub release: Arc<str>,
-    /// Its size in the bucket, counted under the map's byte bound.
-    size: usize,
-}
+pub use catalog_core::memory::Bounds;
 
-impl Remembered {
-    /// Written by another release of the catalog: pinnable, but the warm-up
-    /// re-discovers it first.
-    pub fn is_foreign(&self) -> bool {
-        &*self.release != RELEASE
-    }
-
-    fn age(&self) -> Duration {
-        SystemTime::now()
-            .duration_since(self.discovered_at)
-            .unwrap_or_default()
-    }
-}
-
-/// How much the map may hold.
-#[derive(Debug, Clone, Copy)]
-pub struct Bounds {
-    pub max_entries: usize,
-    pub max_bytes: u64,
-}
-
-#[derive(Debug, Default)]
-struct Map {
-    entries: HashMap<ServerKey, Remembered>,
-    bytes: u64,
-    /// Whether a put was refused for the bounds since the map last had room.
-    full: bool,
-}
-
-/// The first level: this process's map, and a counter raised by every change.
+/// The first level: this process's map (the core's bounded map), and a
+/// counter raised by every change.
 #[derive(Debug)]
 struct Local {
-    map: Mutex<Map>,
-    bounds: Bounds,
+    map: Mutex<MemoryMap<ServerKey>>,
     changed: watch::Sender<u64>,
 }
 
 impl Local {
     /// Puts `entry` unless it is a new key past the bounds (counted, said
     /// once); whether it was put.
-    fn put(&self, key: ServerKey, entry: Remembered) -> bool {
+    fn put(&self, key: ServerKey, entry: Discovery, size: usize) -> bool {
         let mut map = self.map.lock().expect("memory lock");
-        let replaced = map.entries.get(&key).map_or(0, |old| old.size as u64);
-        let bytes = map.bytes - replaced + entry.size as u64;
-        let grows = !map.entries.contains_key(&key);
-        if (grows && map.entries.len() >= self.bounds.max_entries) || bytes > self.bounds.max_bytes
-        {
-            Ignored::Full.count();
-            if !map.full {
-                map.full = true;
-                tracing::warn!(
-                    server_key = key.as_str(),
-                    entries = map.entries.len(),
-                    bytes = map.bytes,
-                    max_entries = self.bounds.max_entries,
-                    max_bytes = self.bounds.max_bytes,
-                    "catalog memory full: servers not remembered yet are discovered live until entries are forgotten"
-                );
+        let key_text = key.as_str().to_owned();
+        match map.put(key, entry, size) {
+            Put::Stored => {
+                self.changed_locked(map);
+                true
             }
-            return false;
+            Put::Refused { newly_full } => {
+                Ignored::Full.count();
+                if newly_full {
+                    let bounds = map.bounds();
+                    tracing::warn!(
+                        server_key = key_text,
+                        entries = map.len(),
+                        bytes = map.bytes(),
+                        max_entries = bounds.max_entries,
+                        max_bytes = bounds.max_bytes,
+                        "catalog memory full: servers not remembered yet are discovered live until entries are forgotten"
+                    );
+                }
+                false
+            }
         }
-        map.bytes = bytes;
-        map.entries.insert(key, entry);
-        self.changed_locked(map);
-        true
     }
 
     fn contains(&self, key: &ServerKey) -> bool {
-        self.map
-            .lock()
-            .expect("memory lock")
-            .entries
-            .contains_key(key)
+        self.map.lock().expect("memory lock").contains(key)
     }
 
     fn remove(&self, key: &ServerKey) {
         let mut map = self.map.lock().expect("memory lock");
-        if let Some(old) = map.entries.remove(key) {
-            map.bytes -= old.size as u64;
-            if map.full {
-                map.full = false;
-                tracing::info!(entries = map.entries.len(), "catalog memory has room again");
-            }
+        if let Removed::Removed { room_again: true } = map.remove(key) {
+            tracing::info!(entries = map.len(), "catalog memory has room again");
         }
         self.changed_locked(map);
     }
 
-    fn changed_locked(&self, map: std::sync::MutexGuard<'_, Map>) {
-        metrics::gauge!("ctxsync_catalog_memory_entries").set(map.entries.len() as f64);
-        metrics::gauge!("ctxsync_catalog_memory_bytes").set(map.bytes as f64);
+    fn changed_locked(&self, map: std::sync::MutexGuard<'_, MemoryMap<ServerKey>>) {
+        metrics::gauge!("ctxsync_catalog_memory_entries").set(map.len() as f64);
+        metrics::gauge!("ctxsync_catalog_memory_bytes").set(map.bytes() as f64);
         drop(map);
         self.changed.send_modify(|n| *n += 1);
     }
@@ -141,13 +93,13 @@ impl Local {
             Change::Put(key, entry, size) => {
                 self.put(
                     key,
-                    Remembered {
+                    Discovery {
                         catalog: Arc::new(entry.catalog),
                         transport: entry.transport,
                         discovered_at: entry.discovered_at,
                         release: entry.release.into(),
-                        size,
                     },
+                    size,
                 );
             }
             Change::Delete(key) => self.remove(&key),
@@ -157,7 +109,7 @@ impl Local {
 
 pub struct Memory {
     local: Arc<Local>,
-    http_reuse: Duration,
+    reuse: Reuse,
     bucket: Option<Arc<Bucket>>,
 }
 
@@ -166,11 +118,12 @@ impl Memory {
     pub fn new(http_reuse: Duration, bounds: Bounds) -> Self {
         Self {
             local: Arc::new(Local {
-                map: Mutex::default(),
-                bounds,
+                map: Mutex::new(MemoryMap::new(bounds)),
                 changed: watch::Sender::new(0),
             }),
-            http_reuse,
+            reuse: Reuse {
+                http_window: http_reuse,
+            },
             bucket: None,
         }
     }
@@ -202,22 +155,16 @@ impl Memory {
     }
 
     /// The entry if the rules allow pinning it without starting the server.
-    pub fn reusable(&self, key: &ServerKey) -> Option<Remembered> {
+    pub fn reusable(&self, key: &ServerKey) -> Option<Discovery> {
         let map = self.local.map.lock().expect("memory lock");
-        let entry = map.entries.get(key)?;
-        match entry.transport {
-            TransportKind::Stdio => Some(entry.clone()),
-            TransportKind::StreamableHttp => {
-                (entry.age() <= self.http_reuse).then(|| entry.clone())
-            }
-        }
+        map.reusable(key, self.reuse, SystemTime::now()).cloned()
     }
 
     /// A reusable entry of this release discovered at or after `since`: the
     /// warm-up need not discover the server again.
     pub fn warmed_since(&self, key: &ServerKey, since: SystemTime) -> bool {
-        self.reusable(key)
-            .is_some_and(|r| !r.is_foreign() && r.discovered_at >= since)
+        let map = self.local.map.lock().expect("memory lock");
+        map.warmed_since(key, self.reuse, SystemTime::now(), since, RELEASE)
     }
 
     /// Changes whenever the map changes (any replica's write included).
@@ -225,23 +172,31 @@ impl Memory {
         self.local.changed.subscribe()
     }
 
+    /// What a live attempt decided ([`catalog_core::memory::after_live`]).
+    pub fn write(&self, key: &ServerKey, transport: Transport, write: MemoryWrite) {
+        match write {
+            MemoryWrite::Remember(catalog) => self.remember(key, transport, catalog),
+            MemoryWrite::Forget => self.forget(key),
+        }
+    }
+
     /// A live discovery succeeded: it replaces whatever was remembered, here
     /// and in the bucket (unless the map is full: then in neither).
-    pub fn remember(&self, key: &ServerKey, transport: TransportKind, catalog: Arc<Catalog>) {
+    fn remember(&self, key: &ServerKey, transport: Transport, catalog: Arc<Catalog>) {
         let entry = Entry {
             transport,
             catalog: (*catalog).clone(),
             discovered_at: SystemTime::now(),
             release: RELEASE.to_owned(),
         };
-        let remembered = Remembered {
+        let remembered = Discovery {
             catalog,
             transport,
             discovered_at: entry.discovered_at,
             release: RELEASE.into(),
-            size: crate::bucket::sealed_len(&entry),
         };
-        if self.local.put(key.clone(), remembered) {
+        let size = crate::bucket::sealed_len(&entry);
+        if self.local.put(key.clone(), remembered, size) {
             if let Some(bucket) = &self.bucket {
                 bucket.put(key, &entry);
             }
@@ -253,7 +208,7 @@ impl Memory {
 
     /// A live attempt failed: the server is left to live discovery next
     /// time, here and on every replica.
-    pub fn forget(&self, key: &ServerKey) {
+    fn forget(&self, key: &ServerKey) {
         if let Some(bucket) = &self.bucket {
             bucket.delete(key);
         }
@@ -261,7 +216,7 @@ impl Memory {
     }
 
     pub fn len(&self) -> usize {
-        self.local.map.lock().expect("memory lock").entries.len()
+        self.local.map.lock().expect("memory lock").len()
     }
 
     pub fn is_empty(&self) -> bool {

@@ -23,13 +23,14 @@ use crate::endpoint::{Commands, Endpoint};
 use crate::events::Events;
 use crate::memory::Memory;
 use crate::prepare::Prepare;
-use crate::request::{codes, error, tenant_of};
+use crate::request::{error, tenant_of};
 use crate::sessions::{self, Sessions};
 use crate::settings::{Config, memory_bucket_name};
 use crate::shared::SharedServers;
 use crate::status::Status;
 use crate::store;
 use crate::warmup::{Warmup, WarmupStatus};
+use catalog_core::ErrorCode;
 
 /// How long a tenant key's check by the store may take.
 const KEY_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -359,7 +360,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
             &shutdown,
             grace,
             |message| CatalogPrepareReply {
-                error: error(codes::REQUEST_INVALID, message),
+                error: error(ErrorCode::RequestInvalid, message),
                 ..Default::default()
             },
             |request: &mut CatalogPrepareRequest| &mut request.tenant,
@@ -370,7 +371,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
                     async move {
                         let reply = prepare.handle(request).await;
                         fit_reply(&client, reply, |message| CatalogPrepareReply {
-                            error: error(codes::REPLY_TOO_LARGE, message),
+                            error: error(ErrorCode::ReplyTooLarge, message),
                             ..Default::default()
                         })
                     }
@@ -385,7 +386,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
             &shutdown,
             grace,
             |message| CatalogCallReply {
-                error: error(codes::REQUEST_INVALID, message),
+                error: error(ErrorCode::RequestInvalid, message),
                 ..Default::default()
             },
             |request: &mut CatalogCallRequest| &mut request.tenant,
@@ -394,7 +395,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
                 async move {
                     let reply = call.handle(request).await;
                     fit_reply(&client, reply, |message| CatalogCallReply {
-                        error: error(codes::REPLY_TOO_LARGE, message),
+                        error: error(ErrorCode::ReplyTooLarge, message),
                         ..Default::default()
                     })
                 }
@@ -408,7 +409,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
             &shutdown,
             grace,
             |message| CatalogEndSessionReply {
-                error: error(codes::REQUEST_INVALID, message),
+                error: error(ErrorCode::RequestInvalid, message),
                 ..Default::default()
             },
             |request: &mut CatalogEndSessionRequest| &mut request.tenant,
@@ -425,7 +426,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
             &shutdown,
             grace,
             |message| CatalogStatusReply {
-                error: error(codes::REQUEST_INVALID, message),
+                error: error(ErrorCode::RequestInvalid, message),
                 ..Default::default()
             },
             |request: &mut CatalogStatusRequest| &mut request.tenant,
@@ -436,7 +437,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
                     async move {
                         let reply = status.handle(request).await;
                         fit_reply(&client, reply, |message| CatalogStatusReply {
-                            error: error(codes::REPLY_TOO_LARGE, message),
+                            error: error(ErrorCode::ReplyTooLarge, message),
                             ..Default::default()
                         })
                     }

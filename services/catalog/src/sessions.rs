@@ -14,6 +14,8 @@ use tokio::task::JoinHandle;
 
 use crate::processes::Place;
 
+use catalog_core::pins::ServerUse;
+
 use crate::store::{self, StoredPin};
 use crate::tools::{CatalogDiff, Item};
 
@@ -316,29 +318,23 @@ impl Session {
 #[derive(Default)]
 pub(crate) struct Slot {
     live: Option<LiveServer>,
-    /// Calls made to this server in this session.
-    calls: u64,
-    /// The hash last reported as `mcp.catalog.changed` (or the pin's).
-    reported_hash: Option<String>,
+    /// Its calls in this session and the change last reported (the core's).
+    server_use: ServerUse,
 }
 
 impl Slot {
     /// Counts a call; returns whether it is the server's first in the session.
     pub fn count_call(&mut self, pin: &StoredPin) -> bool {
-        if self.reported_hash.is_none() {
-            self.reported_hash = Some(pin.catalog.hash.clone());
-        }
-        self.calls += 1;
-        self.calls == 1
+        self.server_use.count_call(pin)
     }
 
-    /// Whether `hash` differs from the pin and from what was last reported.
-    pub fn is_unreported_change(&self, pin: &StoredPin, hash: &str) -> bool {
-        hash != pin.catalog.hash && self.reported_hash.as_deref() != Some(hash)
+    pub fn server_use(&self) -> &ServerUse {
+        &self.server_use
     }
 
+    /// The change to `hash` is stored and reported.
     pub fn reported(&mut self, hash: &str) {
-        self.reported_hash = Some(hash.to_owned());
+        self.server_use.reported(hash);
     }
 
     /// Closes the transport if its server has gone (the call reconnects).
@@ -413,6 +409,11 @@ impl LiveServer {
             tools_changed: flag,
             _place: place,
         }
+    }
+
+    /// Whether its server has gone (the transport closed).
+    pub fn is_closed(&self) -> bool {
+        self.connection.is_closed()
     }
 
     /// Whether the server said its tools changed since the last look, without looking.

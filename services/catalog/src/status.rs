@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use catalog_core::ErrorCode;
 use ctxsync_proto::v1::{
     CatalogServerStatus, CatalogSetupBucket, CatalogStatusReply, CatalogStatusRequest,
     LatencyGateWaits, catalog_server_status::Warmup,
@@ -15,7 +16,7 @@ use tokio::sync::watch;
 use crate::config::Current;
 use crate::discovery::Discoverer;
 use crate::latency;
-use crate::request::{codes, error};
+use crate::request::error;
 use crate::warmup::WarmupStatus;
 
 /// The window when the request names none.
@@ -28,13 +29,6 @@ pub(crate) struct Status {
     discovery: Arc<Discoverer>,
     warmup: watch::Receiver<WarmupStatus>,
     pool: sqlx::PgPool,
-}
-
-fn timestamp(at: &chrono::DateTime<chrono::Utc>) -> pbjson_types::Timestamp {
-    pbjson_types::Timestamp {
-        seconds: at.timestamp(),
-        nanos: at.timestamp_subsec_nanos() as i32,
-    }
 }
 
 impl Status {
@@ -94,13 +88,13 @@ impl Status {
         match latency::tenant_series(&self.pool, &tenant, window).await {
             Ok(series) => CatalogStatusReply {
                 servers,
-                window_start: Some(timestamp(&series.window_start)),
+                window_start: Some(series.window_start.into()),
                 bucket_seconds: series.bucket.as_secs(),
                 setup: series
                     .setup
                     .iter()
                     .map(|b| CatalogSetupBucket {
-                        start: Some(timestamp(&b.start)),
+                        start: Some(b.start.into()),
                         setup: Some(b.setup.to_proto()),
                     })
                     .collect(),
@@ -122,7 +116,7 @@ impl Status {
                 CatalogStatusReply {
                     servers,
                     error: error(
-                        codes::INTERNAL,
+                        ErrorCode::Internal,
                         "cannot read the latency aggregates".to_owned(),
                     ),
                     ..Default::default()

@@ -14,23 +14,10 @@ use serde_json::Value;
 use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::{PgConnection, PgPool, Row, SqlSafeStr};
 
-use crate::config::ServerKey;
 use crate::tools::{Catalog, Prompt, Resource, Tool};
-use ctxsync_mcp::TransportKind;
-
-/// Payload version of every event this build writes. New fields are additive.
-pub const PAYLOAD_VERSION: i32 = 1;
-
-pub mod kinds {
-    pub const SERVER_PINNED: &str = "mcp.server.pinned";
-    pub const SERVER_CONNECTED: &str = "mcp.server.connected";
-    pub const SERVER_CONNECT_FAILED: &str = "mcp.server.connect_failed";
-    pub const CATALOG_CHANGED: &str = "mcp.catalog.changed";
-    pub const TOOL_CALLED: &str = "mcp.tool.called";
-    pub const PROMPT_GOT: &str = "mcp.prompt.got";
-    pub const RESOURCE_READ: &str = "mcp.resource.read";
-    pub const SESSION_PREPARED: &str = "catalog.session.prepared";
-}
+use catalog_core::Transport;
+pub use catalog_core::events::{NewEvent, PAYLOAD_VERSION, kinds};
+pub use catalog_core::pins::{NewPin, PinSource, StoredPin};
 
 pub fn migrator() -> Migrator {
     let mut migrator = Migrator::with_migrations(vec![
@@ -58,16 +45,6 @@ pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
     migrator().run(pool).await
 }
 
-/// An event to write.
-#[derive(Debug, Clone)]
-pub struct NewEvent {
-    pub kind: &'static str,
-    pub tenant: String,
-    pub session_id: Option<String>,
-    pub server_id: Option<String>,
-    pub payload: Value,
-}
-
 /// A written event.
 #[derive(Debug, Clone)]
 pub struct StoredEvent {
@@ -86,10 +63,7 @@ impl StoredEvent {
             server_id: self.event.server_id.clone().unwrap_or_default(),
             payload_version: PAYLOAD_VERSION as u32,
             payload_json: self.event.payload.to_string(),
-            occurred_at: Some(pbjson_types::Timestamp {
-                seconds: self.occurred_at.timestamp(),
-                nanos: self.occurred_at.timestamp_subsec_nanos() as i32,
-            }),
+            occurred_at: Some(self.occurred_at.into()),
         }
     }
 }
@@ -142,10 +116,11 @@ pub async fn insert_events(
 /// A generation to write if the history lacks it.
 #[derive(Debug, Clone)]
 pub struct GenerationRef<'a> {
-    pub key: &'a ServerKey,
+    /// The server key.
+    pub key: &'a str,
     pub tenant: &'a str,
     pub server_id: &'a str,
-    pub transport: TransportKind,
+    pub transport: Transport,
     pub catalog: &'a Catalog,
 }
 
@@ -161,7 +136,7 @@ pub async fn write_generation(
          VALUES ($1, $2, $3, $4, $5, $6)
          ON CONFLICT (server_key, catalog_hash) DO NOTHING",
     )
-    .bind(generation.key.as_str())
+    .bind(generation.key)
     .bind(&generation.catalog.hash)
     .bind(generation.tenant)
     .bind(generation.server_id)
@@ -183,7 +158,7 @@ pub async fn write_generation(
              FROM UNNEST($3::text[], $4::text[], $5::text[])
                   WITH ORDINALITY AS t(name, description, schema, ord)",
         )
-        .bind(generation.key.as_str())
+        .bind(generation.key)
         .bind(&generation.catalog.hash)
         .bind(&names)
         .bind(&descriptions)
@@ -227,7 +202,7 @@ async fn write_declarations<'a>(
          FROM UNNEST($3::text[], $4::text[]) WITH ORDINALITY AS d(key, declaration, ord)"
     );
     sqlx::query(sqlx::AssertSqlSafe(statement))
-        .bind(generation.key.as_str())
+        .bind(generation.key)
         .bind(&generation.catalog.hash)
         .bind(&keys)
         .bind(&declarations)
@@ -239,51 +214,18 @@ async fn write_declarations<'a>(
 /// Generations this process knows are in the history, so a preparation
 /// skips even the no-op insert. Filled only after a commit.
 #[derive(Debug, Default)]
-pub struct WrittenGenerations(Mutex<HashSet<(ServerKey, String)>>);
+pub struct WrittenGenerations(Mutex<HashSet<(String, String)>>);
 
 impl WrittenGenerations {
-    pub fn contains(&self, key: &ServerKey, hash: &str) -> bool {
+    pub fn contains(&self, key: &str, hash: &str) -> bool {
         self.0
             .lock()
             .expect("generations lock")
-            .contains(&(key.clone(), hash.to_owned()))
+            .contains(&(key.to_owned(), hash.to_owned()))
     }
 
-    pub fn insert(&self, key: ServerKey, hash: String) {
+    pub fn insert(&self, key: String, hash: String) {
         self.0.lock().expect("generations lock").insert((key, hash));
-    }
-}
-
-/// A pin to write.
-#[derive(Debug, Clone)]
-pub struct NewPin<'a> {
-    pub server_id: &'a str,
-    pub key: &'a ServerKey,
-    pub catalog_hash: &'a str,
-    pub transport: TransportKind,
-    pub source: PinSource,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PinSource {
-    Pinned,
-    Connected,
-}
-
-impl PinSource {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Pinned => "pinned",
-            Self::Connected => "connected",
-        }
-    }
-
-    fn parse(text: &str) -> Self {
-        if text == "connected" {
-            Self::Connected
-        } else {
-            Self::Pinned
-        }
     }
 }
 
@@ -317,8 +259,8 @@ pub async fn insert_pins(
         return Ok(());
     }
     let servers: Vec<&str> = pins.iter().map(|p| p.server_id).collect();
-    let keys: Vec<&str> = pins.iter().map(|p| p.key.as_str()).collect();
-    let hashes: Vec<&str> = pins.iter().map(|p| p.catalog_hash).collect();
+    let keys: Vec<&str> = pins.iter().map(|p| p.key).collect();
+    let hashes: Vec<&str> = pins.iter().map(|p| p.catalog.hash.as_str()).collect();
     let transports: Vec<&str> = pins.iter().map(|p| p.transport.as_str()).collect();
     let sources: Vec<&str> = pins.iter().map(|p| p.source.as_str()).collect();
     sqlx::query(
@@ -339,16 +281,6 @@ pub async fn insert_pins(
     .execute(&mut *conn)
     .await?;
     Ok(())
-}
-
-/// A stored pin with its generation's tools.
-#[derive(Debug, Clone)]
-pub struct StoredPin {
-    pub server_id: String,
-    pub server_key: String,
-    pub transport: String,
-    pub source: PinSource,
-    pub catalog: Catalog,
 }
 
 /// The session's pins in configured order; `None` if the session was never prepared.

@@ -17,13 +17,14 @@
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
+use catalog_core::events::ms;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::bucket::Claim;
+use crate::bucket::{Claim, RELEASE};
 use crate::config::{ConfiguredServer, Current};
 use crate::discovery::{Cause, Discoverer};
-use crate::events::{Events, ms};
+use crate::events::Events;
 use crate::settings::WarmupSettings;
 use crate::store::{NewEvent, kinds};
 
@@ -135,7 +136,11 @@ impl Warmup {
         // Keys are unique: tenant and server id are part of each.
         let mut pending: Vec<ConfiguredServer> = self.config.get().all_enabled_servers();
         // Entries another release wrote are served only until re-discovered: first.
-        pending.sort_by_key(|s| !memory.reusable(&s.key).is_some_and(|r| r.is_foreign()));
+        pending.sort_by_key(|s| {
+            !memory
+                .reusable(&s.key)
+                .is_some_and(|r| r.is_foreign(RELEASE))
+        });
         tracing::info!(
             servers = pending.len(),
             after_ready_ms = ready_at.elapsed().as_millis() as u64,

@@ -1,5 +1,8 @@
 //! Memory, preparation and calls against a real nats-server, a real Postgres
-//! database and real MCP servers (the fixture and the reference servers).
+//! database and real MCP servers (the fixture): one end-to-end test per
+//! rule across real processes. The rules themselves (pin, withdraw, forget,
+//! the reuse window, requests refused) are tested in process, on paused
+//! time, in `services/catalog/core/tests/rules.rs`.
 
 mod common;
 
@@ -52,89 +55,6 @@ async fn a_remembered_server_is_pinned_without_starting_it() {
 }
 
 #[tokio::test]
-async fn stdio_memory_is_reused_across_sessions_with_real_servers() {
-    let root = tempfile::tempdir().unwrap();
-    let harness = Harness::start_acme(vec![
-        server("time", &mcp_fixture::reference::time()),
-        server("files", &mcp_fixture::reference::filesystem(root.path())),
-    ])
-    .await;
-    let first = harness.prepare("acme", "s1").await;
-    assert_eq!(
-        sources(&first),
-        [
-            ("time".to_owned(), CONNECTED),
-            ("files".to_owned(), CONNECTED)
-        ],
-        "{first:?}"
-    );
-    assert!(first.pins.iter().all(|p| !p.tools.is_empty()));
-    for session in ["s2", "s3", "s4"] {
-        let again = harness.prepare("acme", session).await;
-        assert_eq!(
-            sources(&again),
-            [("time".to_owned(), PINNED), ("files".to_owned(), PINNED)]
-        );
-        for (a, b) in first.pins.iter().zip(&again.pins) {
-            assert_eq!(a.catalog_hash, b.catalog_hash);
-        }
-    }
-    assert_eq!(
-        harness
-            .count("SELECT count(*) FROM catalog.events WHERE kind = 'mcp.server.connected'")
-            .await,
-        2
-    );
-    assert_eq!(
-        harness
-            .count("SELECT count(*) FROM catalog.events WHERE kind = 'mcp.server.pinned'")
-            .await,
-        6
-    );
-    harness.stop().await;
-}
-
-#[tokio::test]
-async fn http_memory_expires_after_the_reuse_window() {
-    let server = mcp_fixture::HttpFixture::start(&[]).await;
-    let mut settings = settings();
-    settings.discovery_reuse = Duration::from_millis(800);
-    let harness = Harness::start(
-        tenants(vec![("acme", vec![http("web", server.url())])]),
-        settings,
-    )
-    .await;
-    let first = harness.prepare("acme", "s1").await;
-    assert_eq!(sources(&first), [("web".to_owned(), CONNECTED)]);
-    assert_eq!(
-        first.pins[0].transport,
-        ctxsync_proto::v1::McpTransport::StreamableHttp as i32
-    );
-    let within = harness.prepare("acme", "s2").await;
-    assert_eq!(
-        sources(&within),
-        [("web".to_owned(), PINNED)],
-        "reused within the window"
-    );
-    // The window is the behaviour under test: let it pass.
-    tokio::time::sleep(Duration::from_millis(900)).await;
-    let after = harness.prepare("acme", "s3").await;
-    assert_eq!(
-        sources(&after),
-        [("web".to_owned(), CONNECTED)],
-        "live after the window"
-    );
-    let again = harness.prepare("acme", "s4").await;
-    assert_eq!(
-        sources(&again),
-        [("web".to_owned(), PINNED)],
-        "the live discovery was remembered"
-    );
-    harness.stop().await;
-    server.stop().await;
-}
-
-#[tokio::test]
 async fn a_config_change_is_a_different_entry() {
     let record = tempfile::tempdir().unwrap();
     let original = || tenants(vec![("acme", vec![fixture("fx", record.path(), &[])])]);
@@ -184,59 +104,6 @@ fn write_tools(path: &std::path::Path, tools: &[(&str, &str)]) {
         .map(|(name, description)| serde_json::json!({"name": name, "description": description}))
         .collect();
     std::fs::write(path, serde_json::to_vec(&json).unwrap()).unwrap();
-}
-
-#[tokio::test]
-async fn a_failed_live_attempt_forgets_the_entry() {
-    let record = tempfile::tempdir().unwrap();
-    let tools_file = record.path().join("tools.json");
-    write_tools(&tools_file, &[("echo", "Echo")]);
-    let file = tools_file.display().to_string();
-    let harness = Harness::start_acme(vec![fixture(
-        "fx",
-        record.path(),
-        &["--mode", "changing-tools", "--tools-file", &file],
-    )])
-    .await;
-    assert_eq!(
-        sources(&harness.prepare("acme", "s1").await),
-        [("fx".to_owned(), CONNECTED)]
-    );
-    assert_eq!(
-        sources(&harness.prepare("acme", "s2").await),
-        [("fx".to_owned(), PINNED)]
-    );
-    assert_eq!(harness.running().remembered(), 1);
-
-    // The server can no longer list its tools: the call's live attempt fails.
-    std::fs::remove_file(&tools_file).unwrap();
-    let call = harness
-        .call(
-            "acme",
-            "s2",
-            "fx",
-            "echo",
-            serde_json::json!({"text": "hi"}),
-        )
-        .await;
-    assert_eq!(
-        error_code(&call.error),
-        "tool.server_unreachable",
-        "{call:?}"
-    );
-    assert_eq!(
-        harness.running().remembered(),
-        0,
-        "the failed attempt forgot the entry"
-    );
-
-    write_tools(&tools_file, &[("echo", "Echo")]);
-    assert_eq!(
-        sources(&harness.prepare("acme", "s3").await),
-        [("fx".to_owned(), CONNECTED)],
-        "nothing remembered: the next preparation is live"
-    );
-    harness.stop().await;
 }
 
 #[tokio::test]
@@ -798,46 +665,6 @@ async fn a_generation_is_written_once_however_many_sessions_pin_it() {
         20
     );
     assert_eq!(harness.count("SELECT count(*) FROM catalog.pins").await, 40);
-    harness.stop().await;
-}
-
-#[tokio::test]
-async fn bad_requests_are_answered_with_reasons() {
-    let record = tempfile::tempdir().unwrap();
-    let harness = Harness::start_acme(vec![fixture("fx", record.path(), &[])]).await;
-    assert_eq!(
-        error_code(&harness.prepare("nobody", "s").await.error),
-        "tenant.unknown"
-    );
-    assert_eq!(
-        error_code(&harness.prepare("acme", "").await.error),
-        "request.invalid"
-    );
-    let long = "x".repeat(300);
-    let reply = harness.prepare("acme", &long).await;
-    assert!(reply.error.as_ref().unwrap().message.contains("256"));
-    let reply = harness.prepare("acme", "s\0").await;
-    assert_eq!(error_code(&reply.error), "request.invalid");
-    assert_eq!(
-        reply.error.as_ref().unwrap().message,
-        "session_id contains U+0000 (NUL) at byte 1"
-    );
-    let reply = harness
-        .call("acme", "never", "fx", "echo", serde_json::json!({}))
-        .await;
-    assert_eq!(error_code(&reply.error), "session.not_prepared");
-    harness.prepare("acme", "s1").await;
-    let reply = harness.call_raw("acme", "s1", "fx", "echo", "[1, 2]").await;
-    assert_eq!(error_code(&reply.error), "request.invalid");
-    let reply = harness
-        .call("acme", "s1", "fx", "nope", serde_json::json!({}))
-        .await;
-    assert_eq!(error_code(&reply.error), "tool.not_found");
-    assert_eq!(
-        mcp_fixture::read_starts(record.path()).len(),
-        1,
-        "no bad request started a server"
-    );
     harness.stop().await;
 }
 

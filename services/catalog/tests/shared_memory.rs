@@ -459,66 +459,6 @@ async fn an_entry_of_another_release_is_pinned_until_the_warmup_discovers_it_fir
 }
 
 #[tokio::test]
-async fn a_session_pinned_from_another_release_answers_withdrawn_when_its_tools_changed() {
-    let record = tempfile::tempdir().unwrap();
-    let tools_file = record.path().join("tools.json");
-    write_tools(&tools_file, &[("echo", "Echo")]);
-    let file = tools_file.display().to_string();
-    let fx = fixture(
-        "fx",
-        record.path(),
-        &["--mode", "changing-tools", "--tools-file", &file],
-    );
-    let mut first = Harness::start(tenants(vec![("acme", vec![fx.clone()])]), settings()).await;
-    first.stop_catalog().await;
-    let js = async_nats::jetstream::new(first.client.clone());
-    let store = js
-        .get_key_value(memory_bucket_name(first.subjects.prefix()))
-        .await
-        .unwrap();
-    let entry = ctxsync_proto::v1::CatalogMemoryEntry {
-        transport: ctxsync_proto::v1::McpTransport::Stdio as i32,
-        tools: vec![ctxsync_proto::v1::McpTool {
-            name: "echo".into(),
-            description: "Old echo".into(),
-            input_schema_json: r#"{"type":"object"}"#.into(),
-        }],
-        catalog_hash: String::new(),
-        discovered_at_unix_ms: 1,
-        release: "0.0.0-previous".into(),
-        ..Default::default()
-    };
-    let key = catalog::config::ServerKey::of("acme", &fx);
-    let bucket = memory_bucket_name(first.subjects.prefix());
-    store
-        .put(key.as_str(), sealed(&bucket, &key, &entry))
-        .await
-        .unwrap();
-
-    // Warm-up off: the other release's entry is what the first chat pins.
-    let prefix = first.subjects.prefix().to_owned();
-    let restarted = first
-        .replica(&prefix, tenants(vec![("acme", vec![fx])]), settings())
-        .await;
-    let reply = restarted.prepare("acme", "s1").await;
-    assert_eq!(sources(&reply), [("fx".to_owned(), PINNED)]);
-    assert_eq!(reply.pins[0].tools[0].description, "Old echo");
-    assert_eq!(starts(record.path()), 0);
-    let call = restarted
-        .call(
-            "acme",
-            "s1",
-            "fx",
-            "echo",
-            serde_json::json!({"text": "hi"}),
-        )
-        .await;
-    assert_eq!(error_code(&call.error), "tool.withdrawn", "{call:?}");
-    restarted.stop().await;
-    first.stop().await;
-}
-
-#[tokio::test]
 async fn without_jetstream_the_catalog_serves_from_its_own_memory() {
     // An account without JetStream: every bucket operation is refused.
     let nats = testkit::NatsServer::start_with_config(

@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 
 use ctxsync_proto::v1::{CatalogPin, McpPrompt, McpResource, McpTool};
 
+use crate::code::ItemKind;
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tool {
     pub name: String,
@@ -129,12 +131,12 @@ pub enum Item<'a> {
 }
 
 impl<'a> Item<'a> {
-    /// `tool`, `prompt` or `resource`: for messages and events.
-    pub fn kind(self) -> &'static str {
+    /// What the item is: for codes, messages and events.
+    pub fn kind(self) -> ItemKind {
         match self {
-            Self::Tool(_) => "tool",
-            Self::Prompt(_) => "prompt",
-            Self::Resource(_) => "resource",
+            Self::Tool(_) => ItemKind::Tool,
+            Self::Prompt(_) => ItemKind::Prompt,
+            Self::Resource(_) => ItemKind::Resource,
         }
     }
 
