@@ -200,7 +200,7 @@ fn spans(text: &str) -> Vec<(String, String)> {
     let mut fenced = false;
     // A span may wrap onto the next line: join each paragraph first.
     let mut paragraph = String::new();
-    let mut flush = |paragraph: &mut String, heading: &str, found: &mut Vec<(String, String)>| {
+    let flush = |paragraph: &mut String, heading: &str, found: &mut Vec<(String, String)>| {
         let mut parts = paragraph.split('`');
         parts.next();
         while let (Some(inside), Some(_)) = (parts.next(), parts.next()) {
