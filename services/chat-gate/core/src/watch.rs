@@ -34,16 +34,16 @@ use tokio_util::sync::CancellationToken;
 use crate::projection::{self, Readiness};
 use crate::source::{ReadError, StateSource};
 
-/// Retries of a failed read while someone waits: short first (a store that
-/// reconnects after a NATS restart is back within a second), doubling, then
-/// capped; for as long as someone waits.
+/// Retries of a failed read (one is only made while someone waits): short
+/// first (a store that reconnects after a NATS restart is back within a
+/// second), doubling, then capped.
 pub const RETRY_MIN: Duration = Duration::from_millis(100);
 pub const RETRY_MAX: Duration = Duration::from_secs(1);
 
 /// The delays before each retry of a failed read, from [`RETRY_MIN`]
-/// doubling up to [`RETRY_MAX`], without end (and without jitter: one reader
-/// per agent and replica, so retries don't herd). A pure iterator: the
-/// reader sleeps on tokio's clock, which tests pause.
+/// doubling up to [`RETRY_MAX`], without end (the reader stops with its
+/// watch) and without jitter, as before. A pure iterator: the reader sleeps
+/// on tokio's clock, which tests pause.
 pub fn retry_delays() -> ExponentialBackoff {
     ExponentialBuilder::new()
         .with_min_delay(RETRY_MIN)
