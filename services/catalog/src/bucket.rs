@@ -29,6 +29,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
 use catalog_core::Transport;
+use catalog_core::tools::Catalog;
 use ctxsync_mcp::{Declarations, PromptDecl, ResourceDecl, ToolDecl};
 use ctxsync_proto::v1::{CatalogMemoryEntry, McpTool, McpTransport};
 use futures::StreamExt as _;
@@ -38,7 +39,6 @@ use tokio::task::JoinHandle;
 
 use crate::config::ServerKey;
 use crate::mcp;
-use crate::tools::Catalog;
 
 /// The largest sealed value the memory takes (one server's declarations).
 pub const MAX_VALUE_BYTES: usize = 1024 * 1024;
@@ -732,7 +732,7 @@ fn is_full(error: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tools::Tool;
+    use catalog_core::tools::Tool;
 
     #[test]
     fn a_failed_bucket_is_reopened_after_1_s_doubling_to_30_s() {

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use catalog_core::call::{self as core, Answer, CallRef, Open, Setup, Step};
 use catalog_core::request::{Arguments, Refusal, valid_call};
+use catalog_core::tools::{Catalog, CatalogDiff, Item};
 use catalog_core::{ErrorCode, Failure, Transport};
 use ctxsync_mcp::{CallOutcome, Connection};
 use ctxsync_proto::v1::{CatalogCallReply, CatalogCallRequest};
@@ -30,7 +31,6 @@ use crate::processes::{Place, ProcessBound};
 use crate::sessions::{LiveServer, Session, Sessions, Slot};
 use crate::shared::{self, SharedServers};
 use crate::store::{GenerationRef, NewEvent, StoredPin};
-use crate::tools::{Catalog, CatalogDiff, Item};
 
 /// The `call` command.
 pub(crate) struct Call {

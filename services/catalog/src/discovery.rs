@@ -8,19 +8,19 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use catalog_core::events::ms;
+use catalog_core::memory::{MemoryWrite, after_live};
+use catalog_core::tools::Catalog;
+use catalog_core::{Failure, Live};
 use ctxsync_mcp::{Connection, Declarations, McpError, TransportKind};
 use tokio::sync::{Semaphore, SemaphorePermit, mpsc};
 use tokio_util::task::TaskTracker;
 
 pub(crate) use catalog_core::events::Cause;
-use catalog_core::events::ms;
-use catalog_core::memory::{MemoryWrite, after_live};
-use catalog_core::{Failure, Live};
 
 use crate::config::ConfiguredServer;
 use crate::mcp;
 use crate::memory::Memory;
-use crate::tools::Catalog;
 
 /// A server opened for a session's calls: its connection stays open.
 pub(crate) struct OpenServer {

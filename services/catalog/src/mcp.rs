@@ -4,10 +4,9 @@
 use std::time::Duration;
 
 use catalog_core::call::CallFailure;
+use catalog_core::tools::{Catalog, Prompt, Resource, Tool};
 use catalog_core::{Failure, Transport};
 use ctxsync_mcp::{Declarations, McpError, Sanitizer, ServerSpec, TransportKind};
-
-use crate::tools::{Catalog, Prompt, Resource, Tool};
 
 pub fn catalog_of(declared: Declarations) -> Catalog {
     let hash =

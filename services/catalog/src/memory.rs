@@ -22,13 +22,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use catalog_core::memory::{MemoryMap, MemoryWrite, Put, Removed, Reuse};
+use catalog_core::tools::Catalog;
 use catalog_core::{Discovery, Transport};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::bucket::{Bucket, Change, Entry, Ignored, RELEASE};
 use crate::config::ServerKey;
-use crate::tools::Catalog;
 
 pub use catalog_core::memory::Bounds;
 

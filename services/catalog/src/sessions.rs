@@ -7,17 +7,15 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use catalog_core::pins::ServerUse;
+use catalog_core::tools::{CatalogDiff, Item};
 use ctxsync_mcp::Connection;
 use sqlx::PgPool;
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 
 use crate::processes::Place;
-
-use catalog_core::pins::ServerUse;
-
 use crate::store::{self, StoredPin};
-use crate::tools::{CatalogDiff, Item};
 
 /// What a session's open servers withdrew since the pin, as
 /// `(server, tool or prompt name)` and `(server, resource URI)`.

@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use catalog_core::tools::Catalog;
 use ctxsync_mcp::Connection;
 use tokio::sync::{broadcast, mpsc};
 use tokio::task::JoinHandle;
@@ -21,7 +22,6 @@ use tokio::task::JoinHandle;
 use crate::config::{ConfiguredServer, ServerKey};
 use crate::discovery::OpenServer;
 use crate::processes::Place;
-use crate::tools::Catalog;
 
 /// Change notices of one connection, as many sessions can follow them:
 /// every `tools/list_changed` the server sends becomes one `()`.

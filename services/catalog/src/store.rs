@@ -9,13 +9,13 @@ use std::borrow::Cow;
 use std::collections::HashSet;
 use std::sync::Mutex;
 
+use catalog_core::Transport;
+use catalog_core::tools::{Catalog, Prompt, Resource, Tool};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::{PgConnection, PgPool, Row, SqlSafeStr};
 
-use crate::tools::{Catalog, Prompt, Resource, Tool};
-use catalog_core::Transport;
 pub use catalog_core::events::{NewEvent, PAYLOAD_VERSION, kinds};
 pub use catalog_core::pins::{NewPin, PinSource, StoredPin};
 

@@ -550,6 +550,25 @@ async fn a_key_over_its_rate_limit_is_answered_429_and_counted() {
     let (status, _, body) = raw_initialize(&endpoint.url, Some(&endpoint.key)).await;
     assert_eq!(status, 429, "{body}");
     assert!(body.contains("rate_limited"), "{body}");
+    // Retry-After says when the key's next request fits: one every 100 s.
+    let refused = reqwest::Client::new()
+        .post(&endpoint.url)
+        .bearer_auth(&endpoint.key)
+        .header("accept", "application/json, text/event-stream")
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 429);
+    let retry_after: u64 = refused.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        (90..=100).contains(&retry_after),
+        "Retry-After: {retry_after}"
+    );
     // Another key has its own bucket.
     let other = store(&endpoint.harness).create_tenant_key("acme").await.0;
     let (status, _, body) = raw_initialize(&endpoint.url, Some(&other)).await;

@@ -82,7 +82,9 @@ impl Plan {
 
     /// The positions of the servers to discover live, in configured order.
     pub fn to_discover(&self) -> Vec<usize> {
-        (self.outcomes.iter().enumerate())
+        self.outcomes
+            .iter()
+            .enumerate()
             .filter(|(_, o)| o.is_none())
             .map(|(i, _)| i)
             .collect()

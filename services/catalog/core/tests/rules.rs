@@ -141,7 +141,8 @@ impl World {
     fn plan(&self, servers: &[ServerRef<'_>]) -> Plan {
         let now = self.clock.now();
         Plan::new(servers.iter().map(|s| {
-            (self.memory.reusable(&s.key.to_owned(), self.reuse, now)).map(|d| d.catalog.clone())
+            let discovery = self.memory.reusable(&s.key.to_owned(), self.reuse, now);
+            discovery.map(|d| d.catalog.clone())
         }))
     }
 
