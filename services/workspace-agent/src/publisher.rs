@@ -533,3 +533,147 @@ mod tests {
         );
     }
 }
+
+/// The driver against a fake agent-ingest on loopback (no NATS, no store).
+#[cfg(test)]
+mod driver_tests {
+    use std::sync::{Arc, Mutex};
+
+    use axum::http::{StatusCode, header};
+    use axum::response::IntoResponse;
+
+    use super::*;
+
+    fn report() -> SharedReport {
+        Arc::new(Report {
+            context_config: Default::default(),
+            phase: Phase::Complete,
+            resources: Vec::new(),
+        })
+    }
+
+    fn publisher(addr: std::net::SocketAddr) -> Publisher {
+        ctxsync_tls::install_default_provider();
+        let mut config = PublisherConfig::new(format!("http://{addr}"), AgentToken::new("t"));
+        config.request_timeout = Duration::from_secs(60);
+        config.backoff = Backoff {
+            initial: Duration::from_millis(10),
+            max: Duration::from_secs(2),
+        };
+        Publisher::new(&config, "run").unwrap()
+    }
+
+    /// A push answered 429 with `Retry-After: 1` is sent again no sooner
+    /// than that (the backoff alone would wait about 10 ms).
+    #[tokio::test]
+    async fn a_429_is_retried_after_its_retry_after() {
+        let pushes: Arc<Mutex<Vec<std::time::Instant>>> = Arc::default();
+        let seen = Arc::clone(&pushes);
+        let app = axum::Router::new()
+            .route(
+                STARTUP_PATH,
+                axum::routing::post(|| async { StartupResponse::default().encode_to_vec() }),
+            )
+            .route(
+                PUSH_PATH,
+                axum::routing::post(move || {
+                    let seen = Arc::clone(&seen);
+                    async move {
+                        let mut seen = seen.lock().unwrap();
+                        seen.push(std::time::Instant::now());
+                        if seen.len() == 1 {
+                            return (
+                                StatusCode::TOO_MANY_REQUESTS,
+                                [(header::RETRY_AFTER, "1")],
+                                r#"{"error":{"code":"rate_limited","message":"slow down"}}"#,
+                            )
+                                .into_response();
+                        }
+                        PushContextStateResponse {
+                            accepted: true,
+                            ..Default::default()
+                        }
+                        .encode_to_vec()
+                        .into_response()
+                    }
+                }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+
+        let (_reports, reports_rx) = watch::channel(report());
+        let (status_tx, mut status) = watch::channel(PublishStatus::default());
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(run(
+            publisher(addr),
+            reports_rx,
+            status_tx,
+            shutdown.clone(),
+        ));
+        let throttled = tokio::time::timeout(
+            Duration::from_secs(10),
+            status.wait_for(|s| s.last_error.as_deref().is_some_and(|e| e.contains("429"))),
+        )
+        .await
+        .expect("the 429 is reported")
+        .unwrap()
+        .clone();
+        assert!(throttled.started && throttled.accepted.is_none());
+        let done = tokio::time::timeout(
+            Duration::from_secs(10),
+            status.wait_for(|s| s.accepted.is_some()),
+        )
+        .await
+        .expect("the retry is accepted")
+        .unwrap()
+        .clone();
+        assert_eq!(
+            done.accepted,
+            Some((2, Phase::Complete)),
+            "the retry is version 2"
+        );
+        let pushes = pushes.lock().unwrap().clone();
+        assert_eq!(pushes.len(), 2);
+        assert!(
+            pushes[1] - pushes[0] >= Duration::from_secs(1),
+            "{pushes:?}"
+        );
+        shutdown.cancel();
+        task.await.unwrap();
+    }
+
+    /// A request that hangs (the server never answers) does not hold up
+    /// shutdown until the request timeout.
+    #[tokio::test]
+    async fn shutdown_ends_publication_while_a_request_hangs() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (accepted_tx, accepted) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let (connection, _) = listener.accept().await.unwrap();
+            let _ = accepted_tx.send(());
+            // Held open, never answered.
+            std::future::pending::<()>().await;
+            drop(connection);
+        });
+        let (_reports, reports_rx) = watch::channel(report());
+        let (status_tx, _status) = watch::channel(PublishStatus::default());
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(run(
+            publisher(addr),
+            reports_rx,
+            status_tx,
+            shutdown.clone(),
+        ));
+        tokio::time::timeout(Duration::from_secs(10), accepted)
+            .await
+            .expect("the startup is sent")
+            .unwrap();
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("publication stops with its startup in flight")
+            .unwrap();
+    }
+}
