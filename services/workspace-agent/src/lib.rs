@@ -7,7 +7,8 @@
 //! * [`mcp_config`] — MCP config files, servers deduplicated by name;
 //! * [`discovery`] — the actor that connects servers (via `ctxsync-mcp`) and
 //!   keeps the current [`report::Report`];
-//! * [`publisher`] — Startup and pushes to agent-ingest, retried and coalesced;
+//! * [`publisher`] — Startup and pushes to agent-ingest over HTTP, as
+//!   `publisher_core`'s state machine decides (retried, coalesced, reclaimed);
 //! * [`agent`] — all of it wired together (`start`/`run`); [`inspect`] — once, printed.
 //!
 //! Resource `source` keys: `instruction_file:<path>`, `skill:<dir>`,

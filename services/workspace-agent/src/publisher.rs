@@ -1,22 +1,16 @@
 //! Publication to agent-ingest: Startup first, then one push per change.
 //!
 //! [`Publisher`] is one HTTP call each (protobuf both ways); [`run`] is the
-//! loop: Startup until it succeeds, then the latest report each time it
-//! changes. On 503, a network error or a 401 it retries with capped exponential
-//! backoff and jitter, and every retry sends the *latest* report (reports are
-//! coalesced, never queued). Every request carries a higher version than the
-//! one before, so a retry of a push that did commit is not a stale version.
-//! `initial` is set until a push has been answered.
-//!
-//! The agent heals itself: when the store says its run was replaced (a push
-//! dropped as `STALE_RUN`, or a startup dropped as `SUPERSEDED_RUN`) while
-//! this process is running, the replacement can only be a late message of a
-//! process that is gone, so it reclaims the agent (Startup with `reclaim`)
-//! and republishes its current report. It also re-announces itself every
-//! `reannounce_interval`, so a takeover is noticed even when nothing changes.
+//! driver of `publisher_core`'s [`Machine`], which decides everything (what
+//! to send, when to retry, when to reclaim or re-announce: its crate docs
+//! list the rules). The driver performs the requests it asks for, sleeps
+//! until the instants it names, and feeds back each answer, each new report
+//! from discovery and shutdown.
 
 use std::fmt;
+use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::time::Duration;
 
 use ctxsync_proto::v1::{
@@ -24,10 +18,14 @@ use ctxsync_proto::v1::{
     StartupRequest, StartupResponse, mcp_discovery::Phase,
 };
 use prost::Message;
+use publisher_core::{
+    Action, Event, Failure, FailureKind, Machine, Publishable, PushReply, StartupReply,
+};
+pub use publisher_core::{Backoff, DEFAULT_REANNOUNCE_INTERVAL};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::report::SharedReport;
+use crate::report::{Report, SharedReport};
 
 /// Sent in Startup as `agent_version`.
 pub const AGENT_VERSION: &str = concat!("workspace-agent/", env!("CARGO_PKG_VERSION"));
@@ -75,41 +73,6 @@ pub enum TokenError {
     Empty { path: String },
 }
 
-/// Capped exponential backoff with jitter.
-#[derive(Debug, Clone, Copy)]
-pub struct Backoff {
-    pub initial: Duration,
-    pub max: Duration,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Self {
-            initial: Duration::from_millis(200),
-            max: Duration::from_secs(10),
-        }
-    }
-}
-
-impl Backoff {
-    /// The wait before retry number `attempt` (1-based): a random point in the
-    /// upper half of `initial * 2^(attempt-1)`, capped at `max`; never below a
-    /// server's `Retry-After` (itself capped at `max`).
-    pub fn delay(&self, attempt: u32, retry_after: Option<Duration>) -> Duration {
-        let exp = self
-            .initial
-            .saturating_mul(1u32 << attempt.saturating_sub(1).min(20))
-            .min(self.max);
-        let half = exp / 2;
-        let jitter = half.mul_f64(rand::random::<f64>());
-        let delay = half + jitter;
-        match retry_after {
-            Some(after) => delay.max(after.min(self.max)),
-            None => delay,
-        }
-    }
-}
-
 #[derive(Debug, Clone)]
 pub struct PublisherConfig {
     /// agent-ingest's base URL, e.g. `https://ingest.example:8443` or `http://127.0.0.1:8081`.
@@ -124,9 +87,6 @@ pub struct PublisherConfig {
     /// notice a takeover by a late message while nothing changes; zero never.
     pub reannounce_interval: Duration,
 }
-
-/// The default of `reannounce_interval`.
-pub const DEFAULT_REANNOUNCE_INTERVAL: Duration = Duration::from_secs(30);
 
 impl PublisherConfig {
     pub fn new(ingest_url: impl Into<String>, token: AgentToken) -> Self {
@@ -151,6 +111,11 @@ pub enum PublishError {
         message: String,
         retry_after: Option<Duration>,
     },
+    #[error("agent-ingest asks to slow down (429): {message}")]
+    TooManyRequests {
+        message: String,
+        retry_after: Option<Duration>,
+    },
     #[error("cannot reach agent-ingest: {0}")]
     Network(String),
     #[error("agent-ingest rejected the request ({status}): {message}")]
@@ -166,20 +131,28 @@ pub enum PublishError {
 impl PublishError {
     /// Worth sending again later (with the latest state).
     pub fn is_retryable(&self) -> bool {
+        self.kind().is_retryable()
+    }
+
+    /// How the publication rules see this failure.
+    pub fn kind(&self) -> FailureKind {
         match self {
-            PublishError::Unavailable { .. }
-            | PublishError::Network(_)
-            | PublishError::Unauthorized { .. } => true,
-            PublishError::Rejected { status, .. } => *status >= 500,
-            PublishError::Decode(_) | PublishError::Url { .. } | PublishError::Tls(_) => false,
+            PublishError::Unauthorized { .. } => FailureKind::Unauthorized,
+            PublishError::Unavailable { retry_after, .. }
+            | PublishError::TooManyRequests { retry_after, .. } => FailureKind::Unavailable {
+                retry_after: *retry_after,
+            },
+            PublishError::Network(_) => FailureKind::Network,
+            PublishError::Rejected { status, .. } if *status >= 500 => FailureKind::ServerError,
+            PublishError::Rejected { .. }
+            | PublishError::Decode(_)
+            | PublishError::Url { .. }
+            | PublishError::Tls(_) => FailureKind::Rejected,
         }
     }
 
-    fn retry_after(&self) -> Option<Duration> {
-        match self {
-            PublishError::Unavailable { retry_after, .. } => *retry_after,
-            _ => None,
-        }
+    fn to_failure(&self) -> Failure {
+        Failure::new(self.kind(), self.to_string())
     }
 }
 
@@ -290,18 +263,28 @@ impl Publisher {
         if status.is_success() {
             return Resp::decode(body.as_ref()).map_err(|e| PublishError::Decode(e.to_string()));
         }
-        let message = error_message(&body);
-        Err(match status.as_u16() {
-            401 => PublishError::Unauthorized { message },
-            503 => PublishError::Unavailable {
-                message,
-                retry_after,
-            },
-            code => PublishError::Rejected {
-                status: code,
-                message,
-            },
-        })
+        Err(refusal(status.as_u16(), retry_after, &body))
+    }
+}
+
+/// The error of a non-2xx answer: which of them are retried, and after how
+/// long, is `publisher_core`'s decision (see [`PublishError::kind`]).
+fn refusal(status: u16, retry_after: Option<Duration>, body: &[u8]) -> PublishError {
+    let message = error_message(body);
+    match status {
+        401 => PublishError::Unauthorized { message },
+        503 => PublishError::Unavailable {
+            message,
+            retry_after,
+        },
+        429 => PublishError::TooManyRequests {
+            message,
+            retry_after,
+        },
+        code => PublishError::Rejected {
+            status: code,
+            message,
+        },
     }
 }
 
@@ -337,270 +320,123 @@ fn error_message(body: &[u8]) -> String {
 }
 
 /// What publication has achieved so far (for readiness, `inspect` and tests).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct PublishStatus {
-    /// Startup was answered.
-    pub started: bool,
-    /// The version and phase of the last push the store accepted.
-    pub accepted: Option<(u64, Phase)>,
-    /// The report of the last accepted push.
-    pub accepted_report: Option<SharedReport>,
-    /// Pushes sent (answered or not).
-    pub attempts: u64,
-    /// Times this process took its agent back from a run that replaced it.
-    pub reclaims: u64,
-    /// The last failure, cleared by the next answer.
-    pub last_error: Option<String>,
-}
+pub type PublishStatus = publisher_core::Status<Report>;
 
-/// Reclaims within this window count as one episode: more than one means
-/// something keeps taking the agent over (two processes sharing a token), so
-/// they back off instead of fighting at full speed.
-const RECLAIM_WINDOW: Duration = Duration::from_secs(60);
+impl Publishable for Report {
+    fn phase(&self) -> Phase {
+        self.phase
+    }
 
-/// Startup until the store applies it; false when shutdown came first.
-/// A startup dropped as superseded turns into a reclaim.
-async fn announce(
-    publisher: &Publisher,
-    mut reclaim: bool,
-    reclaims: &mut Vec<tokio::time::Instant>,
-    status: &watch::Sender<PublishStatus>,
-    shutdown: &CancellationToken,
-) -> bool {
-    let run_id = &publisher.run_id;
-    let mut attempt: u32 = 0;
-    loop {
-        if reclaim {
-            let now = tokio::time::Instant::now();
-            reclaims.retain(|at| now.duration_since(*at) < RECLAIM_WINDOW);
-            reclaims.push(now);
-            if reclaims.len() > 1 {
-                let delay = publisher.backoff.delay(reclaims.len() as u32 - 1, None);
-                tracing::error!(
-                    agent_run_id = %run_id,
-                    reclaims = reclaims.len(),
-                    delay_ms = delay.as_millis() as u64,
-                    "this agent keeps being taken over by another run: is a second agent process using the same token?"
-                );
-                if sleep_or_shutdown(delay, shutdown).await {
-                    return false;
-                }
-            }
-        }
-        match publisher.startup(reclaim).await {
-            Ok(answer) if answer.drop_reason() == StartupDropReason::SupersededRun && !reclaim => {
-                tracing::warn!(
-                    agent_run_id = %run_id,
-                    current_agent_run_id = %answer.previous_agent_run_id,
-                    message = %answer.message,
-                    "the store says another run replaced this one while it is running: reclaiming the agent"
-                );
-                reclaim = true;
-            }
-            Ok(answer) if answer.drop_reason() != StartupDropReason::Unspecified => {
-                // A reclaim is never dropped as superseded; anything else is
-                // a store this agent does not understand: keep trying.
-                attempt += 1;
-                let error = format!(
-                    "startup dropped ({}): {}",
-                    answer.drop_reason().as_str_name(),
-                    answer.message
-                );
-                tracing::warn!(agent_run_id = %run_id, %error, attempt, "startup dropped; retrying");
-                status.send_modify(|s| s.last_error = Some(error));
-                if sleep_or_shutdown(publisher.backoff.delay(attempt, None), shutdown).await {
-                    return false;
-                }
-            }
-            Ok(answer) => {
-                if reclaim {
-                    metrics::counter!("ctxsync_agent_reclaims_total").increment(1);
-                    tracing::warn!(
-                        agent_run_id = %run_id,
-                        previous_agent_run_id = %answer.previous_agent_run_id,
-                        "agent reclaimed: republishing the current report"
-                    );
-                } else if answer.run_id_changed {
-                    tracing::info!(
-                        agent_run_id = %run_id,
-                        previous_agent_run_id = %answer.previous_agent_run_id,
-                        "startup reported"
-                    );
-                }
-                status.send_modify(|s| {
-                    s.started = true;
-                    s.reclaims += u64::from(reclaim);
-                    s.last_error = None;
-                });
-                return true;
-            }
-            Err(error) => {
-                attempt += 1;
-                log_failure("startup", &error, attempt);
-                status.send_modify(|s| s.last_error = Some(error.to_string()));
-                let delay = publisher.backoff.delay(attempt, error.retry_after());
-                if sleep_or_shutdown(delay, shutdown).await {
-                    return false;
-                }
-            }
-        }
+    fn resource_count(&self) -> usize {
+        self.resources.len()
     }
 }
 
-/// What woke the publication loop.
-enum Wake {
-    Report,
-    Reannounce,
-}
+/// The request in flight, as the event that will report its answer.
+type Request<'a> = Pin<Box<dyn Future<Output = Event<Report>> + Send + 'a>>;
 
-/// Publishes until `shutdown`: Startup, then each new report (see module docs).
+/// Publishes until `shutdown`: runs the publication [`Machine`] (see the
+/// module docs). Discovery ending (its reports closed) stops it too.
 pub async fn run(
     publisher: Publisher,
     mut reports: watch::Receiver<SharedReport>,
     status: watch::Sender<PublishStatus>,
     shutdown: CancellationToken,
 ) {
-    let run_id = publisher.run_id.clone();
-    let mut reclaims = Vec::new();
-    if !announce(&publisher, false, &mut reclaims, &status, &shutdown).await {
-        return;
-    }
-
-    let mut version: u64 = 0;
-    let mut initial = true;
-    let mut attempt: u32 = 0;
-    // The current report has not been published yet.
-    let mut unsent = true;
-    let reannounce_every = publisher.reannounce_interval;
-    let mut next_reannounce = tokio::time::Instant::now() + reannounce_every;
+    let mut machine = Machine::new(publisher_core::Config {
+        run_id: publisher.run_id.clone(),
+        backoff: publisher.backoff,
+        reannounce_interval: publisher.reannounce_interval,
+        jitter_seed: None,
+    });
+    let first = reports.borrow_and_update().clone();
+    let mut action = machine.handle(Event::Report(first), tokio::time::Instant::now());
+    let mut request: Option<Request<'_>> = None;
+    let mut wait_until = None;
     loop {
-        if !unsent {
-            let wake = tokio::select! {
-                changed = reports.changed() => {
-                    if changed.is_err() {
-                        return;
-                    }
-                    Wake::Report
-                }
-                () = tokio::time::sleep_until(next_reannounce), if !reannounce_every.is_zero() => Wake::Reannounce,
-                () = shutdown.cancelled() => return,
-            };
-            if let Wake::Reannounce = wake {
-                next_reannounce = tokio::time::Instant::now() + reannounce_every;
-                let before = status.borrow().reclaims;
-                if !announce(&publisher, false, &mut reclaims, &status, &shutdown).await {
-                    return;
-                }
-                // Taken back from another run: what the store holds may be
-                // that run's, so the current report goes out again.
-                unsent = status.borrow().reclaims > before;
-                continue;
-            }
+        if machine.take_status_change() {
+            status.send_replace(machine.status().clone());
         }
-        let report: SharedReport = reports.borrow_and_update().clone();
-        version += 1;
-        let request = report.to_push(&run_id, version, initial);
-        status.send_modify(|s| s.attempts += 1);
-        let outcome = tokio::select! {
-            outcome = publisher.push(&request) => outcome,
-            () = shutdown.cancelled() => return,
+        match action {
+            Action::Stop => return,
+            Action::Startup { reclaim } => {
+                request = Some(Box::pin(startup(&publisher, reclaim)));
+                wait_until = None;
+            }
+            Action::Push {
+                version,
+                initial,
+                report,
+            } => {
+                let push = report.to_push(&publisher.run_id, version, initial);
+                request = Some(Box::pin(push_state(&publisher, push)));
+                wait_until = None;
+            }
+            Action::AwaitAnswer => {}
+            Action::Wait { until } => wait_until = Some(until),
+            Action::Idle => wait_until = None,
+        }
+        let event = tokio::select! {
+            event = answer(request.as_mut()), if request.is_some() => {
+                request = None;
+                event
+            }
+            changed = reports.changed() => match changed {
+                Ok(()) => Event::Report(reports.borrow_and_update().clone()),
+                Err(_) => Event::Shutdown,
+            },
+            () = sleep_until(wait_until), if request.is_none() && wait_until.is_some() => Event::Timer,
+            () = shutdown.cancelled() => Event::Shutdown,
         };
-        match outcome {
-            Ok(answer) => {
-                attempt = 0;
-                unsent = false;
-                initial = false;
-                if answer.accepted {
-                    metrics::counter!("ctxsync_agent_pushes_total", "outcome" => "accepted")
-                        .increment(1);
-                    tracing::info!(
-                        agent_run_id = %run_id,
-                        version,
-                        phase = report.phase.as_str_name(),
-                        resources = report.resources.len(),
-                        "context state published"
-                    );
-                    status.send_modify(|s| {
-                        s.accepted = Some((version, report.phase));
-                        s.accepted_report = Some(report.clone());
-                        s.last_error = None;
-                    });
-                    continue;
-                }
-                metrics::counter!("ctxsync_agent_pushes_total", "outcome" => "dropped")
-                    .increment(1);
-                let reason = PushDropReason::try_from(answer.drop_reason)
-                    .unwrap_or(PushDropReason::Unspecified);
-                status.send_modify(|s| {
-                    s.last_error = Some(format!(
-                        "push dropped ({}): {}",
-                        reason.as_str_name(),
-                        answer.message
-                    ));
-                });
-                if reason == PushDropReason::StaleRun {
-                    // This process is running, so the run that replaced it
-                    // can only be a late message of one that is gone.
-                    tracing::warn!(
-                        agent_run_id = %run_id,
-                        version,
-                        message = %answer.message,
-                        "the store dropped the push as from a previous run: reclaiming the agent"
-                    );
-                    if !announce(&publisher, true, &mut reclaims, &status, &shutdown).await {
-                        return;
-                    }
-                    unsent = true;
-                } else {
-                    tracing::error!(
-                        agent_run_id = %run_id,
-                        version,
-                        drop_reason = reason.as_str_name(),
-                        message = %answer.message,
-                        "the store dropped the push"
-                    );
-                }
-            }
-            Err(error) if error.is_retryable() => {
-                metrics::counter!("ctxsync_agent_pushes_total", "outcome" => "retry").increment(1);
-                attempt += 1;
-                log_failure("push", &error, attempt);
-                status.send_modify(|s| s.last_error = Some(error.to_string()));
-                unsent = true;
-                let delay = publisher.backoff.delay(attempt, error.retry_after());
-                if sleep_or_shutdown(delay, &shutdown).await {
-                    return;
-                }
-            }
-            Err(error) => {
-                metrics::counter!("ctxsync_agent_pushes_total", "outcome" => "rejected")
-                    .increment(1);
-                // The same report would be rejected again: wait for the next change.
-                tracing::error!(agent_run_id = %run_id, version, %error, "push rejected");
-                status.send_modify(|s| s.last_error = Some(error.to_string()));
-                unsent = false;
-                attempt = 0;
+        action = machine.handle(event, tokio::time::Instant::now());
+    }
+}
+
+async fn answer(request: Option<&mut Request<'_>>) -> Event<Report> {
+    match request {
+        Some(request) => request.await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until(until: Option<tokio::time::Instant>) {
+    match until {
+        Some(until) => tokio::time::sleep_until(until).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn startup(publisher: &Publisher, reclaim: bool) -> Event<Report> {
+    let answer = publisher
+        .startup(reclaim)
+        .await
+        .map(|reply| match reply.drop_reason() {
+            StartupDropReason::Unspecified => StartupReply::Applied {
+                run_id_changed: reply.run_id_changed,
+                previous_run_id: reply.previous_agent_run_id,
+            },
+            reason => StartupReply::Dropped {
+                reason,
+                message: reply.message,
+                current_run_id: reply.previous_agent_run_id,
+            },
+        });
+    Event::StartupAnswered(answer.map_err(|e| e.to_failure()))
+}
+
+async fn push_state(publisher: &Publisher, request: PushContextStateRequest) -> Event<Report> {
+    let answer = publisher.push(&request).await.map(|reply| {
+        if reply.accepted {
+            PushReply::Accepted
+        } else {
+            PushReply::Dropped {
+                reason: PushDropReason::try_from(reply.drop_reason)
+                    .unwrap_or(PushDropReason::Unspecified),
+                message: reply.message,
             }
         }
-    }
-}
-
-fn log_failure(what: &str, error: &PublishError, attempt: u32) {
-    match error {
-        PublishError::Unauthorized { .. } => tracing::error!(
-            %error, attempt,
-            "{what} failed: agent-ingest does not accept this agent token (check CTXSYNC_AGENT_TOKEN_FILE); retrying"
-        ),
-        _ => tracing::warn!(%error, attempt, "{what} failed; retrying with the latest state"),
-    }
-}
-
-/// Sleeps `delay`; true when shutdown came first.
-async fn sleep_or_shutdown(delay: Duration, shutdown: &CancellationToken) -> bool {
-    tokio::select! {
-        () = tokio::time::sleep(delay) => false,
-        () = shutdown.cancelled() => true,
-    }
+    });
+    Event::PushAnswered(answer.map_err(|e| e.to_failure()))
 }
 
 /// A `Report` built by hand is rarely needed outside tests; this keeps the
@@ -621,23 +457,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn backoff_grows_is_capped_and_jittered() {
-        let b = Backoff {
-            initial: Duration::from_millis(100),
-            max: Duration::from_secs(1),
-        };
-        for attempt in 1..=30 {
-            let d = b.delay(attempt, None);
-            let exp = Duration::from_millis(100)
-                .saturating_mul(1 << (attempt - 1).min(20))
-                .min(Duration::from_secs(1));
-            assert!(d >= exp / 2 && d <= exp, "attempt {attempt}: {d:?}");
+    fn each_refusal_has_the_kind_the_publication_rules_act_on() {
+        let body = br#"{"error":{"code":"unavailable","message":"store down"}}"#;
+        let after = Some(Duration::from_secs(1));
+        let cases = [
+            (401, FailureKind::Unauthorized),
+            (503, FailureKind::Unavailable { retry_after: after }),
+            (429, FailureKind::Unavailable { retry_after: after }),
+            (500, FailureKind::ServerError),
+            (502, FailureKind::ServerError),
+            (400, FailureKind::Rejected),
+            (413, FailureKind::Rejected),
+        ];
+        for (status, kind) in cases {
+            let error = refusal(status, after, body);
+            assert_eq!(error.kind(), kind, "{status}");
+            let text = error.to_string();
+            assert!(text.contains(&status.to_string()), "{text}");
+            assert!(text.contains("unavailable: store down"), "{text}");
         }
-        let samples: std::collections::BTreeSet<Duration> =
-            (0..20).map(|_| b.delay(5, None)).collect();
-        assert!(samples.len() > 1, "jitter varies the delay");
-        assert!(b.delay(1, Some(Duration::from_millis(700))) >= Duration::from_millis(700));
-        assert!(b.delay(1, Some(Duration::from_secs(60))) <= Duration::from_secs(1));
+        assert_eq!(
+            PublishError::Network("refused".into()).kind(),
+            FailureKind::Network
+        );
+        assert!(!PublishError::Decode("bad".into()).is_retryable());
     }
 
     #[test]
@@ -688,5 +531,149 @@ mod tests {
             ),
             "{error}"
         );
+    }
+}
+
+/// The driver against a fake agent-ingest on loopback (no NATS, no store).
+#[cfg(test)]
+mod driver_tests {
+    use std::sync::{Arc, Mutex};
+
+    use axum::http::{StatusCode, header};
+    use axum::response::IntoResponse;
+
+    use super::*;
+
+    fn report() -> SharedReport {
+        Arc::new(Report {
+            context_config: Default::default(),
+            phase: Phase::Complete,
+            resources: Vec::new(),
+        })
+    }
+
+    fn publisher(addr: std::net::SocketAddr) -> Publisher {
+        ctxsync_tls::install_default_provider();
+        let mut config = PublisherConfig::new(format!("http://{addr}"), AgentToken::new("t"));
+        config.request_timeout = Duration::from_secs(60);
+        config.backoff = Backoff {
+            initial: Duration::from_millis(10),
+            max: Duration::from_secs(2),
+        };
+        Publisher::new(&config, "run").unwrap()
+    }
+
+    /// A push answered 429 with `Retry-After: 1` is sent again no sooner
+    /// than that (the backoff alone would wait about 10 ms).
+    #[tokio::test]
+    async fn a_429_is_retried_after_its_retry_after() {
+        let pushes: Arc<Mutex<Vec<std::time::Instant>>> = Arc::default();
+        let seen = Arc::clone(&pushes);
+        let app = axum::Router::new()
+            .route(
+                STARTUP_PATH,
+                axum::routing::post(|| async { StartupResponse::default().encode_to_vec() }),
+            )
+            .route(
+                PUSH_PATH,
+                axum::routing::post(move || {
+                    let seen = Arc::clone(&seen);
+                    async move {
+                        let mut seen = seen.lock().unwrap();
+                        seen.push(std::time::Instant::now());
+                        if seen.len() == 1 {
+                            return (
+                                StatusCode::TOO_MANY_REQUESTS,
+                                [(header::RETRY_AFTER, "1")],
+                                r#"{"error":{"code":"rate_limited","message":"slow down"}}"#,
+                            )
+                                .into_response();
+                        }
+                        PushContextStateResponse {
+                            accepted: true,
+                            ..Default::default()
+                        }
+                        .encode_to_vec()
+                        .into_response()
+                    }
+                }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+
+        let (_reports, reports_rx) = watch::channel(report());
+        let (status_tx, mut status) = watch::channel(PublishStatus::default());
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(run(
+            publisher(addr),
+            reports_rx,
+            status_tx,
+            shutdown.clone(),
+        ));
+        let throttled = tokio::time::timeout(
+            Duration::from_secs(10),
+            status.wait_for(|s| s.last_error.as_deref().is_some_and(|e| e.contains("429"))),
+        )
+        .await
+        .expect("the 429 is reported")
+        .unwrap()
+        .clone();
+        assert!(throttled.started && throttled.accepted.is_none());
+        let done = tokio::time::timeout(
+            Duration::from_secs(10),
+            status.wait_for(|s| s.accepted.is_some()),
+        )
+        .await
+        .expect("the retry is accepted")
+        .unwrap()
+        .clone();
+        assert_eq!(
+            done.accepted,
+            Some((2, Phase::Complete)),
+            "the retry is version 2"
+        );
+        let pushes = pushes.lock().unwrap().clone();
+        assert_eq!(pushes.len(), 2);
+        assert!(
+            pushes[1] - pushes[0] >= Duration::from_secs(1),
+            "{pushes:?}"
+        );
+        shutdown.cancel();
+        task.await.unwrap();
+    }
+
+    /// A request that hangs (the server never answers) does not hold up
+    /// shutdown until the request timeout.
+    #[tokio::test]
+    async fn shutdown_ends_publication_while_a_request_hangs() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (accepted_tx, accepted) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let (connection, _) = listener.accept().await.unwrap();
+            let _ = accepted_tx.send(());
+            // Held open, never answered.
+            std::future::pending::<()>().await;
+            drop(connection);
+        });
+        let (_reports, reports_rx) = watch::channel(report());
+        let (status_tx, _status) = watch::channel(PublishStatus::default());
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(run(
+            publisher(addr),
+            reports_rx,
+            status_tx,
+            shutdown.clone(),
+        ));
+        tokio::time::timeout(Duration::from_secs(10), accepted)
+            .await
+            .expect("the startup is sent")
+            .unwrap();
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("publication stops with its startup in flight")
+            .unwrap();
     }
 }
