@@ -29,11 +29,20 @@ fn record_start() {
     };
     let binary = std::env::current_exe()
         .ok()
-        .and_then(|exe| exe.file_name().map(|name| name.to_string_lossy().into_owned()))
+        .and_then(|exe| {
+            exe.file_name()
+                .map(|name| name.to_string_lossy().into_owned())
+        })
         .unwrap_or_default();
-    let binary = binary.rsplit_once('-').map_or(binary.as_str(), |(name, _hash)| name);
+    let binary = binary
+        .rsplit_once('-')
+        .map_or(binary.as_str(), |(name, _hash)| name);
     let test = std::thread::current().name().unwrap_or("?").to_owned();
-    if let Ok(mut file) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+    if let Ok(mut file) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
         let _ = writeln!(file, "{binary} {test}");
     }
 }

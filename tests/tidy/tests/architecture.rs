@@ -115,7 +115,10 @@ fn cores_reach_no_transport_crate() {
     assert!(
         cores.len() >= 4,
         "expected the store, gate, publisher and catalog cores among the workspace members, found {:?}",
-        cores.iter().map(|id| &graph.names[*id].0).collect::<Vec<_>>()
+        cores
+            .iter()
+            .map(|id| &graph.names[*id].0)
+            .collect::<Vec<_>>()
     );
     let mut trouble = Vec::new();
     for core in cores {
@@ -244,7 +247,9 @@ fn heading_dir(root: &Path, heading: &str) -> Option<PathBuf> {
 /// A span with a `/` is a path when its first part is a directory (of the
 /// repository or of the heading's crate); `tools/list` is an MCP method.
 fn looks_like_path(root: &Path, dir: Option<&Path>, span: &str) -> bool {
-    let extensions = [".rs", ".md", ".toml", ".yaml", ".proto", ".sh", ".mjs", ".conf"];
+    let extensions = [
+        ".rs", ".md", ".toml", ".yaml", ".proto", ".sh", ".mjs", ".conf",
+    ];
     !span.contains(' ')
         && !span.contains("://")
         && !span.contains('<')
@@ -318,9 +323,10 @@ fn architecture_names_only_what_exists() {
             if !names.code.contains(&span) {
                 missing.push(format!("setting `{span}`"));
             }
-        } else if let Some(flag) = span.strip_prefix("--").filter(|f| {
-            !f.is_empty() && f.chars().all(|c| c.is_ascii_lowercase() || c == '-')
-        }) {
+        } else if let Some(flag) = span
+            .strip_prefix("--")
+            .filter(|f| !f.is_empty() && f.chars().all(|c| c.is_ascii_lowercase() || c == '-'))
+        {
             checked += 1;
             let field = flag.replace('-', "_");
             if !names.code.contains(&field) && !names.code.contains(&format!("\"{flag}\"")) {
