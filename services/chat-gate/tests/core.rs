@@ -82,7 +82,9 @@ impl Core {
         let mut settings = GateSettings {
             pending_timeout: Duration::from_secs(20),
             stale_grace: Duration::from_secs(20),
-            ..GateSettings::default()
+            ..chat_gate::Config::default()
+                .settings()
+                .expect("the defaults are valid")
         };
         configure(&mut settings);
         let memory = Arc::new(Memory {
