@@ -125,9 +125,6 @@ pub struct PublisherConfig {
     pub reannounce_interval: Duration,
 }
 
-/// The default of `reannounce_interval`.
-pub const DEFAULT_REANNOUNCE_INTERVAL: Duration = Duration::from_secs(30);
-
 impl PublisherConfig {
     pub fn new(ingest_url: impl Into<String>, token: AgentToken) -> Self {
         Self {
@@ -137,7 +134,7 @@ impl PublisherConfig {
             agent_version: AGENT_VERSION.to_owned(),
             request_timeout: Duration::from_secs(10),
             backoff: Backoff::default(),
-            reannounce_interval: DEFAULT_REANNOUNCE_INTERVAL,
+            reannounce_interval: crate::args::Cli::defaults().reannounce_interval,
         }
     }
 }
