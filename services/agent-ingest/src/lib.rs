@@ -36,18 +36,21 @@ use tracing::Instrument as _;
 
 pub use error::ApiError;
 
-/// agent-ingest's configuration.
-#[derive(Debug, Clone, clap::Args)]
+/// agent-ingest's configuration: its flags (see [`CommonArgs`] on `Serialize`).
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args, serde::Serialize)]
 pub struct Config {
     #[command(flatten)]
+    #[serde(flatten)]
     pub common: CommonArgs,
 
     /// How long to wait for snapshot-store before answering 503.
     #[arg(long, env = "CTXSYNC_STORE_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "ctxsync_runtime::config::humantime_string")]
     pub store_timeout: Duration,
 
     /// How long a verified token is trusted without asking the store again.
     #[arg(long, env = "CTXSYNC_AUTH_CACHE_TTL", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "ctxsync_runtime::config::humantime_string")]
     pub auth_cache_ttl: Duration,
 
     /// Serve `/metrics` on this address, and no longer on the agents' API
@@ -56,13 +59,19 @@ pub struct Config {
     pub metrics_addr: Option<SocketAddr>,
 }
 
+/// The flags' defaults.
+impl Default for Config {
+    fn default() -> Self {
+        ctxsync_runtime::args::defaults()
+    }
+}
+
 impl Config {
+    /// The defaults, on `common`.
     pub fn new(common: CommonArgs) -> Self {
         Self {
             common,
-            store_timeout: Duration::from_secs(5),
-            auth_cache_ttl: Duration::from_secs(30),
-            metrics_addr: None,
+            ..Self::default()
         }
     }
 }

@@ -340,14 +340,10 @@ impl Catalogs {
         for _ in 0..REPLICAS {
             builder = builder.catalog(servers.clone(), settings.clone(), |_| {});
         }
-        let connect = settings.connect_timeout.as_secs().to_string();
+        // The settings reach the binaries as the stack renders them; the
+        // files are the binaries' alone.
         let builder = [
             ("CTXSYNC_CATALOG_CONFIG", file.display().to_string()),
-            (
-                "CTXSYNC_CATALOG_WARMUP",
-                settings.warmup.enabled.to_string(),
-            ),
-            ("CTXSYNC_CATALOG_CONNECT_TIMEOUT_SECONDS", connect),
             (
                 "CTXSYNC_CATALOG_MEMORY_KEY_FILE",
                 key_file.display().to_string(),

@@ -16,11 +16,6 @@ use ctxsync_mcp::{ServerSpec, TransportKind};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-/// Default bound of one tool call.
-pub const DEFAULT_CALL_TIMEOUT_SECONDS: u64 = 60;
-/// Default bound of one tool result's content, in bytes.
-pub const DEFAULT_MAX_CONTENT_BYTES: u64 = 1024 * 1024;
-
 /// The whole file.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -101,29 +96,22 @@ impl fmt::Debug for ServerConfig {
     }
 }
 
+/// A server's `limits:` in the file; a field left out has its default, the
+/// one place those are written.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct Limits {
     /// Bound of one tool call.
-    #[serde(default = "call_timeout_default")]
     pub call_timeout_seconds: u64,
     /// Bound of one tool result's content (JSON bytes); a larger result is refused.
-    #[serde(default = "max_content_default")]
     pub max_content_bytes: u64,
-}
-
-fn call_timeout_default() -> u64 {
-    DEFAULT_CALL_TIMEOUT_SECONDS
-}
-fn max_content_default() -> u64 {
-    DEFAULT_MAX_CONTENT_BYTES
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Self {
-            call_timeout_seconds: DEFAULT_CALL_TIMEOUT_SECONDS,
-            max_content_bytes: DEFAULT_MAX_CONTENT_BYTES,
+            call_timeout_seconds: 60,
+            max_content_bytes: 1024 * 1024,
         }
     }
 }

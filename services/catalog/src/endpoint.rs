@@ -59,9 +59,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::call::Call;
 use crate::mcp_sessions::McpSessions;
-pub use crate::mcp_sessions::{
-    DEFAULT_SESSION_IDLE, DEFAULT_SESSIONS_PER_KEY, DEFAULT_SESSIONS_PER_TENANT, SessionLimits,
-};
+pub use crate::mcp_sessions::SessionLimits;
 use crate::prepare::Prepare;
 use crate::rate_limit::Limiter;
 pub use crate::rate_limit::RateLimit;

@@ -60,5 +60,5 @@ pub use config::{CatalogConfig, ConfigError};
 pub use endpoint::{RateLimit, SessionLimits, TOOL_NAME_SEPARATOR};
 pub use request::MAX_REQUEST_ID_BYTES;
 pub use service::{Error, Reloader, Running, run, start};
-pub use settings::{CatalogArgs, Config, MemorySettings, Settings, WarmupSettings};
+pub use settings::{Args, CatalogArgs, Config, MemorySettings, Settings, WarmupSettings};
 pub use warmup::WarmupStatus;

@@ -9,21 +9,14 @@ use clap::Parser;
     version,
     about = "ctxsync catalog: the MCP runtime for operator-configured servers"
 )]
-struct Args {
+struct Cli {
     #[command(flatten)]
-    common: ctxsync_runtime::CommonArgs,
-    #[command(flatten)]
-    database: ctxsync_runtime::DatabaseArgs,
-    #[command(flatten)]
-    catalog: catalog::CatalogArgs,
-    /// PEM CA certificate(s) to trust for https:// MCP servers, besides the system's roots.
-    #[arg(long, env = "CTXSYNC_MCP_CA_FILE")]
-    mcp_ca_file: Option<std::path::PathBuf>,
+    args: catalog::Args,
 }
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    let args = ctxsync_runtime::args::parse::<Args>();
+    let args = ctxsync_runtime::args::parse::<Cli>().args;
     let format = args.common.log_format;
     let telemetry = match ctxsync_runtime::telemetry::init_service("catalog", &args.common) {
         Ok(telemetry) => telemetry,
@@ -36,7 +29,7 @@ async fn main() -> std::process::ExitCode {
     code
 }
 
-async fn serve(args: Args) -> anyhow::Result<()> {
+async fn serve(args: catalog::Args) -> anyhow::Result<()> {
     let config_path = args.catalog.config.clone();
     let mcp_ca = args
         .mcp_ca_file

@@ -28,29 +28,13 @@ use rmcp::transport::streamable_http_server::session::{
 };
 use tokio_util::sync::CancellationToken;
 
-/// The sessions one key holds open at most, by default.
-pub const DEFAULT_SESSIONS_PER_KEY: usize = 32;
-/// … and one tenant (all its keys).
-pub const DEFAULT_SESSIONS_PER_TENANT: usize = 128;
-/// A session without a message for this long ends.
-pub const DEFAULT_SESSION_IDLE: Duration = Duration::from_secs(300);
-
-/// How many MCP sessions a key and a tenant may hold, and their idle expiry.
+/// How many MCP sessions a key and a tenant may hold, and their idle expiry
+/// (the defaults are the catalog's flags': `Settings::default().mcp_sessions`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SessionLimits {
     pub per_key: usize,
     pub per_tenant: usize,
     pub idle: Duration,
-}
-
-impl Default for SessionLimits {
-    fn default() -> Self {
-        Self {
-            per_key: DEFAULT_SESSIONS_PER_KEY,
-            per_tenant: DEFAULT_SESSIONS_PER_TENANT,
-            idle: DEFAULT_SESSION_IDLE,
-        }
-    }
 }
 
 /// Which bound refused a new session.

@@ -1,9 +1,13 @@
-//! The service's tunables and its flags (every one also an env var).
+//! The service's tunables and its flags (every one also an env var). The
+//! flags hold the defaults: [`Settings::default`] is what they give unset.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use ctxsync_runtime::config::humantime_string;
+
 use crate::config::{CatalogConfig, ConfigError};
+use crate::endpoint::{RateLimit, SessionLimits};
 
 /// Tunables of the service, as durations (the binary reads them in seconds).
 #[derive(Debug, Clone)]
@@ -20,9 +24,9 @@ pub struct Settings {
     /// The MCP endpoint's list page size (tools per `tools/list` page).
     pub mcp_page_size: usize,
     /// Requests a tenant key may make to the MCP endpoint (`None`: no limit).
-    pub mcp_rate_limit: Option<crate::endpoint::RateLimit>,
+    pub mcp_rate_limit: Option<RateLimit>,
     /// MCP sessions a key and a tenant may hold open, and their idle expiry.
-    pub mcp_sessions: crate::endpoint::SessionLimits,
+    pub mcp_sessions: SessionLimits,
     /// Server processes (stdio transports of sessions) this replica runs at
     /// most at once; `None`: no bound.
     pub max_server_processes: Option<usize>,
@@ -53,26 +57,13 @@ pub struct MemorySettings {
     pub max_bytes: u64,
 }
 
+/// The flags' defaults.
 impl Default for MemorySettings {
     fn default() -> Self {
-        Self {
-            bucket: None,
-            replicas: 1,
-            max_age: DEFAULT_MEMORY_MAX_AGE,
-            key: None,
-            max_entries: DEFAULT_MEMORY_MAX_ENTRIES,
-            max_bytes: DEFAULT_MEMORY_MAX_BYTES,
-        }
+        Settings::default().memory
     }
 }
 
-/// Far more server configurations than a replica's tenants have.
-pub const DEFAULT_MEMORY_MAX_ENTRIES: usize = 4096;
-/// 64 MiB.
-pub const DEFAULT_MEMORY_MAX_BYTES: u64 = 64 * 1024 * 1024;
-
-/// Seven days.
-pub const DEFAULT_MEMORY_MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
 /// The fewest replicas of a bucket, and the most JetStream keeps.
 pub const MEMORY_REPLICAS: std::ops::RangeInclusive<usize> = 1..=5;
 /// The shortest `max_age` of the memory bucket.
@@ -165,40 +156,14 @@ pub struct WarmupSettings {
     pub attempts: u32,
 }
 
+/// The flags' defaults.
 impl Default for Settings {
     fn default() -> Self {
-        Self {
-            discovery_reuse: Duration::from_secs(3600),
-            connect_timeout: Duration::from_secs(10),
-            max_concurrent_starts: 2,
-            session_idle_timeout: Duration::from_secs(600),
-            warmup: WarmupSettings {
-                enabled: true,
-                connect_timeout: Duration::from_secs(60),
-                retry_interval: Duration::from_secs(60),
-                attempts: 5,
-            },
-            memory: MemorySettings::default(),
-            mcp_page_size: 100,
-            mcp_rate_limit: Some(crate::endpoint::RateLimit {
-                per_second: DEFAULT_MCP_RATE_LIMIT,
-                burst: DEFAULT_MCP_RATE_BURST,
-            }),
-            mcp_sessions: crate::endpoint::SessionLimits::default(),
-            max_server_processes: Some(DEFAULT_MAX_SERVER_PROCESSES),
-            max_server_processes_per_tenant: Some(DEFAULT_MAX_SERVER_PROCESSES_PER_TENANT),
-            shared_idle_timeout: Duration::from_secs(300),
-        }
+        CatalogArgs::defaults()
+            .settings()
+            .expect("the default settings are valid")
     }
 }
-
-/// MCP requests per second per key: a client's handshake and calls, not a flood.
-pub const DEFAULT_MCP_RATE_LIMIT: f64 = 20.0;
-pub const DEFAULT_MCP_RATE_BURST: u32 = 40;
-/// Stdio server processes a single host runs for sessions (tens of MB each).
-pub const DEFAULT_MAX_SERVER_PROCESSES: usize = 64;
-/// A quarter of them per tenant: one tenant never takes them all.
-pub const DEFAULT_MAX_SERVER_PROCESSES_PER_TENANT: usize = 16;
 
 /// Everything `start` needs.
 #[derive(Debug, Clone)]
@@ -209,8 +174,25 @@ pub struct Config {
     pub settings: Settings,
 }
 
+/// The catalog binary's flags: all it reads (see `CommonArgs` on `Serialize`).
+#[derive(Debug, Clone, PartialEq, clap::Args, serde::Serialize)]
+pub struct Args {
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub common: ctxsync_runtime::CommonArgs,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub database: ctxsync_runtime::DatabaseArgs,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub catalog: CatalogArgs,
+    /// PEM CA certificate(s) to trust for https:// MCP servers, besides the system's roots.
+    #[arg(long, env = "CTXSYNC_MCP_CA_FILE")]
+    pub mcp_ca_file: Option<PathBuf>,
+}
+
 /// The catalog's own flags (every one also an env var).
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Debug, Clone, PartialEq, clap::Args, serde::Serialize)]
 pub struct CatalogArgs {
     /// The tenants-and-servers YAML file.
     #[arg(long = "config", env = "CTXSYNC_CATALOG_CONFIG")]
@@ -284,6 +266,7 @@ pub struct CatalogArgs {
 
     /// A memory entry nobody discovered again for this long ages out of the bucket.
     #[arg(long, env = "CTXSYNC_CATALOG_MEMORY_MAX_AGE", default_value = "7d", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "humantime_string")]
     pub memory_max_age: Duration,
 
     /// A file holding the secret (at least 32 bytes) every replica seals its
@@ -293,51 +276,73 @@ pub struct CatalogArgs {
     pub memory_key_file: Option<PathBuf>,
 
     /// Entries the memory holds at most (this process's map and the bucket it creates).
-    #[arg(long, env = "CTXSYNC_CATALOG_MEMORY_MAX_ENTRIES", default_value_t = DEFAULT_MEMORY_MAX_ENTRIES)]
+    // Far more server configurations than a replica's tenants have.
+    #[arg(
+        long,
+        env = "CTXSYNC_CATALOG_MEMORY_MAX_ENTRIES",
+        default_value_t = 4096
+    )]
     pub memory_max_entries: usize,
 
     /// Bytes of entries the memory holds at most (likewise).
-    #[arg(long, env = "CTXSYNC_CATALOG_MEMORY_MAX_BYTES", default_value_t = DEFAULT_MEMORY_MAX_BYTES)]
+    // 64 MiB.
+    #[arg(long, env = "CTXSYNC_CATALOG_MEMORY_MAX_BYTES", default_value_t = 64 * 1024 * 1024)]
     pub memory_max_bytes: u64,
+
     /// Tools per page of the MCP endpoint's `tools/list`.
     #[arg(long, env = "CTXSYNC_CATALOG_MCP_PAGE_SIZE", default_value_t = 100)]
     pub mcp_page_size: usize,
 
     /// MCP endpoint requests per second per tenant key; 0 means no limit.
-    #[arg(long, env = "CTXSYNC_CATALOG_MCP_RATE_LIMIT", default_value_t = DEFAULT_MCP_RATE_LIMIT)]
+    // A client's handshake and calls, not a flood.
+    #[arg(long, env = "CTXSYNC_CATALOG_MCP_RATE_LIMIT", default_value_t = 20.0)]
     pub mcp_rate_limit: f64,
 
     /// Requests a tenant key may make at once above its rate (the bucket).
-    #[arg(long, env = "CTXSYNC_CATALOG_MCP_RATE_BURST", default_value_t = DEFAULT_MCP_RATE_BURST)]
+    #[arg(long, env = "CTXSYNC_CATALOG_MCP_RATE_BURST", default_value_t = 40)]
     pub mcp_rate_burst: u32,
 
     /// MCP sessions one tenant key holds open at most.
-    #[arg(long, env = "CTXSYNC_CATALOG_MCP_MAX_SESSIONS_PER_KEY", default_value_t = crate::endpoint::DEFAULT_SESSIONS_PER_KEY)]
+    #[arg(
+        long,
+        env = "CTXSYNC_CATALOG_MCP_MAX_SESSIONS_PER_KEY",
+        default_value_t = 32
+    )]
     pub mcp_max_sessions_per_key: usize,
 
     /// MCP sessions one tenant holds open at most (all its keys).
-    #[arg(long, env = "CTXSYNC_CATALOG_MCP_MAX_SESSIONS_PER_TENANT", default_value_t = crate::endpoint::DEFAULT_SESSIONS_PER_TENANT)]
+    #[arg(
+        long,
+        env = "CTXSYNC_CATALOG_MCP_MAX_SESSIONS_PER_TENANT",
+        default_value_t = 128
+    )]
     pub mcp_max_sessions_per_tenant: usize,
 
     /// An MCP session without a message for this many seconds ends.
-    #[arg(long, env = "CTXSYNC_CATALOG_MCP_SESSION_IDLE_SECONDS", default_value_t = crate::endpoint::DEFAULT_SESSION_IDLE.as_secs())]
+    #[arg(
+        long,
+        env = "CTXSYNC_CATALOG_MCP_SESSION_IDLE_SECONDS",
+        default_value_t = 300
+    )]
     pub mcp_session_idle_seconds: u64,
 
     /// Server processes (sessions' stdio servers) this replica runs at most
     /// at once; 0 means no bound.
+    // Tens of MB each.
     #[arg(
         long,
         env = "CTXSYNC_CATALOG_MAX_SERVER_PROCESSES",
-        default_value_t = DEFAULT_MAX_SERVER_PROCESSES
+        default_value_t = 64
     )]
     pub max_server_processes: usize,
 
     /// Server processes one tenant's sessions run on this replica at most;
     /// 0 means no bound.
+    // A quarter of them: one tenant never takes them all.
     #[arg(
         long,
         env = "CTXSYNC_CATALOG_MAX_SERVER_PROCESSES_PER_TENANT",
-        default_value_t = DEFAULT_MAX_SERVER_PROCESSES_PER_TENANT
+        default_value_t = 16
     )]
     pub max_server_processes_per_tenant: usize,
 
@@ -351,6 +356,11 @@ pub struct CatalogArgs {
 }
 
 impl CatalogArgs {
+    /// The flags unset (the servers file, which has no default, named `catalog.yaml`).
+    pub fn defaults() -> Self {
+        ctxsync_runtime::args::defaults_with(&["--config", "catalog.yaml"])
+    }
+
     /// Reads the config file and validates the tunables.
     pub fn into_config(
         self,
@@ -358,6 +368,16 @@ impl CatalogArgs {
         database: ctxsync_runtime::DatabaseArgs,
     ) -> Result<Config, ConfigError> {
         let servers = CatalogConfig::load(&self.config)?;
+        Ok(Config {
+            common,
+            database,
+            servers,
+            settings: self.settings()?,
+        })
+    }
+
+    /// The tunables, validated (the memory key read from its file).
+    pub fn settings(&self) -> Result<Settings, ConfigError> {
         let positive = |name: &str, value: u64| {
             if value == 0 {
                 Err(ConfigError::Invalid(format!("{name} must be at least 1")))
@@ -385,7 +405,7 @@ impl CatalogArgs {
             })?),
         };
         let memory = MemorySettings {
-            bucket: self.memory_bucket,
+            bucket: self.memory_bucket.clone(),
             replicas: self.memory_replicas,
             max_age: self.memory_max_age,
             key,
@@ -399,7 +419,7 @@ impl CatalogArgs {
                 Ok(value)
             }
         };
-        let mcp_sessions = crate::endpoint::SessionLimits {
+        let mcp_sessions = SessionLimits {
             per_key: at_least_one(
                 "CTXSYNC_CATALOG_MCP_MAX_SESSIONS_PER_KEY",
                 self.mcp_max_sessions_per_key,
@@ -414,51 +434,153 @@ impl CatalogArgs {
             )?,
         };
         memory.validate()?;
-        Ok(Config {
-            common,
-            database,
-            servers,
-            settings: Settings {
-                discovery_reuse: Duration::from_secs(self.discovery_reuse_seconds),
+        Ok(Settings {
+            discovery_reuse: Duration::from_secs(self.discovery_reuse_seconds),
+            connect_timeout: positive(
+                "CTXSYNC_CATALOG_CONNECT_TIMEOUT_SECONDS",
+                self.connect_timeout_seconds,
+            )?,
+            max_concurrent_starts: self.max_concurrent_starts,
+            session_idle_timeout: positive(
+                "CTXSYNC_CATALOG_SESSION_IDLE_SECONDS",
+                self.session_idle_seconds,
+            )?,
+            warmup: WarmupSettings {
+                enabled: self.warmup,
                 connect_timeout: positive(
-                    "CTXSYNC_CATALOG_CONNECT_TIMEOUT_SECONDS",
-                    self.connect_timeout_seconds,
+                    "CTXSYNC_CATALOG_WARMUP_CONNECT_TIMEOUT_SECONDS",
+                    self.warmup_connect_timeout_seconds,
                 )?,
-                max_concurrent_starts: self.max_concurrent_starts,
-                session_idle_timeout: positive(
-                    "CTXSYNC_CATALOG_SESSION_IDLE_SECONDS",
-                    self.session_idle_seconds,
-                )?,
-                warmup: WarmupSettings {
-                    enabled: self.warmup,
-                    connect_timeout: positive(
-                        "CTXSYNC_CATALOG_WARMUP_CONNECT_TIMEOUT_SECONDS",
-                        self.warmup_connect_timeout_seconds,
-                    )?,
-                    retry_interval: Duration::from_secs(self.warmup_retry_seconds),
-                    attempts: self.warmup_attempts,
-                },
-                memory,
-                mcp_page_size: self.mcp_page_size.max(1),
-                mcp_rate_limit: rate_limit(self.mcp_rate_limit, self.mcp_rate_burst)?,
-                mcp_sessions,
-                max_server_processes: (self.max_server_processes > 0)
-                    .then_some(self.max_server_processes),
-                max_server_processes_per_tenant: (self.max_server_processes_per_tenant > 0)
-                    .then_some(self.max_server_processes_per_tenant),
-                shared_idle_timeout: positive(
-                    "CTXSYNC_CATALOG_SHARED_IDLE_SECONDS",
-                    self.shared_idle_seconds,
-                )?,
+                retry_interval: Duration::from_secs(self.warmup_retry_seconds),
+                attempts: self.warmup_attempts,
             },
+            memory,
+            mcp_page_size: self.mcp_page_size.max(1),
+            mcp_rate_limit: rate_limit(self.mcp_rate_limit, self.mcp_rate_burst)?,
+            mcp_sessions,
+            max_server_processes: (self.max_server_processes > 0)
+                .then_some(self.max_server_processes),
+            max_server_processes_per_tenant: (self.max_server_processes_per_tenant > 0)
+                .then_some(self.max_server_processes_per_tenant),
+            shared_idle_timeout: positive(
+                "CTXSYNC_CATALOG_SHARED_IDLE_SECONDS",
+                self.shared_idle_seconds,
+            )?,
+        })
+    }
+
+    /// The flags that give `settings` back (the inverse of
+    /// [`CatalogArgs::settings`]), with the servers read from `config` and
+    /// the memory key from `memory_key_file`. A key given as bytes (not
+    /// random) has no flag: without its file it is refused, never dropped.
+    pub fn of(
+        config: PathBuf,
+        memory_key_file: Option<PathBuf>,
+        settings: &Settings,
+    ) -> Result<Self, ConfigError> {
+        // Taken apart whole: a new setting does not compile here until it has its flag.
+        let Settings {
+            discovery_reuse,
+            connect_timeout,
+            max_concurrent_starts,
+            session_idle_timeout,
+            warmup:
+                WarmupSettings {
+                    enabled: warmup,
+                    connect_timeout: warmup_connect_timeout,
+                    retry_interval: warmup_retry,
+                    attempts: warmup_attempts,
+                },
+            mcp_page_size,
+            mcp_rate_limit,
+            mcp_sessions:
+                SessionLimits {
+                    per_key: mcp_max_sessions_per_key,
+                    per_tenant: mcp_max_sessions_per_tenant,
+                    idle: mcp_session_idle,
+                },
+            max_server_processes,
+            max_server_processes_per_tenant,
+            shared_idle_timeout,
+            memory:
+                MemorySettings {
+                    bucket: memory_bucket,
+                    replicas: memory_replicas,
+                    max_age: memory_max_age,
+                    key: memory_key,
+                    max_entries: memory_max_entries,
+                    max_bytes: memory_max_bytes,
+                },
+        } = settings;
+        if memory_key.as_ref().is_some_and(|key| !key.is_random()) && memory_key_file.is_none() {
+            return Err(ConfigError::Invalid(
+                "the memory key has no flag: give the file that holds it (CTXSYNC_CATALOG_MEMORY_KEY_FILE)"
+                    .into(),
+            ));
+        }
+        let seconds = |name: &str, value: Duration| {
+            if value.subsec_nanos() == 0 {
+                Ok(value.as_secs())
+            } else {
+                Err(ConfigError::Invalid(format!(
+                    "{name} takes whole seconds, not {}",
+                    humantime::format_duration(value)
+                )))
+            }
+        };
+        let (mcp_rate_limit, mcp_rate_burst) = match mcp_rate_limit {
+            Some(RateLimit { per_second, burst }) => (*per_second, *burst),
+            // No limit is a rate of 0; the burst, then unused, stays at its default.
+            None => (0.0, Self::defaults().mcp_rate_burst),
+        };
+        Ok(Self {
+            config,
+            discovery_reuse_seconds: seconds(
+                "CTXSYNC_CATALOG_DISCOVERY_REUSE_SECONDS",
+                *discovery_reuse,
+            )?,
+            connect_timeout_seconds: seconds(
+                "CTXSYNC_CATALOG_CONNECT_TIMEOUT_SECONDS",
+                *connect_timeout,
+            )?,
+            max_concurrent_starts: *max_concurrent_starts,
+            session_idle_seconds: seconds(
+                "CTXSYNC_CATALOG_SESSION_IDLE_SECONDS",
+                *session_idle_timeout,
+            )?,
+            warmup: *warmup,
+            warmup_connect_timeout_seconds: seconds(
+                "CTXSYNC_CATALOG_WARMUP_CONNECT_TIMEOUT_SECONDS",
+                *warmup_connect_timeout,
+            )?,
+            warmup_retry_seconds: seconds("CTXSYNC_CATALOG_WARMUP_RETRY_SECONDS", *warmup_retry)?,
+            warmup_attempts: *warmup_attempts,
+            memory_bucket: memory_bucket.clone(),
+            memory_replicas: *memory_replicas,
+            memory_max_age: *memory_max_age,
+            memory_key_file,
+            memory_max_entries: *memory_max_entries,
+            memory_max_bytes: *memory_max_bytes,
+            mcp_page_size: *mcp_page_size,
+            mcp_rate_limit,
+            mcp_rate_burst,
+            mcp_max_sessions_per_key: *mcp_max_sessions_per_key,
+            mcp_max_sessions_per_tenant: *mcp_max_sessions_per_tenant,
+            mcp_session_idle_seconds: seconds(
+                "CTXSYNC_CATALOG_MCP_SESSION_IDLE_SECONDS",
+                *mcp_session_idle,
+            )?,
+            max_server_processes: max_server_processes.unwrap_or(0),
+            max_server_processes_per_tenant: max_server_processes_per_tenant.unwrap_or(0),
+            shared_idle_seconds: seconds(
+                "CTXSYNC_CATALOG_SHARED_IDLE_SECONDS",
+                *shared_idle_timeout,
+            )?,
         })
     }
 }
 
-fn rate_limit(
-    per_second: f64,
-    burst: u32,
-) -> Result<Option<crate::endpoint::RateLimit>, ConfigError> {
+fn rate_limit(per_second: f64, burst: u32) -> Result<Option<RateLimit>, ConfigError> {
     if !per_second.is_finite() || per_second < 0.0 {
         return Err(ConfigError::Invalid(
             "CTXSYNC_CATALOG_MCP_RATE_LIMIT must be a number of at least 0".into(),
@@ -472,7 +594,7 @@ fn rate_limit(
             "CTXSYNC_CATALOG_MCP_RATE_BURST must be at least 1".into(),
         ));
     }
-    Ok(Some(crate::endpoint::RateLimit { per_second, burst }))
+    Ok(Some(RateLimit { per_second, burst }))
 }
 
 #[cfg(test)]
@@ -558,21 +680,116 @@ mod args_tests {
     #[test]
     fn the_defaults_bound_every_per_key_resource() {
         let settings = config(&[]).unwrap().settings;
-        assert!(settings.mcp_rate_limit.is_some());
-        assert_eq!(
-            settings.max_server_processes,
-            Some(DEFAULT_MAX_SERVER_PROCESSES)
-        );
-        assert_eq!(
-            settings.max_server_processes_per_tenant,
-            Some(DEFAULT_MAX_SERVER_PROCESSES_PER_TENANT)
-        );
+        // The values README documents.
+        let rate = settings.mcp_rate_limit.unwrap();
+        assert_eq!((rate.per_second, rate.burst), (20.0, 40));
+        assert_eq!(settings.max_server_processes, Some(64));
+        assert_eq!(settings.max_server_processes_per_tenant, Some(16));
         assert_eq!(
             settings.mcp_sessions,
-            crate::endpoint::SessionLimits::default()
+            SessionLimits {
+                per_key: 32,
+                per_tenant: 128,
+                idle: Duration::from_secs(300),
+            }
         );
         assert!(settings.memory.key.is_none(), "a random key at start");
-        assert_eq!(settings.memory.max_entries, DEFAULT_MEMORY_MAX_ENTRIES);
+        assert_eq!(settings.memory.max_entries, 4096);
+        assert_eq!(settings.memory.max_bytes, 64 * 1024 * 1024);
+        assert_eq!(settings.memory.max_age, Duration::from_secs(7 * 24 * 3600));
+        // Settings::default() is the flags unset.
+        let default = Settings::default();
+        assert_eq!(
+            CatalogArgs::of("c.yaml".into(), None, &default).unwrap(),
+            CatalogArgs::of("c.yaml".into(), None, &settings).unwrap()
+        );
+    }
+
+    /// Every setting away from its default.
+    fn changed() -> Settings {
+        Settings {
+            discovery_reuse: Duration::from_secs(7),
+            connect_timeout: Duration::from_secs(8),
+            max_concurrent_starts: 3,
+            session_idle_timeout: Duration::from_secs(9),
+            warmup: WarmupSettings {
+                enabled: false,
+                connect_timeout: Duration::from_secs(11),
+                retry_interval: Duration::from_secs(12),
+                attempts: 13,
+            },
+            mcp_page_size: 14,
+            mcp_rate_limit: Some(RateLimit {
+                per_second: 1.5,
+                burst: 15,
+            }),
+            mcp_sessions: SessionLimits {
+                per_key: 16,
+                per_tenant: 17,
+                idle: Duration::from_secs(18),
+            },
+            max_server_processes: None,
+            max_server_processes_per_tenant: Some(19),
+            shared_idle_timeout: Duration::from_secs(20),
+            memory: MemorySettings {
+                bucket: Some("shared_memory".into()),
+                replicas: 3,
+                max_age: Duration::from_secs(3600),
+                key: None,
+                max_entries: 21,
+                max_bytes: 8 * 1024 * 1024,
+            },
+        }
+    }
+
+    #[test]
+    fn the_flags_of_settings_give_them_back() {
+        let flags = CatalogArgs::of("c.yaml".into(), None, &changed()).unwrap();
+        assert_ne!(
+            flags,
+            CatalogArgs::of("c.yaml".into(), None, &Settings::default()).unwrap()
+        );
+        let again = CatalogArgs::of("c.yaml".into(), None, &flags.settings().unwrap()).unwrap();
+        assert_eq!(again, flags);
+        // No limit is a rate of 0, and back.
+        let unlimited = Settings {
+            mcp_rate_limit: None,
+            ..changed()
+        };
+        let flags = CatalogArgs::of("c.yaml".into(), None, &unlimited).unwrap();
+        assert_eq!(flags.mcp_rate_limit, 0.0);
+        assert!(flags.settings().unwrap().mcp_rate_limit.is_none());
+    }
+
+    #[test]
+    fn settings_without_a_flag_are_refused_not_dropped() {
+        let keyed = Settings {
+            memory: MemorySettings {
+                key: Some(crate::MemoryKey::new(&[7; 32]).unwrap()),
+                ..MemorySettings::default()
+            },
+            ..Settings::default()
+        };
+        let error = CatalogArgs::of("c.yaml".into(), None, &keyed).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("CTXSYNC_CATALOG_MEMORY_KEY_FILE"),
+            "{error}"
+        );
+        let flags = CatalogArgs::of("c.yaml".into(), Some("/run/key".into()), &keyed).unwrap();
+        assert_eq!(flags.memory_key_file, Some("/run/key".into()));
+        let fraction = Settings {
+            connect_timeout: Duration::from_millis(1500),
+            ..Settings::default()
+        };
+        let error = CatalogArgs::of("c.yaml".into(), None, &fraction).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("CTXSYNC_CATALOG_CONNECT_TIMEOUT_SECONDS takes whole seconds"),
+            "{error}"
+        );
     }
 
     #[test]

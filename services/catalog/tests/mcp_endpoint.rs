@@ -125,7 +125,7 @@ impl Endpoint {
                 headers: BTreeMap::from([("Authorization".into(), format!("Bearer {key}"))]),
             },
         };
-        Connection::connect(&spec, ConnectOptions::default())
+        Connection::connect(&spec, ConnectOptions::new(DEADLINE))
             .await
             .expect("an MCP client connects to the catalog")
     }
@@ -739,7 +739,7 @@ async fn prompts_and_resources_are_pinned_served_lazily_and_withdrawn() {
     };
     let options = ConnectOptions {
         tools_changed: Some(changed_tx),
-        ..ConnectOptions::default()
+        ..ConnectOptions::new(DEADLINE)
     };
     let client = Connection::connect(&spec, options).await.unwrap();
     let prompts = sorted(

@@ -37,32 +37,38 @@ use tokio_util::sync::CancellationToken;
 
 pub use gate_core::{Gate, GateSettings};
 
-/// chat-gate's configuration.
-#[derive(Debug, Clone, clap::Args)]
+/// chat-gate's configuration: its flags (see [`CommonArgs`] on `Serialize`).
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args, serde::Serialize)]
 pub struct Config {
     #[command(flatten)]
+    #[serde(flatten)]
     pub common: CommonArgs,
 
     /// How long a first turn waits for a PENDING discovery of the current agent process.
     #[arg(long, env = "CTXSYNC_GATE_PENDING_TIMEOUT", default_value = "15s", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "ctxsync_runtime::config::humantime_string")]
     pub pending_timeout: Duration,
 
     /// How long a first turn waits when the current process has not reported
     /// yet (no snapshot, or only a previous process's).
     #[arg(long, env = "CTXSYNC_GATE_STALE_GRACE", default_value = "3s", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "ctxsync_runtime::config::humantime_string")]
     pub stale_grace: Duration,
 
     /// Bound of one read from snapshot-store; past it the turn fails open.
     #[arg(long, env = "CTXSYNC_GATE_STORE_TIMEOUT", default_value = "2s", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "ctxsync_runtime::config::humantime_string")]
     pub store_timeout: Duration,
 
     /// How long a chat's timed-out wait is remembered, so its later turns don't wait again.
     #[arg(long, env = "CTXSYNC_GATE_ATTEMPT_TTL", default_value = "10m", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "ctxsync_runtime::config::humantime_string")]
     pub attempt_ttl: Duration,
 
     /// Bound of a first turn's catalog preparation; past it the turn proceeds
     /// and the projection says the catalog is unavailable.
     #[arg(long, env = "CTXSYNC_GATE_CATALOG_TIMEOUT", default_value = "12s", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "ctxsync_runtime::config::humantime_string")]
     pub catalog_timeout: Duration,
 
     /// Prepare the tenant's catalog on first turns (false: the catalog
@@ -83,12 +89,14 @@ pub struct Config {
     /// How long an agent's view is kept after its last turn (events keep it
     /// current meanwhile, so a new chat on a busy agent needs no store read).
     #[arg(long, env = "CTXSYNC_GATE_VIEW_TTL", default_value = "10m", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "ctxsync_runtime::config::humantime_string")]
     pub view_ttl: Duration,
 
     /// Safety net only: re-read every waited-on agent this often in case an
     /// event was lost without a reconnect. Waits end on events, not on this.
     /// 0 disables it.
     #[arg(long, env = "CTXSYNC_GATE_SWEEP_INTERVAL", default_value = "2m", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "ctxsync_runtime::config::humantime_string")]
     pub sweep_interval: Duration,
 
     /// Context-page event streams open at once with one tenant key; past it
@@ -113,29 +121,24 @@ pub struct Config {
     pub max_tickets_per_tenant: usize,
 }
 
+/// The flags' defaults.
+impl Default for Config {
+    fn default() -> Self {
+        ctxsync_runtime::args::defaults()
+    }
+}
+
 impl Config {
     /// The defaults, on the given NATS server and prefix (for tests and embedding).
     pub fn new(common: CommonArgs) -> Self {
-        let settings = GateSettings::default();
         Self {
             common,
-            pending_timeout: settings.pending_timeout,
-            stale_grace: settings.stale_grace,
-            store_timeout: settings.store_timeout,
-            attempt_ttl: settings.attempt_ttl,
-            catalog_timeout: Duration::from_secs(12),
-            catalog: true,
-            max_turns: 20_000,
-            max_views: settings.views.max_views,
-            view_ttl: settings.views.idle_ttl,
-            sweep_interval: Duration::from_secs(120),
-            max_streams_per_key: page::PageLimits::default().streams_per_key,
-            max_streams_per_tenant: page::PageLimits::default().streams_per_tenant,
-            max_tickets_per_tenant: page::PageLimits::default().tickets_per_tenant,
+            ..Self::default()
         }
     }
 
-    fn page_limits(&self) -> Result<page::PageLimits, StartError> {
+    /// The context page's bounds, checked.
+    pub fn page_limits(&self) -> Result<page::PageLimits, StartError> {
         for (env, value) in [
             ("CTXSYNC_GATE_MAX_STREAMS_PER_KEY", self.max_streams_per_key),
             (
@@ -162,7 +165,8 @@ impl Config {
         })
     }
 
-    fn settings(&self) -> Result<GateSettings, StartError> {
+    /// The gate core's settings, checked.
+    pub fn settings(&self) -> Result<GateSettings, StartError> {
         if self.store_timeout.is_zero() {
             return Err(StartError::Setting {
                 env: "CTXSYNC_GATE_STORE_TIMEOUT",
@@ -340,9 +344,9 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, St
                 nats::AgentLister::new(nats.client.clone(), &subjects, config.store_timeout),
                 page_reader,
                 page_feed,
+                page_limits,
                 shutdown.clone(),
-            )
-            .with_limits(page_limits);
+            );
             match page_catalog {
                 Some(catalog) => page.with_catalog(catalog),
                 None => page,

@@ -62,7 +62,8 @@ const MAX_TICKETS: usize = 10_000;
 /// Agents one stream remembers having sent (past it, it forgets them all).
 const MAX_SENT: usize = 10_000;
 
-/// The page's per-key and per-tenant bounds.
+/// The page's per-key and per-tenant bounds (their defaults are
+/// chat-gate's flags': `Config::default().page_limits()`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PageLimits {
     /// Event streams open at once with one key.
@@ -71,16 +72,6 @@ pub struct PageLimits {
     pub streams_per_tenant: usize,
     /// Tickets outstanding at once for one tenant.
     pub tickets_per_tenant: usize,
-}
-
-impl Default for PageLimits {
-    fn default() -> Self {
-        Self {
-            streams_per_key: 8,
-            streams_per_tenant: 32,
-            tickets_per_tenant: 32,
-        }
-    }
 }
 
 /// A ticket: whose it is and the key it was issued for (checked again on
@@ -226,6 +217,7 @@ impl Page {
         lister: AgentLister,
         reader: StoreReader,
         feed: PageFeed,
+        limits: PageLimits,
         shutdown: tokio_util::sync::CancellationToken,
     ) -> Self {
         Self {
@@ -235,15 +227,10 @@ impl Page {
             feed,
             catalog: None,
             shutdown,
-            limits: PageLimits::default(),
+            limits,
             tickets: Arc::default(),
             streams: Arc::default(),
         }
-    }
-
-    pub fn with_limits(mut self, limits: PageLimits) -> Self {
-        self.limits = limits;
-        self
     }
 
     pub fn with_catalog(mut self, catalog: CatalogClient) -> Self {

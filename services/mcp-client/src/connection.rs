@@ -39,6 +39,8 @@ const CLOSE_BUDGET: Duration = Duration::from_secs(5);
 /// exit status and the rest of stderr.
 const EXIT_REPORT_WAIT: Duration = Duration::from_secs(1);
 
+/// How to connect. No default: the bound is the caller's setting (the
+/// agent's `--handshake-timeout`, the catalog's connect timeouts).
 #[derive(Clone, Debug)]
 pub struct ConnectOptions {
     /// Bound on spawn + `initialize` (rmcp has no timeout of its own).
@@ -47,10 +49,11 @@ pub struct ConnectOptions {
     pub tools_changed: Option<UnboundedSender<String>>,
 }
 
-impl Default for ConnectOptions {
-    fn default() -> Self {
-        ConnectOptions {
-            handshake_timeout: Duration::from_secs(30),
+impl ConnectOptions {
+    /// A handshake within `handshake_timeout`, no one told of list changes.
+    pub fn new(handshake_timeout: Duration) -> Self {
+        Self {
+            handshake_timeout,
             tools_changed: None,
         }
     }

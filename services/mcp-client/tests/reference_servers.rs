@@ -116,9 +116,10 @@ async fn mcp_server_time_lists_its_tools_and_answers_a_call() {
     );
     assert_eq!(discovery.server_info.name, "mcp-time");
 
-    let connection = ctxsync_mcp::Connection::connect(&spec, Default::default())
-        .await
-        .unwrap();
+    let connection =
+        ctxsync_mcp::Connection::connect(&spec, ctxsync_mcp::ConnectOptions::new(TIMEOUT))
+            .await
+            .unwrap();
     let mut arguments = serde_json::Map::new();
     arguments.insert("timezone".into(), "UTC".into());
     let outcome = connection

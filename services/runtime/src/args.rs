@@ -4,7 +4,7 @@
 //! every argument of every (sub)command gets `hide_env_values`, including
 //! ones added later, instead of an attribute to remember on each.
 
-use clap::{ArgMatches, Command, Parser};
+use clap::{ArgMatches, Command, FromArgMatches, Parser};
 
 /// `T::parse()`, with every env value hidden from `--help` (clap exits on
 /// `--help`, `--version` and errors, as `parse` does).
@@ -26,6 +26,35 @@ where
 /// `T`'s command with every env value hidden, in every subcommand.
 pub fn command<T: Parser>() -> Command {
     hide_env_values(T::command())
+}
+
+/// `T` at its flags' defaults: no argument given and no env var read. A
+/// configuration's `Default` is this, so the defaults written in its clap
+/// definition are the only ones (never restated beside it).
+///
+/// # Panics
+/// When `T` has a required flag (see [`defaults_with`]) or a default its own
+/// parser refuses: a mistake in `T`'s definition, which every test of `T` finds.
+pub fn defaults<T: clap::Args + FromArgMatches>() -> T {
+    defaults_with(&[])
+}
+
+/// [`defaults`], with `args` given (for a required flag, which has no default).
+///
+/// # Panics
+/// As [`defaults`].
+pub fn defaults_with<T: clap::Args + FromArgMatches>(args: &[&str]) -> T {
+    let command =
+        T::augment_args(Command::new("defaults")).mut_args(|arg| arg.env(None::<&'static str>));
+    let matches = command
+        .try_get_matches_from(std::iter::once("defaults").chain(args.iter().copied()))
+        .unwrap_or_else(|e| panic!("the defaults of {} do not parse: {e}", type_name::<T>()));
+    T::from_arg_matches(&matches)
+        .unwrap_or_else(|e| panic!("the defaults of {} do not parse: {e}", type_name::<T>()))
+}
+
+fn type_name<T>() -> &'static str {
+    std::any::type_name::<T>()
 }
 
 fn hide_env_values(command: Command) -> Command {
@@ -52,6 +81,58 @@ mod tests {
             #[arg(long, env = "ARGS_TEST_TOKEN")]
             token: Option<String>,
         },
+    }
+
+    #[derive(clap::Args, Debug, PartialEq)]
+    struct Settings {
+        #[arg(long, env = "ARGS_TEST_DEFAULTS_WAIT", default_value = "3s", value_parser = humantime::parse_duration)]
+        wait: std::time::Duration,
+        #[arg(long, env = "ARGS_TEST_DEFAULTS_PATH")]
+        path: std::path::PathBuf,
+    }
+
+    #[test]
+    fn defaults_are_the_clap_definitions() {
+        let settings: Settings = defaults_with(&["--path", "/x"]);
+        assert_eq!(
+            settings,
+            Settings {
+                wait: std::time::Duration::from_secs(3),
+                path: "/x".into(),
+            }
+        );
+        let error = std::panic::catch_unwind(defaults::<Settings>).unwrap_err();
+        let message = error.downcast_ref::<String>().unwrap();
+        assert!(message.contains("--path"), "{message}");
+    }
+
+    /// Run by [`defaults_read_no_env_var`] with the variable set.
+    #[test]
+    #[ignore = "run by defaults_read_no_env_var, in a process of its own"]
+    fn defaults_with_the_env_var_set() {
+        let settings: Settings = defaults_with(&["--path", "/x"]);
+        assert_eq!(settings.wait, std::time::Duration::from_secs(3));
+    }
+
+    #[test]
+    fn defaults_read_no_env_var() {
+        // The variable is set for a process of this test binary alone: a
+        // test cannot set one in its own process (no unsafe code here).
+        let child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--ignored",
+                "--exact",
+                "args::tests::defaults_with_the_env_var_set",
+            ])
+            .env("ARGS_TEST_DEFAULTS_WAIT", "9s")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&child.stdout);
+        assert!(
+            child.status.success(),
+            "the defaults read the env var: {stdout}"
+        );
+        assert!(stdout.contains("1 passed"), "{stdout}");
     }
 
     #[test]

@@ -10,17 +10,21 @@ use ctxsync_tls::{PemFile, TlsError};
 
 use ctxsync_proto::subjects::{SubjectError, Subjects};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum LogFormat {
     /// Human-readable lines.
-    #[default]
     Text,
     /// One JSON object per line.
     Json,
 }
 
 /// Options shared by every service.
-#[derive(Debug, Clone, clap::Args)]
+///
+/// Every configuration is also `Serialize`, field by field under its flag's
+/// id (flattened parts flattened), each value as its flag reads it: that is
+/// how a stack renders a configuration back into the env a binary parses.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args, serde::Serialize)]
 pub struct CommonArgs {
     /// NATS server URL, or a comma-separated list of the cluster's URLs
     /// (`nats://a:4222,nats://b:4222`): the service connects to one of them
@@ -29,6 +33,7 @@ pub struct CommonArgs {
     pub nats_url: String,
 
     #[command(flatten)]
+    #[serde(flatten)]
     pub nats_tls: NatsTlsArgs,
 
     /// NATS URL (or cluster list) of a second connection, as another NATS
@@ -45,7 +50,7 @@ pub struct CommonArgs {
     /// subject names (`_INBOX.chat-{tenant}.`) and such an entry applies to
     /// tenant subjects only. Requests whose reply subject is elsewhere are
     /// refused unexecuted and counted.
-    #[arg(long, env = "CTXSYNC_REPLY_INBOX_PREFIXES", default_value = DEFAULT_REPLY_INBOX, value_parser = ReplyInboxes::parse_arg)]
+    #[arg(long, env = "CTXSYNC_REPLY_INBOX_PREFIXES", default_value = "_INBOX.", value_parser = ReplyInboxes::parse_arg)]
     pub reply_inbox_prefixes: ReplyInboxes,
 
     /// Prefix of every NATS subject, so environments can share one NATS server.
@@ -57,7 +62,7 @@ pub struct CommonArgs {
     pub http_addr: SocketAddr,
 
     /// Log format.
-    #[arg(long, env = "CTXSYNC_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    #[arg(long, env = "CTXSYNC_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
 
     /// Log filter (tracing EnvFilter syntax).
@@ -66,6 +71,7 @@ pub struct CommonArgs {
 
     /// How long in-flight work may take to finish after SIGTERM.
     #[arg(long, env = "CTXSYNC_SHUTDOWN_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "humantime_string")]
     pub shutdown_grace: Duration,
 
     /// OTLP/HTTP collector to export spans to, e.g. `http://collector:4318`
@@ -74,24 +80,34 @@ pub struct CommonArgs {
     pub otlp_endpoint: Option<String>,
 
     #[command(flatten)]
+    #[serde(flatten)]
     pub http: HttpArgs,
 }
 
+/// The flags' defaults.
+impl Default for CommonArgs {
+    fn default() -> Self {
+        crate::args::defaults()
+    }
+}
+
+/// A duration as its flag reads it (humantime, e.g. `1m 30s`).
+pub fn humantime_string<S: serde::Serializer>(
+    value: &Duration,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.collect_str(&humantime::format_duration(*value))
+}
+
 impl CommonArgs {
-    /// Defaults suitable for tests and embedding: an ephemeral HTTP port.
+    /// The defaults on `nats_url` and `subject_prefix`, with an ephemeral
+    /// HTTP port (for tests and embedding).
     pub fn for_nats(nats_url: impl Into<String>, subject_prefix: impl Into<String>) -> Self {
         Self {
             nats_url: nats_url.into(),
-            nats_tls: NatsTlsArgs::default(),
-            nats_responder_url: None,
-            reply_inbox_prefixes: ReplyInboxes::default(),
             subject_prefix: subject_prefix.into(),
             http_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-            log_format: LogFormat::Text,
-            log_filter: "info".into(),
-            shutdown_grace: Duration::from_secs(10),
-            otlp_endpoint: None,
-            http: HttpArgs::default(),
+            ..Self::default()
         }
     }
 
@@ -113,7 +129,7 @@ impl CommonArgs {
 
 /// TLS towards NATS beyond a `tls://` URL: a CA to trust and a client
 /// certificate for servers that verify clients.
-#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args, serde::Serialize)]
 pub struct NatsTlsArgs {
     /// PEM CA certificate(s) to trust for NATS, besides the system's roots;
     /// set, the connection must use TLS (even with a `nats://` URL).
@@ -205,24 +221,27 @@ fn otlp_traces_url(value: &str) -> Result<String, ConfigError> {
 
 /// Bounds of an HTTP listener, so that clients that connect and then send
 /// slowly (or nothing) cannot hold its connections and file descriptors.
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args, serde::Serialize)]
 pub struct HttpArgs {
     /// A connection must send a complete request head within this time (from
     /// its accept, or from the first byte of a later request); else it is closed.
     #[arg(long, env = HEADER_TIMEOUT_ENV, default_value = "10s", value_parser = timeout_parser(HEADER_TIMEOUT_ENV))]
+    #[serde(serialize_with = "humantime_string")]
     pub http_header_timeout: Duration,
 
     /// A request's body must have arrived within this time from its head;
     /// else it is answered 408 and the connection closed.
     #[arg(long, env = BODY_TIMEOUT_ENV, default_value = "30s", value_parser = timeout_parser(BODY_TIMEOUT_ENV))]
+    #[serde(serialize_with = "humantime_string")]
     pub http_body_timeout: Duration,
 
     /// A kept-alive connection with no request in flight is closed after this long.
     #[arg(long, env = IDLE_TIMEOUT_ENV, default_value = "60s", value_parser = timeout_parser(IDLE_TIMEOUT_ENV))]
+    #[serde(serialize_with = "humantime_string")]
     pub http_idle_timeout: Duration,
 
     /// Connections served at once; past it the listener stops accepting until one closes.
-    #[arg(long, env = MAX_CONNECTIONS_ENV, default_value_t = HttpLimits::DEFAULT.max_connections, value_parser = count_parser(MAX_CONNECTIONS_ENV))]
+    #[arg(long, env = MAX_CONNECTIONS_ENV, default_value_t = 1024, value_parser = count_parser(MAX_CONNECTIONS_ENV))]
     pub http_max_connections: usize,
 
     /// PEM certificate chain (leaf first) to serve HTTPS with; needs --tls-key.
@@ -245,17 +264,10 @@ const TLS_KEY_ENV: &str = "CTXSYNC_TLS_KEY";
 const TLS_CERT_OPTION: &str = "CTXSYNC_TLS_CERT (--tls-cert)";
 const TLS_KEY_OPTION: &str = "CTXSYNC_TLS_KEY (--tls-key)";
 
+/// The flags' defaults.
 impl Default for HttpArgs {
     fn default() -> Self {
-        let limits = HttpLimits::DEFAULT;
-        Self {
-            http_header_timeout: limits.header_timeout,
-            http_body_timeout: limits.body_timeout,
-            http_idle_timeout: limits.idle_timeout,
-            http_max_connections: limits.max_connections,
-            tls_cert: None,
-            tls_key: None,
-        }
+        crate::args::defaults()
     }
 }
 
@@ -336,21 +348,16 @@ const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
 /// More than any process's file descriptors.
 const MAX_CONNECTIONS: usize = 1_000_000;
 
+/// [`HttpArgs`]' defaults, checked.
 impl Default for HttpLimits {
     fn default() -> Self {
-        Self::DEFAULT
+        HttpArgs::default()
+            .limits()
+            .expect("the default HTTP limits are valid")
     }
 }
 
 impl HttpLimits {
-    pub const DEFAULT: Self = Self {
-        header_timeout: Duration::from_secs(10),
-        body_timeout: Duration::from_secs(30),
-        idle_timeout: Duration::from_secs(60),
-        max_connections: 1024,
-        tls: None,
-    };
-
     pub fn new(
         header_timeout: Duration,
         body_timeout: Duration,
@@ -458,7 +465,7 @@ fn count_parser(
 }
 
 /// Options of services that own a database.
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args, serde::Serialize)]
 pub struct DatabaseArgs {
     /// Postgres URL.
     #[arg(
@@ -474,34 +481,40 @@ pub struct DatabaseArgs {
 }
 
 impl DatabaseArgs {
+    /// The defaults on `database_url`.
     pub fn new(database_url: impl Into<String>) -> Self {
         Self {
             database_url: database_url.into(),
-            db_max_connections: 16,
+            ..crate::args::defaults()
         }
     }
 }
-
-/// The reply subjects answered by default: any inbox (`_INBOX.` is where
-/// every NATS client receives its replies), never a subject that means
-/// something (an event, a bucket, another service's requests).
-pub const DEFAULT_REPLY_INBOX: &str = "_INBOX.";
 
 /// Where a service's answers may go: a request whose reply subject starts
 /// with none of these prefixes is refused unexecuted. A prefix holding
 /// `{tenant}` applies to tenant subjects only (their last token is the
 /// caller's tenant), so a tenant's requests are answered only into that
 /// tenant's own inboxes.
+///
+/// The default (`--reply-inbox-prefixes`') answers any inbox (`_INBOX.` is
+/// where every NATS client receives its replies), never a subject that
+/// means something (an event, a bucket, another service's requests).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReplyInboxes {
     prefixes: Vec<String>,
 }
 
+/// `--reply-inbox-prefixes`' default.
 impl Default for ReplyInboxes {
     fn default() -> Self {
-        Self {
-            prefixes: vec![DEFAULT_REPLY_INBOX.to_owned()],
-        }
+        CommonArgs::default().reply_inbox_prefixes
+    }
+}
+
+/// As the flag reads it: the prefixes, comma-separated.
+impl serde::Serialize for ReplyInboxes {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
     }
 }
 

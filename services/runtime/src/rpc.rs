@@ -160,7 +160,7 @@ impl Incoming {
     }
 }
 
-pub use crate::config::{DEFAULT_REPLY_INBOX, ReplyInboxes, ReplyInboxesError};
+pub use crate::config::{ReplyInboxes, ReplyInboxesError};
 
 /// Whether a request on `subject` (served as `pattern`) may be answered on
 /// `reply`; a refusal is counted and logged (at most once a second: the

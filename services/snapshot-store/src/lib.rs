@@ -30,12 +30,14 @@ use tracing::Instrument as _;
 pub use db::{PushOutcome, StartupOutcome, Store, StoreError};
 use endpoint::{endpoint, error_reply, publish, reply};
 
-/// snapshot-store's configuration.
-#[derive(Debug, Clone, clap::Args)]
+/// snapshot-store's configuration: its flags (see [`CommonArgs`] on `Serialize`).
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args, serde::Serialize)]
 pub struct Config {
     #[command(flatten)]
+    #[serde(flatten)]
     pub common: CommonArgs,
     #[command(flatten)]
+    #[serde(flatten)]
     pub database: DatabaseArgs,
     /// Largest encoded agent state an event carries, in bytes; a bigger one
     /// is left out (watchers read it instead), 0 never attaches it. The NATS
@@ -43,9 +45,16 @@ pub struct Config {
     #[arg(
         long,
         env = "CTXSYNC_STORE_EVENT_STATE_MAX_BYTES",
-        default_value_t = DEFAULT_EVENT_STATE_MAX_BYTES
+        default_value_t = 256 * 1024
     )]
     pub event_state_max_bytes: usize,
+}
+
+/// The flags' defaults.
+impl Default for Config {
+    fn default() -> Self {
+        ctxsync_runtime::args::defaults()
+    }
 }
 
 impl Config {
@@ -54,13 +63,10 @@ impl Config {
         Self {
             common,
             database: DatabaseArgs::new(database_url),
-            event_state_max_bytes: DEFAULT_EVENT_STATE_MAX_BYTES,
+            ..Self::default()
         }
     }
 }
-
-/// The default of `--event-state-max-bytes`.
-pub const DEFAULT_EVENT_STATE_MAX_BYTES: usize = 256 * 1024;
 
 /// Room left in a NATS message for the rest of the event and its headers.
 const EVENT_HEADROOM_BYTES: usize = 8 * 1024;

@@ -10,7 +10,10 @@
 //! catalog), each under its own child of the given shutdown so one can be
 //! stopped alone. [`StackBuilder::binaries`] gives, for the same selection,
 //! each service's binary and the environment that configures it the same
-//! way, for a caller that runs them as processes (the testkit does).
+//! way, for a caller that runs them as processes (the testkit does): each
+//! configuration is rendered back into the env its binary's clap parser
+//! reads by [`render`], from the parser's own definition, so every setting
+//! reaches the binary (`tests/config_round_trip.rs` proves it per service).
 //!
 //! [`deps`] finds or starts NATS and Postgres for a stack that runs outside
 //! the tests (given URL, default local port, or a private server).
@@ -19,11 +22,13 @@
 //! separately: running them in one process shares nothing else.
 
 pub mod deps;
+pub mod render;
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use ctxsync_runtime::{CommonArgs, DatabaseArgs, Shutdown};
+
+pub use render::RenderError;
 
 /// One of the services a stack can run (workspace-agent runs beside a
 /// stack, never in it: it belongs to a workspace).
@@ -63,6 +68,14 @@ pub enum StackError {
         "the catalog as a binary reads its servers from a file: give CTXSYNC_CATALOG_CONFIG with StackBuilder::binary_env"
     )]
     CatalogConfigFile,
+    #[error("the catalog's settings cannot reach its binary: {0}")]
+    CatalogSettings(#[source] catalog::ConfigError),
+    #[error("{service}'s configuration cannot be rendered for its binary: {source}")]
+    Render {
+        service: Service,
+        #[source]
+        source: RenderError,
+    },
     #[error("no free loopback port for {service}: {reason}")]
     Port { service: Service, reason: String },
 }
@@ -261,76 +274,74 @@ impl StackBuilder {
     }
 
     /// The same selection as binaries: each service's binary and the env
-    /// that configures it as its configuration says, in start order. A
+    /// that configures it as its configuration says (every setting, see
+    /// [`render`]), in start order, then [`StackBuilder::binary_env`]'s. A
     /// listener on port 0 is given a free loopback port, so the caller knows
-    /// where to ask for readiness.
+    /// where to ask for readiness. The catalog reads its servers from the
+    /// file `CTXSYNC_CATALOG_CONFIG` names, and a memory key given in its
+    /// settings from `CTXSYNC_CATALOG_MEMORY_KEY_FILE` (both binary env).
     pub fn binaries(&self) -> Result<Vec<Binary>, StackError> {
         self.check_databases()?;
         let mut binaries = Vec::new();
         for config in &self.stores {
-            let mut env = common_env(Service::Store, &config.common)?;
-            database_env(&mut env, &config.database);
-            env.push((
-                "CTXSYNC_STORE_EVENT_STATE_MAX_BYTES".into(),
-                config.event_state_max_bytes.to_string(),
-            ));
-            binaries.push(self.binary(Service::Store, env));
+            let mut config = config.clone();
+            with_port(Service::Store, &mut config.common)?;
+            binaries.push(self.binary(Service::Store, &config)?);
         }
         for config in &self.ingests {
-            let mut env = common_env(Service::Ingest, &config.common)?;
-            env.push((
-                "CTXSYNC_STORE_TIMEOUT".into(),
-                duration(config.store_timeout),
-            ));
-            env.push((
-                "CTXSYNC_AUTH_CACHE_TTL".into(),
-                duration(config.auth_cache_ttl),
-            ));
-            if let Some(addr) = config.metrics_addr {
-                env.push(("CTXSYNC_METRICS_ADDR".into(), addr.to_string()));
-            }
-            binaries.push(self.binary(Service::Ingest, env));
+            let mut config = config.clone();
+            with_port(Service::Ingest, &mut config.common)?;
+            binaries.push(self.binary(Service::Ingest, &config)?);
         }
         for config in &self.gates {
-            let mut env = common_env(Service::Gate, &config.common)?;
-            for (name, value) in [
-                ("CTXSYNC_GATE_PENDING_TIMEOUT", config.pending_timeout),
-                ("CTXSYNC_GATE_STALE_GRACE", config.stale_grace),
-                ("CTXSYNC_GATE_STORE_TIMEOUT", config.store_timeout),
-                ("CTXSYNC_GATE_ATTEMPT_TTL", config.attempt_ttl),
-                ("CTXSYNC_GATE_CATALOG_TIMEOUT", config.catalog_timeout),
-                ("CTXSYNC_GATE_VIEW_TTL", config.view_ttl),
-                ("CTXSYNC_GATE_SWEEP_INTERVAL", config.sweep_interval),
-            ] {
-                env.push((name.into(), duration(value)));
-            }
-            env.push(("CTXSYNC_GATE_CATALOG".into(), config.catalog.to_string()));
-            env.push((
-                "CTXSYNC_GATE_MAX_TURNS".into(),
-                config.max_turns.to_string(),
-            ));
-            env.push((
-                "CTXSYNC_GATE_MAX_VIEWS".into(),
-                config.max_views.to_string(),
-            ));
-            binaries.push(self.binary(Service::Gate, env));
+            let mut config = config.clone();
+            with_port(Service::Gate, &mut config.common)?;
+            binaries.push(self.binary(Service::Gate, &config)?);
         }
         for config in &self.catalogs {
-            if !self
-                .binary_env
-                .iter()
-                .any(|(s, name, _)| *s == Service::Catalog && name == "CTXSYNC_CATALOG_CONFIG")
-            {
-                return Err(StackError::CatalogConfigFile);
-            }
-            let mut env = common_env(Service::Catalog, &config.common)?;
-            database_env(&mut env, &config.database);
-            binaries.push(self.binary(Service::Catalog, env));
+            let args = self.catalog_args(config)?;
+            binaries.push(self.binary(Service::Catalog, &args)?);
         }
         Ok(binaries)
     }
 
-    fn binary(&self, service: Service, mut env: Vec<(String, String)>) -> Binary {
+    /// The catalog binary's flags for `config`.
+    fn catalog_args(&self, config: &catalog::Config) -> Result<catalog::Args, StackError> {
+        let file = self
+            .binary_env_of(Service::Catalog, "CTXSYNC_CATALOG_CONFIG")
+            .ok_or(StackError::CatalogConfigFile)?;
+        let key_file = self.binary_env_of(Service::Catalog, "CTXSYNC_CATALOG_MEMORY_KEY_FILE");
+        let catalog =
+            catalog::CatalogArgs::of(file.into(), key_file.map(Into::into), &config.settings)
+                .map_err(StackError::CatalogSettings)?;
+        let mut common = config.common.clone();
+        with_port(Service::Catalog, &mut common)?;
+        Ok(catalog::Args {
+            common,
+            database: config.database.clone(),
+            catalog,
+            // Trusted process-wide (`ctxsync_mcp::https::trust_extra_ca`), so
+            // no catalog configuration holds it: binary env gives it.
+            mcp_ca_file: None,
+        })
+    }
+
+    /// The last value [`StackBuilder::binary_env`] gave `name` for `service`.
+    fn binary_env_of(&self, service: Service, name: &str) -> Option<&str> {
+        self.binary_env
+            .iter()
+            .rev()
+            .find(|(s, n, _)| *s == service && n == name)
+            .map(|(_, _, value)| value.as_str())
+    }
+
+    fn binary<T: clap::Args + serde::Serialize>(
+        &self,
+        service: Service,
+        config: &T,
+    ) -> Result<Binary, StackError> {
+        let mut env =
+            render::env_of(config).map_err(|source| StackError::Render { service, source })?;
         for (s, name, value) in &self.binary_env {
             if *s == service {
                 env.retain(|(n, _)| n != name);
@@ -342,11 +353,11 @@ impl StackBuilder {
             .find(|(n, _)| n == "CTXSYNC_HTTP_ADDR")
             .and_then(|(_, v)| v.parse().ok())
             .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)));
-        Binary {
+        Ok(Binary {
             service,
             http_addr,
             env,
-        }
+        })
     }
 }
 
@@ -375,85 +386,21 @@ fn chain(error: &dyn std::error::Error) -> String {
     text
 }
 
-fn duration(value: Duration) -> String {
-    humantime::format_duration(value).to_string()
-}
-
-fn common_env(service: Service, common: &CommonArgs) -> Result<Vec<(String, String)>, StackError> {
-    let mut http_addr = common.http_addr;
-    if http_addr.port() == 0 {
-        let port = std::net::TcpListener::bind((http_addr.ip(), 0))
+/// A listener on port 0 gets a free port of its address, so that a caller
+/// knows where the binary listens.
+fn with_port(service: Service, common: &mut CommonArgs) -> Result<(), StackError> {
+    let addr = &mut common.http_addr;
+    if addr.port() == 0 {
+        let port = std::net::TcpListener::bind((addr.ip(), 0))
             .and_then(|l| l.local_addr())
             .map_err(|e| StackError::Port {
                 service,
                 reason: e.to_string(),
             })?
             .port();
-        http_addr.set_port(port);
+        addr.set_port(port);
     }
-    let http = &common.http;
-    let responder = common
-        .nats_responder_url
-        .iter()
-        .map(|url| ("NATS_RESPONDER_URL".to_owned(), url.clone()));
-    let mut env: Vec<(String, String)> = vec![
-        ("NATS_URL".into(), common.nats_url.clone()),
-        (
-            "CTXSYNC_SUBJECT_PREFIX".into(),
-            common.subject_prefix.clone(),
-        ),
-        ("CTXSYNC_HTTP_ADDR".into(), http_addr.to_string()),
-        (
-            "CTXSYNC_SHUTDOWN_GRACE".into(),
-            duration(common.shutdown_grace),
-        ),
-        ("CTXSYNC_LOG".into(), common.log_filter.clone()),
-        (
-            "CTXSYNC_REPLY_INBOX_PREFIXES".into(),
-            common.reply_inbox_prefixes.to_string(),
-        ),
-        (
-            "CTXSYNC_HTTP_HEADER_TIMEOUT".into(),
-            duration(http.http_header_timeout),
-        ),
-        (
-            "CTXSYNC_HTTP_BODY_TIMEOUT".into(),
-            duration(http.http_body_timeout),
-        ),
-        (
-            "CTXSYNC_HTTP_IDLE_TIMEOUT".into(),
-            duration(http.http_idle_timeout),
-        ),
-        (
-            "CTXSYNC_HTTP_MAX_CONNECTIONS".into(),
-            http.http_max_connections.to_string(),
-        ),
-    ];
-    env.extend(responder);
-    let files = [
-        ("CTXSYNC_NATS_CA_FILE", &common.nats_tls.nats_ca_file),
-        (
-            "CTXSYNC_NATS_CLIENT_CERT",
-            &common.nats_tls.nats_client_cert,
-        ),
-        ("CTXSYNC_NATS_CLIENT_KEY", &common.nats_tls.nats_client_key),
-        ("CTXSYNC_TLS_CERT", &http.tls_cert),
-        ("CTXSYNC_TLS_KEY", &http.tls_key),
-    ];
-    for (name, file) in files {
-        if let Some(path) = file {
-            env.push((name.into(), path.display().to_string()));
-        }
-    }
-    Ok(env)
-}
-
-fn database_env(env: &mut Vec<(String, String)>, database: &DatabaseArgs) {
-    env.push(("DATABASE_URL".into(), database.database_url.clone()));
-    env.push((
-        "CTXSYNC_DB_MAX_CONNECTIONS".into(),
-        database.db_max_connections.to_string(),
-    ));
+    Ok(())
 }
 
 /// A service started in process, with the shutdown that stops it alone.
@@ -587,6 +534,8 @@ mod tests {
             assert_eq!(value(binary, "NATS_URL"), Some(list));
         }
     }
+
+    use std::time::Duration;
 
     #[test]
     fn binaries_are_configured_as_their_configurations_say() {

@@ -62,9 +62,6 @@ pub struct DiscoverySettings {
     pub max_servers: usize,
 }
 
-/// The default of [`DiscoverySettings::max_servers`]: far more than a person
-/// configures, far less than a push can carry rows for.
-pub const DEFAULT_MAX_SERVERS: usize = 200;
 /// How long a `headersHelper` may run.
 pub const HEADERS_HELPER_TIMEOUT: Duration = Duration::from_secs(10);
 /// How much a `headersHelper` may print.

@@ -15,6 +15,7 @@
 //! `mcp_config:<path>`, `mcp_server:<name>`.
 
 pub mod agent;
+pub mod args;
 pub mod context;
 pub mod context_config;
 pub mod discovery;

@@ -2,118 +2,13 @@
 //! `workspace-agent inspect` to print it once without publishing.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand};
-use ctxsync_runtime::LogFormat;
-use ctxsync_runtime::config::HttpArgs;
+use workspace_agent::args::{Cli, Command, Common};
 use workspace_agent::{AgentConfig, AgentToken, DiscoverySettings, PublisherConfig};
 
-#[derive(Debug, Parser)]
-#[command(name = "workspace-agent", version, about)]
-struct Cli {
-    #[command(subcommand)]
-    command: Option<Command>,
-
-    /// agent-ingest's base URL (`https://` or `http://`).
-    #[arg(long, env = "CTXSYNC_INGEST_URL")]
-    ingest_url: Option<String>,
-
-    /// PEM CA certificate(s) to trust for an https:// ingest URL, besides the system's roots.
-    #[arg(long, env = "CTXSYNC_INGEST_CA_FILE")]
-    ingest_ca_file: Option<PathBuf>,
-
-    /// File holding this agent's token.
-    #[arg(long, env = "CTXSYNC_AGENT_TOKEN_FILE")]
-    token_file: Option<PathBuf>,
-
-    #[command(flatten)]
-    common: Common,
-
-    /// Address for /healthz, /readyz and /metrics (none when unset).
-    #[arg(long, env = "CTXSYNC_HTTP_ADDR")]
-    http_addr: Option<SocketAddr>,
-
-    #[command(flatten)]
-    http: HttpArgs,
-
-    /// Wait this long after a context file changes before reloading.
-    #[arg(long, env = "CTXSYNC_WATCH_DEBOUNCE", default_value = "300ms", value_parser = humantime::parse_duration)]
-    watch_debounce: Duration,
-
-    /// Do not watch the context files.
-    #[arg(long, env = "CTXSYNC_NO_WATCH")]
-    no_watch: bool,
-
-    /// Re-announce this process to the store this often, so a takeover of
-    /// its agent by a late message is noticed and undone even when nothing
-    /// changes (0s: never).
-    #[arg(long, env = "CTXSYNC_REANNOUNCE_INTERVAL", default_value = "30s", value_parser = humantime::parse_duration)]
-    reannounce_interval: Duration,
-}
-
 const MCP_CA_OPTION: &str = "CTXSYNC_MCP_CA_FILE (--mcp-ca-file)";
-
-#[derive(Debug, clap::Args)]
-struct Common {
-    /// The workspace's working directory (relative paths resolve against it).
-    #[arg(long, env = "CTXSYNC_WORKDIR", global = true)]
-    workdir: Option<PathBuf>,
-
-    /// Per-server bound on the MCP handshake (and on listing tools).
-    #[arg(long, env = "CTXSYNC_MCP_HANDSHAKE_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration, global = true)]
-    handshake_timeout: Duration,
-
-    /// PEM CA certificate(s) to trust for https:// MCP servers, besides the system's roots.
-    #[arg(long, env = "CTXSYNC_MCP_CA_FILE", global = true)]
-    mcp_ca_file: Option<PathBuf>,
-
-    /// MCP servers connecting at the same time, at most.
-    #[arg(
-        long,
-        env = "CTXSYNC_MCP_CONCURRENCY",
-        default_value_t = 8,
-        global = true
-    )]
-    mcp_concurrency: usize,
-
-    /// MCP servers started per workspace, at most; the rest are reported
-    /// as not started (on their config file's row).
-    #[arg(
-        long,
-        env = "CTXSYNC_MCP_MAX_SERVERS",
-        default_value_t = workspace_agent::discovery::DEFAULT_MAX_SERVERS,
-        global = true
-    )]
-    mcp_max_servers: usize,
-
-    /// Log format.
-    #[arg(long, env = "CTXSYNC_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
-    log_format: LogFormat,
-
-    /// Log filter (tracing EnvFilter syntax); `inspect` defaults to warnings only.
-    #[arg(
-        long = "log-filter",
-        visible_alias = "log",
-        env = "CTXSYNC_LOG",
-        global = true
-    )]
-    log_filter: Option<String>,
-}
-
-#[derive(Debug, Subcommand)]
-enum Command {
-    /// Run discovery once and print the resolved config and the full report
-    /// (nothing is published).
-    Inspect {
-        /// Print the report as JSON (the push the agent would send).
-        #[arg(long)]
-        json: bool,
-    },
-}
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {

@@ -97,7 +97,7 @@ impl PublisherConfig {
             agent_version: AGENT_VERSION.to_owned(),
             request_timeout: Duration::from_secs(10),
             backoff: Backoff::default(),
-            reannounce_interval: DEFAULT_REANNOUNCE_INTERVAL,
+            reannounce_interval: crate::args::Cli::defaults().reannounce_interval,
         }
     }
 }

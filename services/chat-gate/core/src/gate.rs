@@ -36,7 +36,8 @@ use crate::watch::{EventUpdate, Interest, Published, Trust, View, ViewLimits, Wa
 /// Longest accepted `chat_id` and `tenant`, in bytes.
 pub const MAX_ID_BYTES: usize = 256;
 
-/// How long the gate waits, and for what.
+/// How long the gate waits, and for what (the defaults are chat-gate's
+/// flags': `chat_gate::Config::default().settings()`).
 #[derive(Debug, Clone)]
 pub struct GateSettings {
     /// Wait for a PENDING discovery of the current run.
@@ -52,19 +53,6 @@ pub struct GateSettings {
     /// After shutdown is signalled, waits go on this long (see [`drain_window`]);
     /// then the ones left are answered `shutting_down`.
     pub drain: Duration,
-}
-
-impl Default for GateSettings {
-    fn default() -> Self {
-        Self {
-            pending_timeout: Duration::from_secs(15),
-            stale_grace: Duration::from_secs(3),
-            store_timeout: Duration::from_secs(2),
-            attempt_ttl: Duration::from_secs(600),
-            views: ViewLimits::default(),
-            drain: drain_window(Duration::from_secs(10)),
-        }
-    }
 }
 
 /// How long waits go on within a shutdown grace: all of it but a fifth (at

@@ -338,15 +338,6 @@ pub struct ViewLimits {
     pub idle_ttl: Duration,
 }
 
-impl Default for ViewLimits {
-    fn default() -> Self {
-        Self {
-            max_views: 10_000,
-            idle_ttl: Duration::from_secs(600),
-        }
-    }
-}
-
 /// Every watched agent, by id.
 #[derive(Clone)]
 pub struct Watches {

@@ -80,10 +80,18 @@ impl Core {
     }
 
     fn with(configure: impl FnOnce(&mut GateSettings)) -> Self {
+        // The service's defaults but longer waits: the core's tests state
+        // their settings (the core cannot name chat-gate's flags).
         let mut settings = GateSettings {
             pending_timeout: Duration::from_secs(20),
             stale_grace: Duration::from_secs(20),
-            ..GateSettings::default()
+            store_timeout: Duration::from_secs(2),
+            attempt_ttl: Duration::from_secs(600),
+            views: gate_core::ViewLimits {
+                max_views: 10_000,
+                idle_ttl: Duration::from_secs(600),
+            },
+            drain: gate_core::drain_window(Duration::from_secs(10)),
         };
         configure(&mut settings);
         let memory = Arc::new(Memory {

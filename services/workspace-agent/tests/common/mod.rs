@@ -57,7 +57,9 @@ impl Workspace {
             working_dir: Some(self.work()),
             handshake_timeout,
             max_concurrent_connects: 8,
-            max_servers: workspace_agent::discovery::DEFAULT_MAX_SERVERS,
+            max_servers: workspace_agent::args::Cli::defaults()
+                .common
+                .mcp_max_servers,
         }
     }
 }
