@@ -216,6 +216,10 @@ pub struct Page {
     /// Ends every stream: a shutdown is not held up by open pages.
     shutdown: tokio_util::sync::CancellationToken,
     limits: PageLimits,
+    /// A map, not a cache crate's (moka): a tenant at its bound is refused,
+    /// never made room for by evicting (a cache picks its victims itself,
+    /// across tenants), and each issue counts the tenant's live tickets,
+    /// which a cache's lazy expiry would leave stale.
     tickets: Arc<Mutex<HashMap<String, Ticket>>>,
     streams: Arc<Mutex<OpenStreams>>,
 }
