@@ -32,7 +32,7 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::rejection::QueryRejection;
@@ -542,16 +542,6 @@ struct EventsQuery {
     ticket: String,
 }
 
-fn to_timestamp(at: SystemTime) -> pbjson_types::Timestamp {
-    let since = at
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default();
-    pbjson_types::Timestamp {
-        seconds: since.as_secs() as i64,
-        nanos: since.subsec_nanos() as i32,
-    }
-}
-
 async fn events(
     State(page): State<Page>,
     query: Result<Query<EventsQuery>, QueryRejection>,
@@ -650,7 +640,9 @@ async fn events(
                 let event = PageEvent {
                     agent_id: agent_id.clone(),
                     revision: state.revision,
-                    committed_at: update.committed_at.map(to_timestamp),
+                    committed_at: update
+                        .committed_at
+                        .map(|at| chrono::DateTime::<chrono::Utc>::from(at).into()),
                     summary: Some(summary(&state)),
                     projection: Some(context(agent_id, &state)),
                 };
