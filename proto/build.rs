@@ -32,7 +32,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     prost_build::Config::new()
         .compile_well_known_types()
-        // `prost::Name` gives each message its full name (the unknown-field check).
+        // `prost::Name` gives each message its full name (the unknown-field count).
         .enable_type_names()
         .extern_path(".google.protobuf", "::pbjson_types")
         .compile_fds(descriptors)?;

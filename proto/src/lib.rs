@@ -7,8 +7,8 @@
 mod decision;
 pub mod ids;
 pub mod subjects;
+pub mod unknown;
 pub mod validate;
-pub mod wire;
 
 #[allow(clippy::all, clippy::pedantic, rust_2018_idioms, missing_docs)]
 pub mod v1 {

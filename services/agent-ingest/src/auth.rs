@@ -2,9 +2,7 @@
 //! tokens; verified digests are cached briefly so a busy agent doesn't cost a
 //! store round trip per push.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::http::{HeaderMap, header};
 use ctxsync_proto::subjects::Subjects;
@@ -14,15 +12,25 @@ use sha2::{Digest, Sha256};
 
 use crate::error::ApiError;
 
-/// Entries beyond this are evicted wholesale: a bound, not an LRU, is enough here.
-const MAX_CACHED_TOKENS: usize = 100_000;
+/// Tokens remembered at most; past it the least recently used is forgotten.
+const MAX_CACHED_TOKENS: u64 = 100_000;
+
+/// Verified token digests and their agent ids, for `ttl` after the check.
+type TokenCache = moka::sync::Cache<[u8; 32], String>;
+
+fn token_cache(ttl: Duration) -> TokenCache {
+    moka::sync::Cache::builder()
+        .max_capacity(MAX_CACHED_TOKENS)
+        .eviction_policy(moka::policy::EvictionPolicy::lru())
+        .time_to_live(ttl)
+        .build()
+}
 
 pub(crate) struct Authenticator {
     nats: async_nats::Client,
     subjects: Subjects,
     timeout: Duration,
-    ttl: Duration,
-    cache: Mutex<HashMap<[u8; 32], (String, Instant)>>,
+    cache: TokenCache,
 }
 
 impl Authenticator {
@@ -36,8 +44,7 @@ impl Authenticator {
             nats,
             subjects,
             timeout,
-            ttl,
-            cache: Mutex::new(HashMap::new()),
+            cache: token_cache(ttl),
         }
     }
 
@@ -45,7 +52,7 @@ impl Authenticator {
     pub(crate) async fn authenticate(&self, headers: &HeaderMap) -> Result<String, ApiError> {
         let token = bearer_token(headers)?;
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        if let Some(agent_id) = self.cached(&digest) {
+        if let Some(agent_id) = self.cache.get(&digest) {
             return Ok(agent_id);
         }
         let reply: AuthenticateAgentReply = rpc::request(
@@ -65,20 +72,8 @@ impl Authenticator {
         if reply.agent_id.is_empty() {
             return Err(ApiError::Unauthenticated("unknown agent token"));
         }
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        if cache.len() >= MAX_CACHED_TOKENS {
-            cache.clear();
-        }
-        cache.insert(digest, (reply.agent_id.clone(), Instant::now() + self.ttl));
+        self.cache.insert(digest, reply.agent_id.clone());
         Ok(reply.agent_id)
-    }
-
-    fn cached(&self, digest: &[u8; 32]) -> Option<String> {
-        let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        cache
-            .get(digest)
-            .filter(|(_, expires)| *expires > Instant::now())
-            .map(|(id, _)| id.clone())
     }
 }
 
@@ -97,4 +92,42 @@ fn bearer_token(headers: &HeaderMap) -> Result<&str, ApiError> {
         ));
     }
     Ok(token.trim())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn digest(n: u64) -> [u8; 32] {
+        Sha256::digest(n.to_le_bytes()).into()
+    }
+
+    #[test]
+    fn the_cache_holds_at_most_its_bound_and_keeps_the_recent_tokens() {
+        let cache = token_cache(Duration::from_secs(30));
+        for n in 0..MAX_CACHED_TOKENS + 1000 {
+            cache.insert(digest(n), format!("agent-{n}"));
+        }
+        cache.run_pending_tasks();
+        assert_eq!(cache.entry_count(), MAX_CACHED_TOKENS);
+        // The oldest went, not the newest (the old cache forgot everything).
+        assert!(cache.get(&digest(0)).is_none());
+        let newest = MAX_CACHED_TOKENS + 999;
+        assert_eq!(cache.get(&digest(newest)), Some(format!("agent-{newest}")));
+    }
+
+    #[test]
+    fn a_verified_token_is_forgotten_after_the_ttl() {
+        let ttl = Duration::from_millis(50);
+        let cache = token_cache(ttl);
+        cache.insert(digest(1), "agent-1".into());
+        assert_eq!(cache.get(&digest(1)).as_deref(), Some("agent-1"));
+        // moka reads its own clock, not tokio's: real time has to pass.
+        std::thread::sleep(ttl * 2);
+        assert_eq!(cache.get(&digest(1)), None);
+        // A zero TTL remembers nothing.
+        let cache = token_cache(Duration::ZERO);
+        cache.insert(digest(2), "agent-2".into());
+        assert_eq!(cache.get(&digest(2)), None);
+    }
 }

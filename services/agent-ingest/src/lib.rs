@@ -256,10 +256,13 @@ async fn read_body(request: Request) -> Result<bytes::Bytes, ApiError> {
     }
 }
 
-/// Both encodings refuse what the contract does not define: pbjson refuses
-/// unknown JSON fields and enum names; for protobuf, where prost would skip
-/// unknown fields, the descriptor walk refuses them. (Unknown enum numbers
-/// decode in both and are refused by `validate`.)
+/// Protobuf accepts fields the contract does not define (protobuf's forward
+/// compatibility: a newer agent's additions reach an older ingest): prost
+/// skips them, so the store never sees them, and they are counted and logged.
+/// JSON refuses them (pbjson), as it refuses unknown enum names: JSON bodies
+/// are written by hand, where an unknown name is a typo, not a newer agent
+/// (README, "Agents → agent-ingest"). Unknown enum numbers decode in both
+/// and are refused by `validate`.
 fn decode<T: Message + Default + DeserializeOwned + prost::Name>(
     format: Format,
     body: &[u8],
@@ -268,12 +271,56 @@ fn decode<T: Message + Default + DeserializeOwned + prost::Name>(
         Format::Protobuf => {
             let message = T::decode(body)
                 .map_err(|e| ApiError::Malformed(format!("invalid protobuf: {e}")))?;
-            ctxsync_proto::wire::check_known_fields::<T>(body)
-                .map_err(|e| ApiError::Malformed(format!("invalid protobuf: {e}")))?;
+            count_unknown_fields(&message, body);
             Ok(message)
         }
         Format::Json => serde_json::from_slice(body)
             .map_err(|e| ApiError::Malformed(format!("invalid json: {e}"))),
+    }
+}
+
+/// Unknown fields logged per request at most (all are counted).
+const MAX_LOGGED_UNKNOWN_FIELDS: usize = 8;
+
+/// Counts the fields of `body` that `message` (decoded from it) dropped, by
+/// the message type that does not define them, and logs the first few at
+/// debug with their number and place.
+fn count_unknown_fields<T: Message + prost::Name>(message: &T, body: &[u8]) {
+    // A handful of message types: one counter increment per type, not per field.
+    let mut per_message: Vec<(String, u64)> = Vec::new();
+    let mut seen = 0;
+    let found = ctxsync_proto::unknown::for_each_unknown_field(message, body, |field| {
+        match per_message
+            .iter_mut()
+            .find(|(name, _)| name == field.message)
+        {
+            Some((_, count)) => *count += 1,
+            None => per_message.push((field.message.to_owned(), 1)),
+        }
+        seen += 1;
+        if seen <= MAX_LOGGED_UNKNOWN_FIELDS {
+            tracing::debug!(
+                number = field.number,
+                path = field.path,
+                "unknown protobuf field accepted and dropped"
+            );
+        }
+    });
+    match found {
+        Ok(0) => {}
+        Ok(found) => {
+            for (name, count) in per_message {
+                metrics::counter!("ctxsync_ingest_unknown_fields_total", "message" => name)
+                    .increment(count);
+            }
+            tracing::debug!(
+                found,
+                message = T::full_name(),
+                "request carried fields this ingest does not know"
+            );
+        }
+        // prost decoded it: not a reason to refuse the request.
+        Err(error) => tracing::warn!(%error, "cannot list a request's unknown fields"),
     }
 }
 

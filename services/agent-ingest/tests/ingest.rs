@@ -121,6 +121,22 @@ impl Harness {
         .await
     }
 
+    /// One series' value in ingest's `/metrics` (0 before its first sample).
+    async fn metric(&self, series: &str) -> f64 {
+        let text = self
+            .http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+            .map_or(0.0, |value| value.trim().parse().unwrap())
+    }
+
     async fn startup(&self, token: &str, run_id: &str) -> reqwest::Response {
         let startup = StartupRequest {
             agent_run_id: run_id.into(),
@@ -185,6 +201,78 @@ async fn startup_and_push_round_trip_in_protobuf() {
 }
 
 #[tokio::test]
+async fn protobuf_fields_from_the_future_are_accepted_dropped_and_counted() {
+    use prost::encoding::{WireType, encode_key, encode_varint};
+    let h = Harness::spawn().await;
+    let agent = h.register("a", "tok-a").await;
+    let series = |message: &str| {
+        format!(r#"ctxsync_ingest_unknown_fields_total{{message="ctxsync.v1.{message}"}}"#)
+    };
+    let counted = |message: &'static str| {
+        let series = series(message);
+        let h = &h;
+        async move { h.metric(&series).await }
+    };
+    let before = [
+        counted("StartupRequest").await,
+        counted("PushContextStateRequest").await,
+        counted("ContextResource").await,
+    ];
+
+    // A newer agent's startup: field 99 is a varint this ingest does not know.
+    let mut startup = StartupRequest {
+        agent_run_id: RUN.into(),
+        agent_version: "2.0".into(),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    encode_key(99, WireType::Varint, &mut startup);
+    encode_varint(1, &mut startup);
+    let response = h
+        .post_proto("/api/v1/agent/startup", Some("tok-a"), startup)
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let state = h.state(&agent).await;
+    assert_eq!(state.agent.as_ref().unwrap().agent_version, "2.0");
+
+    // Its push: a new message-typed field 7 at the top, and resources[1]
+    // with a new string field 99.
+    let mut body = push(1, vec![instruction("/w/AGENTS.md", "hello")]).encode_to_vec();
+    let mut resource = instruction("/w/CLAUDE.md", "hi").encode_to_vec();
+    prost::encoding::string::encode(99, &"from the future".to_owned(), &mut resource);
+    prost::encoding::bytes::encode(5, &resource, &mut body);
+    prost::encoding::bytes::encode(7, &vec![0x08, 0x01], &mut body);
+    let response = h
+        .post_proto("/api/v1/agent/context-state", Some("tok-a"), body)
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let answer = PushContextStateResponse::decode(response.bytes().await.unwrap()).unwrap();
+    assert!(answer.accepted, "{answer:?}");
+    // Stored as this version of the contract knows it: without the new fields.
+    let state = h.state(&agent).await;
+    assert_eq!(state.snapshot.unwrap().version, 1);
+    assert_eq!(
+        state.resources,
+        vec![
+            instruction("/w/AGENTS.md", "hello"),
+            instruction("/w/CLAUDE.md", "hi")
+        ]
+    );
+
+    // One each, by the message type that does not define it.
+    let after = [
+        counted("StartupRequest").await,
+        counted("PushContextStateRequest").await,
+        counted("ContextResource").await,
+    ];
+    assert_eq!(
+        after,
+        [before[0] + 1.0, before[1] + 1.0, before[2] + 1.0],
+        "{before:?}"
+    );
+}
+
+#[tokio::test]
 async fn json_bodies_use_the_proto3_json_mapping() {
     let h = Harness::spawn().await;
     let agent = h.register("a", "tok-a").await;
@@ -220,7 +308,8 @@ async fn json_bodies_use_the_proto3_json_mapping() {
     assert_eq!(state.snapshot.unwrap().phase(), Phase::Complete);
     assert_eq!(state.resources[0].source, "skill:/w/.agents/skills/review");
 
-    // Unknown fields and enum values are refused with the reason.
+    // Unknown fields (unlike protobuf's: a JSON name is typed by hand) and
+    // enum values are refused with the reason.
     let response = h
         .post_json(
             "/api/v1/agent/context-state",

@@ -5,6 +5,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime};
 
+use chrono::{DateTime, Utc};
+
 use ctxsync_proto::v1::{
     AgentState, DiscoveryChanged, GateDecision, GetAgentStateReply, GetAgentStateRequest,
     TurnReply, TurnRequest, discovery_changed::Cause, mcp_discovery::Phase,
@@ -71,12 +73,6 @@ pub struct Polling {
     pub polling_latency: Latency,
     /// Our wake of a chat waiting on the same commits.
     pub wake_latency: Latency,
-}
-
-fn system_time(seconds: i64, nanos: i32) -> SystemTime {
-    SystemTime::UNIX_EPOCH
-        + Duration::from_secs(u64::try_from(seconds).unwrap_or_default())
-        + Duration::from_nanos(u64::try_from(nanos).unwrap_or_default())
 }
 
 fn since(commit: SystemTime, at: SystemTime) -> Duration {
@@ -244,9 +240,10 @@ async fn collect_commits(
             if event.cause() == Cause::Push
                 && event.phase() == Phase::Complete
                 && wanted.get(&event.agent_id) == Some(&event.snapshot_agent_run_id)
-                && let Some(at) = &event.committed_at
+                && let Some(at) = event.committed_at
+                && let Ok(commit) = DateTime::<Utc>::try_from(at)
             {
-                let commit = system_time(at.seconds, at.nanos);
+                let commit = SystemTime::from(commit);
                 arrivals.insert(event.agent_id.clone(), arrived);
                 commits.insert(event.agent_id.clone(), commit);
             }
@@ -509,14 +506,12 @@ pub struct GateReady {
 fn ready_in(state: &AgentState, run: &str) -> Option<SystemTime> {
     let agent_run = state.agent.as_ref().map(|a| a.agent_run_id.as_str());
     let snapshot = state.snapshot.as_ref()?;
-    (agent_run == Some(run) && snapshot.agent_run_id == run && snapshot.phase() == Phase::Complete)
-        .then(|| {
-            snapshot
-                .received_at
-                .as_ref()
-                .map(|t| system_time(t.seconds, t.nanos))
-        })
-        .flatten()
+    if agent_run != Some(run) || snapshot.agent_run_id != run || snapshot.phase() != Phase::Complete
+    {
+        return None;
+    }
+    let at = DateTime::<Utc>::try_from(snapshot.received_at?).ok()?;
+    Some(SystemTime::from(at))
 }
 
 /// A peer system's waiter: read the store every `interval` until the run is

@@ -37,7 +37,7 @@ pub struct TenantConfig {
 pub struct ServerConfig {
     pub id: String,
     /// `stdio: {...}` or `streamable_http: {...}` (a one-key map, not a YAML tag).
-    #[serde(with = "serde_yaml::with::singleton_map")]
+    #[serde(with = "serde_norway::with::singleton_map")]
     pub transport: TransportSpec,
     /// Names the credential the server uses (e.g. a vault path). The catalog
     /// does not resolve it; it is part of the key so a different credential is
@@ -205,7 +205,7 @@ pub enum ConfigError {
 
 impl CatalogConfig {
     pub fn from_yaml(text: &str) -> Result<Self, String> {
-        let config: Self = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
+        let config: Self = serde_norway::from_str(text).map_err(|e| e.to_string())?;
         config.validate()?;
         Ok(config)
     }

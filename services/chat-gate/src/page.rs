@@ -32,7 +32,7 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::rejection::QueryRejection;
@@ -207,6 +207,10 @@ pub struct Page {
     /// Ends every stream: a shutdown is not held up by open pages.
     shutdown: tokio_util::sync::CancellationToken,
     limits: PageLimits,
+    /// A map, not a cache crate's (moka): a tenant at its bound is refused,
+    /// never made room for by evicting (a cache picks its victims itself,
+    /// across tenants), and each issue counts the tenant's live tickets,
+    /// which a cache's lazy expiry would leave stale.
     tickets: Arc<Mutex<HashMap<String, Ticket>>>,
     streams: Arc<Mutex<OpenStreams>>,
 }
@@ -525,16 +529,6 @@ struct EventsQuery {
     ticket: String,
 }
 
-fn to_timestamp(at: SystemTime) -> pbjson_types::Timestamp {
-    let since = at
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default();
-    pbjson_types::Timestamp {
-        seconds: since.as_secs() as i64,
-        nanos: since.subsec_nanos() as i32,
-    }
-}
-
 async fn events(
     State(page): State<Page>,
     query: Result<Query<EventsQuery>, QueryRejection>,
@@ -633,7 +627,9 @@ async fn events(
                 let event = PageEvent {
                     agent_id: agent_id.clone(),
                     revision: state.revision,
-                    committed_at: update.committed_at.map(to_timestamp),
+                    committed_at: update
+                        .committed_at
+                        .map(|at| chrono::DateTime::<chrono::Utc>::from(at).into()),
                     summary: Some(summary(&state)),
                     projection: Some(context(agent_id, &state)),
                 };

@@ -12,9 +12,8 @@
 //! is remembered as unknown for a short time, and store lookups run a few at
 //! a time, so guessing keys cannot load the store.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use crate::rpc;
 use ctxsync_proto::subjects::Subjects;
@@ -41,8 +40,9 @@ const KEY_BODY_CHARS: usize = 43;
 pub const KEY_CACHE_TTL: Duration = Duration::from_secs(300);
 /// How long an unknown key is answered 401 without asking the store again.
 const UNKNOWN_KEY_TTL: Duration = Duration::from_secs(2);
-/// Keys remembered at most (valid and unknown each); past it the oldest go.
-const MAX_CACHED_KEYS: usize = 10_000;
+/// Keys remembered at most (valid and unknown each); past it the least
+/// recently used go.
+const MAX_CACHED_KEYS: u64 = 10_000;
 /// Store lookups of keys at once.
 const MAX_LOOKUPS: usize = 8;
 
@@ -80,10 +80,46 @@ impl AuthError {
 
 type Digest32 = [u8; 32];
 
-#[derive(Default)]
+/// What the store said of a key, remembered for a while: valid keys for
+/// [`KEY_CACHE_TTL`], unknown ones for [`UNKNOWN_KEY_TTL`].
 struct Cache {
-    valid: HashMap<Digest32, (Caller, Instant)>,
-    unknown: HashMap<Digest32, Instant>,
+    valid: moka::sync::Cache<Digest32, Caller>,
+    unknown: moka::sync::Cache<Digest32, ()>,
+}
+
+impl Cache {
+    fn new() -> Self {
+        Self {
+            valid: moka::sync::Cache::builder()
+                .max_capacity(MAX_CACHED_KEYS)
+                .eviction_policy(moka::policy::EvictionPolicy::lru())
+                .time_to_live(KEY_CACHE_TTL)
+                // A revocation drops its key's entries by predicate (`revoked`).
+                .support_invalidation_closures()
+                .build(),
+            unknown: moka::sync::Cache::builder()
+                .max_capacity(MAX_CACHED_KEYS)
+                .eviction_policy(moka::policy::EvictionPolicy::lru())
+                .time_to_live(UNKNOWN_KEY_TTL)
+                .build(),
+        }
+    }
+
+    /// Forgets every entry naming `key_id`: no read returns one cached
+    /// before this call (moka applies the predicate to reads until its
+    /// maintenance has removed them).
+    fn forget_key(&self, key_id: &str) {
+        let key_id = key_id.to_owned();
+        self.valid
+            .invalidate_entries_if(move |_, caller| caller.key_id == key_id)
+            .expect("the valid-key cache supports invalidation closures");
+    }
+
+    /// Forgets everything: no read returns an entry cached before this call.
+    fn forget_all(&self) {
+        self.valid.invalidate_all();
+        self.unknown.invalidate_all();
+    }
 }
 
 /// What holders of a key's resources (event streams, MCP sessions) learn
@@ -108,7 +144,7 @@ pub struct TenantKeys {
     client: async_nats::Client,
     subject: String,
     timeout: Duration,
-    cache: Arc<Mutex<Cache>>,
+    cache: Arc<Cache>,
     lookups: Arc<Semaphore>,
     /// The counter of outcomes (`outcome` label), named by the service.
     metric: &'static str,
@@ -140,15 +176,6 @@ pub fn bearer(header: Option<&str>) -> Result<&str, AuthError> {
     }
 }
 
-fn evict_oldest<V>(map: &mut HashMap<Digest32, V>, at: impl Fn(&V) -> Instant) {
-    if map.len() < MAX_CACHED_KEYS {
-        return;
-    }
-    if let Some(oldest) = map.iter().min_by_key(|(_, v)| at(v)).map(|(k, _)| *k) {
-        map.remove(&oldest);
-    }
-}
-
 impl TenantKeys {
     /// `metric` names the counter of outcomes (`ctxsync_<service>_auth_total`).
     pub fn new(
@@ -161,7 +188,7 @@ impl TenantKeys {
             client,
             subject: subjects.store_tenant_key_verify(),
             timeout,
-            cache: Arc::default(),
+            cache: Arc::new(Cache::new()),
             lookups: Arc::new(Semaphore::new(MAX_LOOKUPS)),
             metric,
             changes: broadcast::channel(KEY_CHANGES_BUFFER).0,
@@ -216,46 +243,35 @@ impl TenantKeys {
         if let Some(error) = reply.error {
             return Err(AuthError::Unavailable(error.message));
         }
-        let mut cache = self.cache.lock().expect("key cache lock");
         match reply.key {
             Some(key) => {
                 let caller = Caller {
                     tenant: key.tenant,
                     key_id: key.key_id,
                 };
-                evict_oldest(&mut cache.valid, |(_, at)| *at);
-                cache.valid.insert(digest, (caller.clone(), Instant::now()));
+                self.cache.valid.insert(digest, caller.clone());
                 Ok(caller)
             }
             None => {
-                evict_oldest(&mut cache.unknown, |at| *at);
-                cache.unknown.insert(digest, Instant::now());
+                self.cache.unknown.insert(digest, ());
                 Err(AuthError::Unknown)
             }
         }
     }
 
     fn cached(&self, digest: &Digest32) -> Option<Result<Caller, AuthError>> {
-        let cache = self.cache.lock().expect("key cache lock");
-        if let Some((caller, at)) = cache.valid.get(digest)
-            && at.elapsed() < KEY_CACHE_TTL
-        {
-            return Some(Ok(caller.clone()));
+        if let Some(caller) = self.cache.valid.get(digest) {
+            return Some(Ok(caller));
         }
-        if let Some(at) = cache.unknown.get(digest)
-            && at.elapsed() < UNKNOWN_KEY_TTL
-        {
-            return Some(Err(AuthError::Unknown));
-        }
-        None
+        self.cache
+            .unknown
+            .contains_key(digest)
+            .then_some(Err(AuthError::Unknown))
     }
 
     /// Drops a revoked key from the cache and tells the holders of its resources.
     pub fn revoked(&self, key_id: &str) {
-        {
-            let mut cache = self.cache.lock().expect("key cache lock");
-            cache.valid.retain(|_, (caller, _)| caller.key_id != key_id);
-        }
+        self.cache.forget_key(key_id);
         // No receiver is not an error: nothing holds a resource of any key.
         let _ = self.changes.send(KeyChange::Revoked {
             key_id: key_id.to_owned(),
@@ -265,11 +281,7 @@ impl TenantKeys {
     /// Forgets every remembered key (events may have been lost) and asks
     /// every holder to check its key again.
     pub fn forget_all(&self) {
-        {
-            let mut cache = self.cache.lock().expect("key cache lock");
-            cache.valid.clear();
-            cache.unknown.clear();
-        }
+        self.cache.forget_all();
         let _ = self.changes.send(KeyChange::Unknown);
     }
 
@@ -317,7 +329,9 @@ impl TenantKeys {
 
     /// Keys remembered as valid now.
     pub fn cached_keys(&self) -> usize {
-        self.cache.lock().expect("key cache lock").valid.len()
+        // moka counts once its pending maintenance has run.
+        self.cache.valid.run_pending_tasks();
+        self.cache.valid.entry_count() as usize
     }
 
     /// Applies revocation events until the subscription ends.
@@ -410,6 +424,67 @@ pub fn refusal_response(refusal: AuthError) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn digest(n: u64) -> Digest32 {
+        Sha256::digest(n.to_le_bytes()).into()
+    }
+
+    fn caller(n: u64) -> Caller {
+        Caller {
+            tenant: "acme".into(),
+            key_id: format!("key-{n}"),
+        }
+    }
+
+    #[test]
+    fn each_cache_holds_at_most_its_bound_and_keeps_the_recent_keys() {
+        let cache = Cache::new();
+        for n in 0..MAX_CACHED_KEYS + 100 {
+            cache.valid.insert(digest(n), caller(n));
+            cache.unknown.insert(digest(n), ());
+        }
+        cache.valid.run_pending_tasks();
+        cache.unknown.run_pending_tasks();
+        assert_eq!(cache.valid.entry_count(), MAX_CACHED_KEYS);
+        assert_eq!(cache.unknown.entry_count(), MAX_CACHED_KEYS);
+        let newest = MAX_CACHED_KEYS + 99;
+        assert_eq!(cache.valid.get(&digest(newest)), Some(caller(newest)));
+        assert!(cache.valid.get(&digest(0)).is_none());
+        assert!(cache.unknown.contains_key(&digest(newest)));
+        assert!(!cache.unknown.contains_key(&digest(0)));
+    }
+
+    #[test]
+    fn a_revoked_key_is_never_read_again_and_other_keys_stay() {
+        let cache = Cache::new();
+        for n in 0..100 {
+            cache.valid.insert(digest(n), caller(n));
+        }
+        cache.forget_key("key-7");
+        // At once: before moka's maintenance has run.
+        assert_eq!(cache.valid.get(&digest(7)), None);
+        assert_eq!(cache.valid.get(&digest(8)), Some(caller(8)));
+        cache.valid.run_pending_tasks();
+        assert_eq!(cache.valid.get(&digest(7)), None);
+        assert_eq!(cache.valid.entry_count(), 99);
+        // Checked again after the revocation (a new key with its id cannot
+        // exist, but the predicate only covers what was cached before).
+        cache.valid.insert(digest(7), caller(7));
+        assert_eq!(cache.valid.get(&digest(7)), Some(caller(7)));
+    }
+
+    #[test]
+    fn a_gap_forgets_every_key_valid_and_unknown() {
+        let cache = Cache::new();
+        cache.valid.insert(digest(1), caller(1));
+        cache.unknown.insert(digest(2), ());
+        cache.forget_all();
+        assert_eq!(cache.valid.get(&digest(1)), None);
+        assert!(!cache.unknown.contains_key(&digest(2)));
+        // What is checked after the gap is remembered again.
+        cache.valid.insert(digest(1), caller(1));
+        assert_eq!(cache.valid.get(&digest(1)), Some(caller(1)));
+    }
 
     #[test]
     fn bearer_credentials_are_checked_before_any_lookup() {

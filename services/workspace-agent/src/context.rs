@@ -303,19 +303,19 @@ pub fn parse_front_matter(text: &str) -> Result<FrontMatter, String> {
     if !closed {
         return Err("front matter is not closed by a '---' line".to_owned());
     }
-    let value: serde_yaml::Value =
-        serde_yaml::from_str(&yaml).map_err(|e| format!("front matter is not valid YAML: {e}"))?;
+    let value: serde_norway::Value = serde_norway::from_str(&yaml)
+        .map_err(|e| format!("front matter is not valid YAML: {e}"))?;
     let mapping = value
         .as_mapping()
         .ok_or_else(|| "front matter is not a YAML mapping".to_owned())?;
     let field = |key: &str| -> Result<String, String> {
         match mapping.get(key) {
-            None | Some(serde_yaml::Value::Null) => Err(format!("front matter has no {key:?}")),
-            Some(serde_yaml::Value::String(s)) if s.trim().is_empty() => {
+            None | Some(serde_norway::Value::Null) => Err(format!("front matter has no {key:?}")),
+            Some(serde_norway::Value::String(s)) if s.trim().is_empty() => {
                 Err(format!("front matter {key:?} is empty"))
             }
             // YAML's "\0" escape is a NUL: cleaned like everything read from disk.
-            Some(serde_yaml::Value::String(s)) => {
+            Some(serde_norway::Value::String(s)) => {
                 Ok(ctxsync_mcp::clean_text(s.trim()).trim().to_owned())
             }
             Some(_) => Err(format!("front matter {key:?} is not a string")),

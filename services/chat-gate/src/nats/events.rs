@@ -1,7 +1,9 @@
 //! The store's events, applied to the core's views as they arrive, and the
 //! re-reads after a NATS gap.
 
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
+
+use chrono::{DateTime, Utc};
 
 use ctxsync_proto::v1::{DiscoveryChanged, SnapshotCommitted};
 use ctxsync_runtime::nats::NatsConnection;
@@ -15,13 +17,6 @@ use tokio_util::sync::CancellationToken;
 use ctxsync_runtime::tenant_keys::TenantKeys;
 use gate_core::gate::Gate;
 use gate_core::watch::EventUpdate;
-
-fn timestamp_to_system(ts: Option<&pbjson_types::Timestamp>) -> Option<SystemTime> {
-    let ts = ts?;
-    let seconds = u64::try_from(ts.seconds).ok()?;
-    let nanos = u32::try_from(ts.nanos).ok()?;
-    SystemTime::UNIX_EPOCH.checked_add(Duration::new(seconds, nanos))
-}
 
 /// The revision of a [`SnapshotCommitted`] alone (its tag there): prost
 /// skips the other fields, the state included, without building them.
@@ -69,7 +64,10 @@ pub fn apply_events(
                     watched = on_discovery.watches().is_watched(&event.agent_id),
                     "discovery event: updating the agent's view"
                 );
-                let committed_at = timestamp_to_system(event.committed_at.as_ref());
+                let committed_at = event
+                    .committed_at
+                    .and_then(|at| DateTime::<Utc>::try_from(at).ok())
+                    .map(SystemTime::from);
                 let update = EventUpdate::new(event.revision, event.state, committed_at);
                 feed_page(&discovery_feed, &event.agent_id, &update);
                 on_discovery.apply_event(&event.agent_id, update);
@@ -99,7 +97,10 @@ pub fn apply_events(
         }
         match SnapshotCommitted::decode(message.payload) {
             Ok(event) => {
-                let committed_at = timestamp_to_system(event.committed_at.as_ref());
+                let committed_at = event
+                    .committed_at
+                    .and_then(|at| DateTime::<Utc>::try_from(at).ok())
+                    .map(SystemTime::from);
                 let update = EventUpdate::new(event.revision, event.state, committed_at);
                 feed_page(&feed, &event.agent_id, &update);
                 gate.apply_event(&event.agent_id, update);
