@@ -73,11 +73,11 @@ pub fn run(command: &mut Command) -> String {
 }
 
 /// Every document of a multi-document YAML text, with `<<` merge keys applied.
-pub fn yaml_documents(text: &str) -> Vec<serde_yaml::Value> {
+pub fn yaml_documents(text: &str) -> Vec<serde_norway::Value> {
     use serde::Deserialize as _;
-    serde_yaml::Deserializer::from_str(text)
+    serde_norway::Deserializer::from_str(text)
         .map(|document| {
-            let mut value = serde_yaml::Value::deserialize(document).expect("valid YAML");
+            let mut value = serde_norway::Value::deserialize(document).expect("valid YAML");
             value.apply_merge().expect("valid YAML merge keys");
             value
         })
@@ -86,7 +86,7 @@ pub fn yaml_documents(text: &str) -> Vec<serde_yaml::Value> {
 }
 
 /// One YAML file, merge keys applied.
-pub fn read_yaml(path: &Path) -> serde_yaml::Value {
+pub fn read_yaml(path: &Path) -> serde_norway::Value {
     let text = std::fs::read_to_string(path)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
     let mut documents = yaml_documents(&text);

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::process::Command;
 
 use deploy_checks::{deploy_dir, env_names_in_code, read_yaml, repo_root, run, tool};
-use serde_yaml::Value;
+use serde_norway::Value;
 
 fn compose() -> Value {
     read_yaml(&deploy_dir().join("compose.yaml"))
@@ -98,7 +98,7 @@ fn every_service_is_health_checked_and_started_in_order() {
     }
     assert_eq!(
         compose["services"]["migrate"]["command"],
-        serde_yaml::from_str::<Value>("[ctxsync, migrate]").unwrap()
+        serde_norway::from_str::<Value>("[ctxsync, migrate]").unwrap()
     );
 }
 

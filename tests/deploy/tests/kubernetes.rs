@@ -16,7 +16,7 @@ use deploy_checks::{
     copy_tree, deploy_dir, env_names_in_code, metric_names_in_code, run, string_literals_in_code,
     tool, yaml_documents,
 };
-use serde_yaml::Value;
+use serde_norway::Value;
 
 /// Oldest Kubernetes minor the base must validate against.
 const KUBERNETES_VERSION: &str = "1.30.0";
@@ -566,7 +566,7 @@ fn stateful_sets_have_headless_services() {
         );
         assert!(
             labels_match(
-                &serde_yaml::from_str(&format!(
+                &serde_norway::from_str(&format!(
                     "matchLabels: {}",
                     serde_json::to_string(&service["spec"]["selector"]).unwrap()
                 ))
@@ -937,7 +937,7 @@ fn network_policies_admit_only_who_must_connect() {
     let deny = find(&objects, "NetworkPolicy", "default-deny");
     assert_eq!(
         deny["spec"]["podSelector"],
-        serde_yaml::from_str::<Value>("{}").unwrap()
+        serde_norway::from_str::<Value>("{}").unwrap()
     );
     assert_eq!(strings(&deny["spec"]["policyTypes"]), ["Ingress"]);
     assert!(

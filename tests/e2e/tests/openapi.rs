@@ -18,7 +18,7 @@ const HEADER: &str =
 fn the_openapi_document_is_current() {
     let generated = format!(
         "{HEADER}{}",
-        serde_yaml::to_string(&openapi::document()).unwrap()
+        serde_norway::to_string(&openapi::document()).unwrap()
     );
     let on_disk = std::fs::read_to_string(DOCUMENT).unwrap_or_default();
     if on_disk != generated {
