@@ -326,7 +326,8 @@ impl Catalogs {
         }
         // The binary reads its servers from a file and its tunables from env.
         let file = env.log_dir().join("catalog.yaml");
-        let yaml = serde_norway::to_string(&CatalogFile::of(&servers)).step("catalog config file")?;
+        let yaml =
+            serde_norway::to_string(&CatalogFile::of(&servers)).step("catalog config file")?;
         std::fs::create_dir_all(env.log_dir()).step("catalog config file")?;
         std::fs::write(&file, yaml).step("catalog config file")?;
         // One memory key for both replicas, so each trusts the entries the
