@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use axum::http::{HeaderMap, header};
 use ctxsync_proto::subjects::Subjects;
-use ctxsync_proto::v1::{AuthenticateAgentReply, AuthenticateAgentRequest};
-use ctxsync_runtime::rpc;
+use ctxsync_runtime::rpc::RpcError;
+use ctxsync_runtime::store::StoreClient;
 use sha2::{Digest, Sha256};
 
 use crate::error::ApiError;
@@ -18,9 +18,7 @@ use crate::error::ApiError;
 const MAX_CACHED_TOKENS: usize = 100_000;
 
 pub(crate) struct Authenticator {
-    nats: async_nats::Client,
-    subjects: Subjects,
-    timeout: Duration,
+    store: StoreClient,
     ttl: Duration,
     cache: Mutex<HashMap<[u8; 32], (String, Instant)>>,
 }
@@ -33,9 +31,7 @@ impl Authenticator {
         ttl: Duration,
     ) -> Self {
         Self {
-            nats,
-            subjects,
-            timeout,
+            store: StoreClient::new(nats, &subjects, timeout),
             ttl,
             cache: Mutex::new(HashMap::new()),
         }
@@ -48,29 +44,21 @@ impl Authenticator {
         if let Some(agent_id) = self.cached(&digest) {
             return Ok(agent_id);
         }
-        let reply: AuthenticateAgentReply = rpc::request(
-            &self.nats,
-            self.subjects.store_authenticate_agent(),
-            &AuthenticateAgentRequest {
-                token_sha256: digest.to_vec(),
-            },
-            None,
-            self.timeout,
-        )
-        .await
-        .map_err(|e| ApiError::StoreUnavailable(e.to_string()))?;
-        if let Some(error) = reply.error {
-            return Err(ApiError::StoreUnavailable(error.message));
-        }
-        if reply.agent_id.is_empty() {
-            return Err(ApiError::Unauthenticated("unknown agent token"));
-        }
+        let agent_id = self
+            .store
+            .authenticate_agent(digest.to_vec())
+            .await
+            .map_err(|error| match error {
+                RpcError::Service { message, .. } => ApiError::StoreUnavailable(message),
+                error => ApiError::StoreUnavailable(error.to_string()),
+            })?
+            .ok_or(ApiError::Unauthenticated("unknown agent token"))?;
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         if cache.len() >= MAX_CACHED_TOKENS {
             cache.clear();
         }
-        cache.insert(digest, (reply.agent_id.clone(), Instant::now() + self.ttl));
-        Ok(reply.agent_id)
+        cache.insert(digest, (agent_id.clone(), Instant::now() + self.ttl));
+        Ok(agent_id)
     }
 
     fn cached(&self, digest: &[u8; 32]) -> Option<String> {
