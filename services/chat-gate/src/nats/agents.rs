@@ -38,7 +38,7 @@ impl AgentLister {
                     message,
                     ..
                 } => ReadError::Unavailable(format!("snapshot-store failed: {message}")),
-                error => super::store::read_error(error),
+                error => crate::nats::store::read_error(error),
             })
     }
 }
