@@ -130,27 +130,35 @@ pub mod store {
     );
 }
 
-/// chat-gate's calls.
+/// Declares calls on per-tenant subjects:
+/// `Marker(Request) -> Reply, Subjects::served_method, Subjects::tenant_method;`.
+macro_rules! tenant_calls {
+    ($($(#[$doc:meta])* $name:ident($request:ty) -> $reply:ty, $served:ident, $subject:ident;)*) => {$(
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, Default)]
+        pub struct $name;
+        impl $crate::rpc::Rpc for $name {
+            type Request = $request;
+            type Reply = $reply;
+            fn served(subjects: &$crate::subjects::Subjects) -> String {
+                subjects.$served()
+            }
+        }
+        impl $crate::rpc::TenantSubject for $name {
+            fn subject(subjects: &$crate::subjects::Subjects, tenant: &str) -> String {
+                subjects.$subject(tenant)
+            }
+        }
+    )*};
+}
+
+/// chat-gate's calls (queue group [`crate::subjects::GATE_QUEUE_GROUP`]).
 pub mod gate {
-    use crate::subjects::Subjects;
     use crate::v1::{TurnReply, TurnRequest};
 
-    /// May this turn run, and with which context (`<prefix>.gate.turn.<tenant>`).
-    #[derive(Debug, Clone, Copy, Default)]
-    pub struct Turn;
-
-    impl crate::rpc::Rpc for Turn {
-        type Request = TurnRequest;
-        type Reply = TurnReply;
-        fn served(subjects: &Subjects) -> String {
-            subjects.gate_turn_all()
-        }
-    }
-
-    impl crate::rpc::TenantSubject for Turn {
-        fn subject(subjects: &Subjects, tenant: &str) -> String {
-            subjects.gate_turn(tenant)
-        }
+    tenant_calls! {
+        /// May this turn run, and with which context (`<prefix>.gate.turn.<tenant>`).
+        Turn(TurnRequest) -> TurnReply, gate_turn_all, gate_turn;
     }
 
     replies!(TurnReply);
