@@ -165,7 +165,9 @@ pub fn expired(deadline: Option<SystemTime>) -> bool {
 }
 
 /// Sends `request` and decodes the answer. The request carries its deadline
-/// (now + `timeout`) in [`DEADLINE_HEADER`].
+/// (now + `timeout`) in [`DEADLINE_HEADER`]. Untyped: a declared call is
+/// made with [`call`]; this remains for calls not declared yet (the
+/// catalog's) and for tests of raw NATS behaviour.
 pub async fn request<Req: Message, Resp: Message + Default>(
     client: &Client,
     subject: String,
@@ -357,7 +359,9 @@ fn malformed<R: Reply>(message: String) -> R {
 /// most [`DEFAULT_MAX_IN_FLIGHT`]), and answered with the encoded `Resp`.
 /// On shutdown the subscription is drained: the server sends no more
 /// requests here, the ones it already sent are still answered, and all of
-/// them finish within `grace` of the signal.
+/// them finish within `grace` of the signal. Untyped: a declared call is
+/// served with [`serve_rpc`]; this remains for calls not declared yet (the
+/// catalog's).
 pub async fn serve<Req, Resp, F, Fut>(
     connection: &NatsConnection,
     subject: String,
