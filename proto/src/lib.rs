@@ -1,11 +1,13 @@
 //! The ctxsync contract: the protobuf messages every service exchanges, their
-//! proto3 JSON mapping, and the NATS subject names.
+//! proto3 JSON mapping, the NATS subject names, and the request/reply calls
+//! that join them (`rpc`).
 //!
 //! Messages are generated at build time from `ctxsync/v1/*.proto` with protox
 //! and prost, so building needs no `protoc`.
 
 mod decision;
 pub mod ids;
+pub mod rpc;
 pub mod subjects;
 pub mod unknown;
 pub mod validate;

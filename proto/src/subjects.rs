@@ -21,7 +21,9 @@ pub enum SubjectError {
     Invalid { prefix: String },
 }
 
-/// The subject names under one prefix.
+/// The subject names under one prefix. A request/reply subject's call (its
+/// request and reply types) is declared in [`crate::rpc`]: the store's are
+/// asked and served only through those declarations (`tests/tidy`).
 #[derive(Clone, PartialEq, Eq)]
 pub struct Subjects {
     prefix: String,

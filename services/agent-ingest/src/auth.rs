@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use axum::http::{HeaderMap, header};
 use ctxsync_proto::subjects::Subjects;
-use ctxsync_proto::v1::{AuthenticateAgentReply, AuthenticateAgentRequest};
-use ctxsync_runtime::rpc;
+use ctxsync_runtime::rpc::RpcError;
+use ctxsync_runtime::store::StoreClient;
 use sha2::{Digest, Sha256};
 
 use crate::error::ApiError;
@@ -27,9 +27,7 @@ fn token_cache(ttl: Duration) -> TokenCache {
 }
 
 pub(crate) struct Authenticator {
-    nats: async_nats::Client,
-    subjects: Subjects,
-    timeout: Duration,
+    store: StoreClient,
     cache: TokenCache,
 }
 
@@ -41,9 +39,7 @@ impl Authenticator {
         ttl: Duration,
     ) -> Self {
         Self {
-            nats,
-            subjects,
-            timeout,
+            store: StoreClient::new(nats, &subjects, timeout),
             cache: token_cache(ttl),
         }
     }
@@ -55,25 +51,17 @@ impl Authenticator {
         if let Some(agent_id) = self.cache.get(&digest) {
             return Ok(agent_id);
         }
-        let reply: AuthenticateAgentReply = rpc::request(
-            &self.nats,
-            self.subjects.store_authenticate_agent(),
-            &AuthenticateAgentRequest {
-                token_sha256: digest.to_vec(),
-            },
-            None,
-            self.timeout,
-        )
-        .await
-        .map_err(|e| ApiError::StoreUnavailable(e.to_string()))?;
-        if let Some(error) = reply.error {
-            return Err(ApiError::StoreUnavailable(error.message));
-        }
-        if reply.agent_id.is_empty() {
-            return Err(ApiError::Unauthenticated("unknown agent token"));
-        }
-        self.cache.insert(digest, reply.agent_id.clone());
-        Ok(reply.agent_id)
+        let agent_id = self
+            .store
+            .authenticate_agent(digest.to_vec())
+            .await
+            .map_err(|error| match error {
+                RpcError::Service { message, .. } => ApiError::StoreUnavailable(message),
+                error => ApiError::StoreUnavailable(error.to_string()),
+            })?
+            .ok_or(ApiError::Unauthenticated("unknown agent token"))?;
+        self.cache.insert(digest, agent_id.clone());
+        Ok(agent_id)
     }
 }
 

@@ -20,15 +20,15 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use ctxsync_proto::limits::MAX_REQUEST_BYTES;
-use ctxsync_proto::subjects::Subjects;
 use ctxsync_proto::v1::{
-    PushContextStateRequest, StartupDropReason, StartupRequest, StoreError as ProtoStoreError,
-    StorePushReply, StorePushRequest, UpdateStartupReply, UpdateStartupRequest, store_error::Code,
+    PushContextStateRequest, StartupDropReason, StartupRequest, service_error::Code,
 };
 use ctxsync_proto::validate;
 use ctxsync_runtime::nats::NatsConnection;
+use ctxsync_runtime::rpc::RpcError;
+use ctxsync_runtime::store::StoreClient;
 use ctxsync_runtime::trace::{TRACEPARENT, TraceContext};
-use ctxsync_runtime::{CommonArgs, HttpServer, Readiness, Shutdown, rpc};
+use ctxsync_runtime::{CommonArgs, HttpServer, Readiness, Shutdown};
 use prost::Message;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -87,9 +87,7 @@ pub enum StartError {
 }
 
 struct AppState {
-    nats: async_nats::Client,
-    subjects: Subjects,
-    store_timeout: Duration,
+    store: StoreClient,
     auth: auth::Authenticator,
 }
 
@@ -135,9 +133,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningIngest, 
             config.store_timeout,
             config.auth_cache_ttl,
         ),
-        nats: nats.client.clone(),
-        subjects,
-        store_timeout: config.store_timeout,
+        store: StoreClient::new(nats.client.clone(), &subjects, config.store_timeout),
     });
     let max_payload = nats.client.server_info().max_payload;
     if max_payload < ctxsync_proto::limits::MAX_REQUEST_BYTES + 64 * 1024 {
@@ -355,23 +351,25 @@ async fn accept<T: Message + Default + DeserializeOwned + prost::Name>(
     Ok((agent_id, format, message))
 }
 
-fn store_error(error: ProtoStoreError) -> ApiError {
-    match error.code() {
-        Code::InvalidArgument => ApiError::Malformed(error.message),
+/// What a failed store call answers the agent: the store's refusals by
+/// their code, a request over the bus's limit 413, and 503 while the store
+/// cannot be asked.
+fn store_failed(error: RpcError) -> ApiError {
+    match error {
+        RpcError::Service {
+            code: Code::InvalidArgument,
+            message,
+            ..
+        } => ApiError::Malformed(message),
         // The token matched an agent that no longer exists.
-        Code::NotFound => ApiError::Unauthenticated("unknown agent token"),
-        _ => ApiError::StoreUnavailable(error.message),
-    }
-}
-
-fn forward_error(error: rpc::RpcError) -> ApiError {
-    if let rpc::RpcError::TooLarge { .. } = error {
-        return ApiError::BusTooSmall;
-    }
-    if error.is_unavailable() {
-        ApiError::StoreUnavailable(error.to_string())
-    } else {
-        ApiError::Internal(error.to_string())
+        RpcError::Service {
+            code: Code::NotFound,
+            ..
+        } => ApiError::Unauthenticated("unknown agent token"),
+        RpcError::Service { message, .. } => ApiError::StoreUnavailable(message),
+        RpcError::TooLarge { .. } => ApiError::BusTooSmall,
+        error if error.is_unavailable() => ApiError::StoreUnavailable(error.to_string()),
+        error => ApiError::Internal(error.to_string()),
     }
 }
 
@@ -385,47 +383,6 @@ fn trace_of(request: &Request) -> TraceContext {
         .map_or_else(TraceContext::new_root, |parent| parent.child())
 }
 
-/// A store reply: its answer, or the store's error.
-trait StoreReply: Message + Default {
-    type Answer: Default;
-    fn into_result(self) -> Result<Self::Answer, ProtoStoreError>;
-}
-
-impl StoreReply for UpdateStartupReply {
-    type Answer = ctxsync_proto::v1::StartupResponse;
-    fn into_result(self) -> Result<Self::Answer, ProtoStoreError> {
-        self.error
-            .map_or(Ok(self.response.unwrap_or_default()), Err)
-    }
-}
-
-impl StoreReply for StorePushReply {
-    type Answer = ctxsync_proto::v1::PushContextStateResponse;
-    fn into_result(self) -> Result<Self::Answer, ProtoStoreError> {
-        self.error
-            .map_or(Ok(self.response.unwrap_or_default()), Err)
-    }
-}
-
-/// Forwards `request` to the store under the request's trace.
-async fn ask_store<R: StoreReply>(
-    state: &AppState,
-    subject: String,
-    request: &impl Message,
-    trace: &TraceContext,
-) -> Result<R::Answer, ApiError> {
-    let reply: R = rpc::request(
-        &state.nats,
-        subject,
-        request,
-        Some(trace.child().to_nats()),
-        state.store_timeout,
-    )
-    .await
-    .map_err(forward_error)?;
-    reply.into_result().map_err(store_error)
-}
-
 async fn startup(State(state): State<Arc<AppState>>, request: Request) -> Response {
     let started = Instant::now();
     let trace = trace_of(&request);
@@ -434,13 +391,11 @@ async fn startup(State(state): State<Arc<AppState>>, request: Request) -> Respon
     let result = async {
         let (agent_id, format, startup): (_, _, StartupRequest) = accept(&state, request).await?;
         validate::startup(&startup).map_err(ApiError::Validation)?;
-        let request = UpdateStartupRequest {
-            agent_id: agent_id.clone(),
-            startup: Some(startup),
-        };
-        let response =
-            ask_store::<UpdateStartupReply>(&state, state.subjects.store_update_startup(), &request, &trace)
-                .await?;
+        let response = state
+            .store
+            .update_startup(&agent_id, startup, Some(trace.child().to_nats()))
+            .await
+            .map_err(store_failed)?;
         if response.drop_reason() == StartupDropReason::Unspecified {
             tracing::info!(agent_id = %agent_id, trace_id = %trace.trace_id(), run_id_changed = response.run_id_changed, "agent startup");
         } else {
@@ -468,12 +423,11 @@ async fn context_state(State(state): State<Arc<AppState>>, request: Request) -> 
             accept(&state, request).await?;
         validate::push(&push).map_err(ApiError::Validation)?;
         let version = push.version;
-        let request = StorePushRequest {
-            agent_id: agent_id.clone(),
-            push: Some(push),
-        };
-        let response =
-            ask_store::<StorePushReply>(&state, state.subjects.store_push(), &request, &trace).await?;
+        let response = state
+            .store
+            .push(&agent_id, push, Some(trace.child().to_nats()))
+            .await
+            .map_err(store_failed)?;
         if response.accepted {
             tracing::info!(agent_id = %agent_id, trace_id = %trace.trace_id(), version, "push forwarded");
         } else {
@@ -510,4 +464,64 @@ fn finish(
         tracing::debug!(endpoint, "request served");
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(code: Code) -> RpcError {
+        RpcError::Service {
+            subject: "p.store.agent.push".into(),
+            code,
+            message: "why".into(),
+            reason: String::new(),
+        }
+    }
+
+    /// What the agent is answered for each way a store call fails.
+    #[test]
+    fn store_failures_answer_by_code_and_kind() {
+        let cases = [
+            (refusal(Code::InvalidArgument), StatusCode::BAD_REQUEST),
+            (refusal(Code::NotFound), StatusCode::UNAUTHORIZED),
+            (refusal(Code::Internal), StatusCode::SERVICE_UNAVAILABLE),
+            (
+                refusal(Code::DeadlineExceeded),
+                StatusCode::SERVICE_UNAVAILABLE,
+            ),
+            (
+                RpcError::TooLarge {
+                    subject: "s".into(),
+                },
+                StatusCode::PAYLOAD_TOO_LARGE,
+            ),
+            (
+                RpcError::NoResponders {
+                    subject: "s".into(),
+                },
+                StatusCode::SERVICE_UNAVAILABLE,
+            ),
+            (
+                RpcError::Incomplete {
+                    subject: "s".into(),
+                    field: "response",
+                },
+                StatusCode::INTERNAL_SERVER_ERROR,
+            ),
+        ];
+        for (error, status) in cases {
+            let shown = error.to_string();
+            assert_eq!(
+                store_failed(error).into_response().status(),
+                status,
+                "{shown}"
+            );
+        }
+        assert_eq!(
+            store_failed(refusal(Code::InvalidArgument)).to_string(),
+            "why",
+            "the store's reason, not the transport's wording"
+        );
+    }
 }

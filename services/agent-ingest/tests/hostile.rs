@@ -10,6 +10,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use ctxsync_proto::limits;
+use ctxsync_proto::rpc::store;
 use ctxsync_proto::v1::mcp_discovery::Phase;
 use ctxsync_proto::v1::*;
 use ctxsync_runtime::Shutdown;
@@ -35,7 +36,6 @@ struct Harness {
     _nats: NatsServer,
     _db: TestDatabase,
     api: StoreClient,
-    subjects: ctxsync_proto::subjects::Subjects,
     /// snapshot-store and agent-ingest, running until `_shutdown` is cancelled.
     _stack: Stack,
     base: String,
@@ -58,14 +58,12 @@ impl Harness {
         .await;
         let client = async_nats::connect(nats.url()).await.unwrap();
         let subjects = ctxsync_proto::subjects::Subjects::new(&prefix).unwrap();
-        let api =
-            StoreClient::new(client, subjects.clone(), TIMEOUT, "ws").retrying_no_responders();
+        let api = StoreClient::new(client, subjects, TIMEOUT, "ws").retrying_no_responders();
         let agent_id = api.register("hostile", TOKEN).await;
         Self {
             _nats: nats,
             _db: db,
             api,
-            subjects,
             base: format!("http://{}", stack.ingest().http_addr()),
             _stack: stack,
             http: reqwest::Client::new(),
@@ -240,20 +238,21 @@ async fn nul_in_an_agent_registration_is_refused_by_name() {
         ("workspace", "acme", "w\0", "n2"),
         ("name", "acme", "ws", "\0"),
     ] {
-        let reply: RegisterAgentReply = h
+        let reply = h
             .api
-            .request(
-                h.subjects.store_register_agent(),
-                &RegisterAgentRequest {
-                    tenant: tenant.into(),
-                    workspace: workspace.into(),
-                    name: name.into(),
-                    token_sha256: testkit::report::sha(name),
-                },
-            )
+            .request::<store::RegisterAgent>(&RegisterAgentRequest {
+                tenant: tenant.into(),
+                workspace: workspace.into(),
+                name: name.into(),
+                token_sha256: testkit::report::sha(name),
+            })
             .await;
         let error = reply.error.expect("refused");
-        assert_eq!(error.code(), store_error::Code::InvalidArgument, "{field}");
+        assert_eq!(
+            error.code(),
+            service_error::Code::InvalidArgument,
+            "{field}"
+        );
         // NUL is outside every identifier's alphabet: refused by the rule.
         assert!(
             error.message.starts_with(&format!("{field}: "))

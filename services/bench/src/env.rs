@@ -9,10 +9,9 @@ use std::time::Duration;
 
 use ctxsync_proto::subjects::Subjects;
 use ctxsync_proto::v1::{
-    AgentState, GetAgentStateReply, GetAgentStateRequest, PushContextStateRequest,
-    PushContextStateResponse, StartupRequest, StorePushReply, StorePushRequest, TurnReply,
-    TurnRequest, UpdateStartupReply, UpdateStartupRequest,
+    AgentState, PushContextStateRequest, StartupRequest, TurnReply, TurnRequest,
 };
+use ctxsync_runtime::store::StoreClient;
 use ctxsync_runtime::{Shutdown, rpc};
 use ctxsync_stack::StackBuilder;
 use ctxsync_stack::deps::{self, ClusterDependency, Dependency};
@@ -327,28 +326,23 @@ impl Env {
             .collect()
     }
 
+    /// snapshot-store's client on the chats' and agents' connection.
+    pub fn store(&self) -> StoreClient {
+        StoreClient::new(self.client.clone(), &self.subjects, CALL_TIMEOUT)
+    }
+
     /// UpdateStartup with a new run id, straight to snapshot-store.
     pub async fn startup(&self, agent_id: &str, run_id: &str) -> Result<(), BenchError> {
-        let reply: UpdateStartupReply = rpc::request(
-            &self.client,
-            self.subjects.store_update_startup(),
-            &UpdateStartupRequest {
-                agent_id: agent_id.to_owned(),
-                startup: Some(StartupRequest {
-                    agent_run_id: run_id.to_owned(),
-                    agent_version: "bench".into(),
-                    ..Default::default()
-                }),
-            },
-            None,
-            CALL_TIMEOUT,
-        )
-        .await
-        .step("startup")?;
-        match reply.error {
-            Some(error) => Err(BenchError::new("startup", error.message)),
-            None => Ok(()),
-        }
+        let startup = StartupRequest {
+            agent_run_id: run_id.to_owned(),
+            agent_version: "bench".into(),
+            ..Default::default()
+        };
+        self.store()
+            .update_startup(agent_id, startup, None)
+            .await
+            .step("startup")?;
+        Ok(())
     }
 
     /// A push straight to snapshot-store; an unaccepted push is an error.
@@ -357,22 +351,7 @@ impl Env {
         agent_id: &str,
         push: PushContextStateRequest,
     ) -> Result<(), BenchError> {
-        let reply: StorePushReply = rpc::request(
-            &self.client,
-            self.subjects.store_push(),
-            &StorePushRequest {
-                agent_id: agent_id.to_owned(),
-                push: Some(push),
-            },
-            None,
-            CALL_TIMEOUT,
-        )
-        .await
-        .step("push")?;
-        if let Some(error) = reply.error {
-            return Err(BenchError::new("push", error.message));
-        }
-        let response: PushContextStateResponse = reply.response.unwrap_or_default();
+        let response = self.store().push(agent_id, push, None).await.step("push")?;
         if !response.accepted {
             return Err(BenchError::new("push", response.message));
         }
@@ -381,22 +360,10 @@ impl Env {
 
     /// The agent's state as snapshot-store's read API returns it.
     pub async fn read(&self, agent_id: &str) -> Result<AgentState, BenchError> {
-        let reply: GetAgentStateReply = rpc::request(
-            &self.client,
-            self.subjects.store_get_agent_state(),
-            &GetAgentStateRequest {
-                agent_id: agent_id.to_owned(),
-            },
-            None,
-            CALL_TIMEOUT,
-        )
-        .await
-        .step("read agent state")?;
-        match (reply.error, reply.state) {
-            (Some(error), _) => Err(BenchError::new("read agent state", error.message)),
-            (None, Some(state)) => Ok(state),
-            (None, None) => Err(BenchError::new("read agent state", "no state")),
-        }
+        self.store()
+            .agent_state(agent_id)
+            .await
+            .step("read agent state")
     }
 
     /// A chat's first turn over NATS `gate.turn`.

@@ -8,10 +8,11 @@ use std::time::{Duration, Instant, SystemTime};
 use chrono::{DateTime, Utc};
 
 use ctxsync_proto::v1::{
-    AgentState, DiscoveryChanged, GateDecision, GetAgentStateReply, GetAgentStateRequest,
-    TurnReply, TurnRequest, discovery_changed::Cause, mcp_discovery::Phase,
+    AgentState, DiscoveryChanged, GateDecision, TurnReply, TurnRequest, discovery_changed::Cause,
+    mcp_discovery::Phase,
 };
 use ctxsync_runtime::rpc;
+use ctxsync_runtime::store::StoreClient;
 use futures::StreamExt;
 use prost::Message;
 
@@ -134,27 +135,8 @@ async fn first_turn(
     (reply, SystemTime::now())
 }
 
-async fn read_state(
-    client: &async_nats::Client,
-    subject: String,
-    agent_id: &str,
-) -> Result<AgentState, String> {
-    let reply: GetAgentStateReply = rpc::request(
-        client,
-        subject,
-        &GetAgentStateRequest {
-            agent_id: agent_id.to_owned(),
-        },
-        None,
-        CALL_TIMEOUT,
-    )
-    .await
-    .map_err(|e| e.to_string())?;
-    match (reply.error, reply.state) {
-        (Some(error), _) => Err(error.message),
-        (None, Some(state)) => Ok(state),
-        (None, None) => Err("no state".into()),
-    }
+async fn read_state(store: &StoreClient, agent_id: &str) -> Result<AgentState, String> {
+    store.agent_state(agent_id).await.map_err(|e| e.to_string())
 }
 
 /// Waits until `extra` more chats wait in the gate than `baseline`, or the
@@ -467,7 +449,7 @@ pub async fn gate_ready(
     let mut reads = Vec::with_capacity(sizes.gate_ready_samples);
     for _ in 0..sizes.gate_ready_samples {
         let started = Instant::now();
-        read_state(&env.client, env.subjects.store_get_agent_state(), &agent.id)
+        read_state(&env.store(), &agent.id)
             .await
             .map_err(|e| BenchError::new("store read", e))?;
         reads.push(started.elapsed());
@@ -544,15 +526,14 @@ pub async fn polling(
         ));
         until_waiting(env, baseline, 1).await;
 
-        let client = env.client.clone();
-        let subject = env.subjects.store_get_agent_state();
+        let store = env.store();
         let agent_id = agent[0].id.clone();
         let poll_run = run.clone();
         let poller = tokio::spawn(async move {
             let mut tick = tokio::time::interval(interval);
             loop {
                 tick.tick().await;
-                let state = read_state(&client, subject.clone(), &agent_id).await?;
+                let state = read_state(&store, &agent_id).await?;
                 if ready_in(&state, &poll_run).is_some() {
                     return Ok::<_, String>(SystemTime::now());
                 }

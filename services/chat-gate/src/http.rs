@@ -20,7 +20,7 @@ use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use ctxsync_proto::v1::{TurnRequest, gate_error::Code};
+use ctxsync_proto::v1::{TurnRequest, service_error::Code};
 
 use ctxsync_runtime::tenant_keys::{Caller, TenantKeys};
 use gate_core::gate::Gate;

@@ -28,6 +28,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ctxsync_proto::rpc::Rpc as _;
 use ctxsync_proto::subjects::Subjects;
 use ctxsync_runtime::nats::NatsConnection;
 use ctxsync_runtime::{CommonArgs, HttpServer, Readiness, Shutdown, tenant_keys};
@@ -324,7 +325,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, St
     let server = nats::TurnServer::start(
         &nats,
         nats::TurnServing {
-            subject: subjects.gate_turn_all(),
+            subject: ctxsync_proto::rpc::gate::Turn::served(&subjects),
             max_in_flight: config.max_turns,
             grace: config.common.shutdown_grace,
         },

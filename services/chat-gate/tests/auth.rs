@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use ctxsync_proto::v1::gate_error::Code;
+use ctxsync_proto::v1::service_error::Code;
 use ctxsync_proto::v1::*;
 use futures::StreamExt;
 use serde_json::{Value, json};

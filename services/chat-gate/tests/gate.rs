@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use ctxsync_proto::v1::mcp_discovery::Phase;
 use ctxsync_proto::v1::*;
+use ctxsync_runtime::store::StoreClient;
 use futures::StreamExt;
 use prost::Message;
 
@@ -232,7 +233,7 @@ fn is_not_found(reply: &TurnReply) -> bool {
     reply
         .error
         .as_ref()
-        .is_some_and(|e| e.code() == gate_error::Code::NotFound)
+        .is_some_and(|e| e.code() == service_error::Code::NotFound)
 }
 
 /// On this single-threaded runtime `join_all` registers every turn before
@@ -530,7 +531,7 @@ async fn http_api_refuses_bad_input_clearly_and_404s_unknown_agents() {
 
     // Over NATS the same refusal is an error, not a decision.
     let reply = h.turn("c", unknown, true).await;
-    assert_eq!(reply.error.unwrap().code(), gate_error::Code::NotFound);
+    assert_eq!(reply.error.unwrap().code(), service_error::Code::NotFound);
     assert_eq!(h.gate().waiters_held(), 0);
 
     let ready: serde_json::Value = h
@@ -596,40 +597,22 @@ async fn nats_server_restarted_while_chats_wait_every_waiter_answers() {
         let deadline = Instant::now() + TIMEOUT;
         loop {
             // The store may still be reconnecting: retry until it answers.
-            let result: Result<StorePushReply, _> = async {
+            let store = StoreClient::new(h.client.clone(), &h.subjects, Duration::from_secs(2));
+            let result = async {
                 if i % 2 == 1 {
-                    let _: UpdateStartupReply = ctxsync_runtime::rpc::request(
-                        &h.client,
-                        h.subjects.store_update_startup(),
-                        &UpdateStartupRequest {
-                            agent_id: agent.clone(),
-                            startup: Some(StartupRequest {
-                                agent_run_id: RUN_B.into(),
-                                agent_version: "test".into(),
-                                ..Default::default()
-                            }),
-                        },
-                        None,
-                        Duration::from_secs(2),
-                    )
-                    .await?;
+                    let startup = StartupRequest {
+                        agent_run_id: RUN_B.into(),
+                        agent_version: "test".into(),
+                        ..Default::default()
+                    };
+                    store.update_startup(agent, startup, None).await?;
                 }
-                ctxsync_runtime::rpc::request(
-                    &h.client,
-                    h.subjects.store_push(),
-                    &StorePushRequest {
-                        agent_id: agent.clone(),
-                        push: Some(push.clone()),
-                    },
-                    None,
-                    Duration::from_secs(2),
-                )
-                .await
+                store.push(agent, push.clone(), None).await
             }
             .await;
             match result {
-                Ok(reply) => {
-                    assert!(reply.response.unwrap().accepted);
+                Ok(response) => {
+                    assert!(response.accepted);
                     break;
                 }
                 Err(error) => {

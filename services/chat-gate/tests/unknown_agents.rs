@@ -77,7 +77,7 @@ async fn ten_thousand_unknown_agent_ids_leave_no_view_behind() {
                     let reply = h.turn("c", &id, i % 2 == 0).await;
                     reply
                         .error
-                        .is_some_and(|e| e.code() == gate_error::Code::NotFound)
+                        .is_some_and(|e| e.code() == service_error::Code::NotFound)
                 }
             }
         })

@@ -8,11 +8,11 @@ use ctxsync_proto::subjects::Subjects;
 use std::path::Path;
 
 use ctxsync_proto::v1::{
-    AgentState, AuthenticateAgentReply, AuthenticateAgentRequest, GetAgentStateReply,
-    GetAgentStateRequest, RegisterAgentReply, RegisterAgentRequest, ResourceKind, ResourceStatus,
-    RotateAgentTokenReply, RotateAgentTokenRequest, context_resource::Body,
+    AgentState, RegisterAgentRequest, ResourceKind, ResourceStatus, RotateAgentTokenRequest,
+    context_resource::Body, service_error::Code,
 };
 use ctxsync_runtime::rpc;
+use ctxsync_runtime::store::StoreClient;
 use rand::RngCore;
 use sha2::Digest;
 
@@ -40,6 +40,12 @@ impl From<rpc::RpcError> for AgentCommandError {
     fn from(error: rpc::RpcError) -> Self {
         match error {
             rpc::RpcError::NoResponders { subject } => Self::StoreNotRunning { subject },
+            rpc::RpcError::Service {
+                code: Code::AlreadyExists,
+                message,
+                ..
+            } => Self::Exists(message),
+            rpc::RpcError::Service { message, .. } => Self::Store(message),
             error => Self::Rpc(error),
         }
     }
@@ -81,31 +87,15 @@ pub async fn register(
     name: &str,
 ) -> Result<Registered, AgentCommandError> {
     let token = new_token();
-    let reply: RegisterAgentReply = rpc::request(
-        nats,
-        subjects.store_register_agent(),
-        &RegisterAgentRequest {
+    let agent_id = StoreClient::new(nats.clone(), subjects, timeout)
+        .register_agent(RegisterAgentRequest {
             tenant: tenant.into(),
             workspace: workspace.into(),
             name: name.into(),
             token_sha256: sha2::Sha256::digest(token.as_bytes()).to_vec(),
-        },
-        None,
-        timeout,
-    )
-    .await?;
-    if let Some(error) = reply.error {
-        return Err(match error.code() {
-            ctxsync_proto::v1::store_error::Code::AlreadyExists => {
-                AgentCommandError::Exists(error.message)
-            }
-            _ => AgentCommandError::Store(error.message),
-        });
-    }
-    Ok(Registered {
-        agent_id: reply.agent_id,
-        token,
-    })
+        })
+        .await?;
+    Ok(Registered { agent_id, token })
 }
 
 /// What `register --token-file` does when the agent exists already.
@@ -202,30 +192,20 @@ async fn valid_token_in(
     if token.is_empty() {
         return Ok(None);
     }
-    let reply: AuthenticateAgentReply = rpc::request(
-        nats,
-        subjects.store_authenticate_agent(),
-        &AuthenticateAgentRequest {
-            token_sha256: sha2::Sha256::digest(token.as_bytes()).to_vec(),
-        },
-        None,
-        timeout,
-    )
-    .await?;
-    if let Some(error) = reply.error {
-        return Err(AgentCommandError::Store(error.message));
-    }
-    if reply.agent_id.is_empty() {
+    let Some(agent_id) = StoreClient::new(nats.clone(), subjects, timeout)
+        .authenticate_agent(sha2::Sha256::digest(token.as_bytes()).to_vec())
+        .await?
+    else {
         return Ok(None);
-    }
-    let state = show(nats, subjects, timeout, &reply.agent_id).await?;
+    };
+    let state = show(nats, subjects, timeout, &agent_id).await?;
     let agent = state.agent.unwrap_or_default();
     let same = (
         agent.tenant.as_str(),
         agent.workspace.as_str(),
         agent.name.as_str(),
     ) == (tenant, workspace, name);
-    Ok(same.then_some(reply.agent_id))
+    Ok(same.then_some(agent_id))
 }
 
 /// `register --token-file`: the token goes to `path`, never to the output.
@@ -274,24 +254,16 @@ pub async fn register_to_file(
         }
         Err(AgentCommandError::Exists(_)) => {
             let token = new_token();
-            let reply: RotateAgentTokenReply = rpc::request(
-                nats,
-                subjects.store_rotate_agent_token(),
-                &RotateAgentTokenRequest {
+            let agent_id = StoreClient::new(nats.clone(), subjects, timeout)
+                .rotate_agent_token(RotateAgentTokenRequest {
                     tenant: tenant.into(),
                     workspace: workspace.into(),
                     name: name.into(),
                     token_sha256: sha2::Sha256::digest(token.as_bytes()).to_vec(),
-                },
-                None,
-                timeout,
-            )
-            .await?;
-            if let Some(error) = reply.error {
-                return Err(AgentCommandError::Store(error.message));
-            }
+                })
+                .await?;
             write_token_file(path, &token)?;
-            Ok(done(reply.agent_id, "rotated"))
+            Ok(done(agent_id, "rotated"))
         }
         Err(error) => Err(error),
     }
@@ -303,20 +275,10 @@ pub async fn show(
     timeout: Duration,
     agent_id: &str,
 ) -> Result<AgentState, AgentCommandError> {
-    let reply: GetAgentStateReply = rpc::request(
-        nats,
-        subjects.store_get_agent_state(),
-        &GetAgentStateRequest {
-            agent_id: agent_id.into(),
-        },
-        None,
-        timeout,
-    )
-    .await?;
-    if let Some(error) = reply.error {
-        return Err(AgentCommandError::Store(error.message));
-    }
-    Ok(reply.state.unwrap_or_default())
+    let state = StoreClient::new(nats.clone(), subjects, timeout)
+        .agent_state(agent_id)
+        .await?;
+    Ok(state)
 }
 
 fn status_name(status: i32) -> &'static str {
@@ -404,4 +366,36 @@ pub fn render(state: &AgentState) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(code: Code) -> rpc::RpcError {
+        rpc::RpcError::Service {
+            subject: "p.store.agent.register".into(),
+            code,
+            message: "an agent named \"a\" already exists in t/w".into(),
+            reason: String::new(),
+        }
+    }
+
+    #[test]
+    fn an_existing_agent_is_told_apart_by_its_code() {
+        assert!(matches!(
+            AgentCommandError::from(refusal(Code::AlreadyExists)),
+            AgentCommandError::Exists(_)
+        ));
+        let other = AgentCommandError::from(refusal(Code::InvalidArgument));
+        assert!(matches!(other, AgentCommandError::Store(_)), "{other:?}");
+        assert_eq!(
+            other.to_string(),
+            "snapshot-store refused: an agent named \"a\" already exists in t/w"
+        );
+        let missing = AgentCommandError::from(rpc::RpcError::NoResponders {
+            subject: "p.store.agent.register".into(),
+        });
+        assert!(matches!(missing, AgentCommandError::StoreNotRunning { .. }));
+    }
 }

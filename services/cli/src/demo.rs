@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
+use ctxsync_proto::rpc::gate;
 use ctxsync_proto::subjects::Subjects;
 use ctxsync_proto::v1::{
     DiscoveryChanged, TurnReply, TurnRequest, discovery_changed::Cause, mcp_discovery::Phase,
@@ -234,9 +235,10 @@ pub async fn run(setup: &DemoSetup<'_>, shutdown: Shutdown) -> anyhow::Result<()
                     (client.clone(), setup.subjects.clone(), agent_id.clone());
                 timeline.mark("chat asks first turn", "chat demo-chat-1 waits on the gate");
                 gate_answer = Some(Box::pin(async move {
-                    rpc::request::<_, TurnReply>(
+                    rpc::call_for_tenant::<gate::Turn>(
                         &client,
-                        subjects.gate_turn("demo"),
+                        &subjects,
+                        "demo",
                         &TurnRequest {
                             chat_id: "demo-chat-1".into(),
                             agent_id,
@@ -247,7 +249,12 @@ pub async fn run(setup: &DemoSetup<'_>, shutdown: Shutdown) -> anyhow::Result<()
                         STEP_TIMEOUT,
                     )
                     .await
-                    .map_err(anyhow::Error::from)
+                    .map_err(|error| match error {
+                        rpc::RpcError::Service { message, .. } => {
+                            anyhow::anyhow!("the gate refused the turn: {message}")
+                        }
+                        error => error.into(),
+                    })
                 }));
             }
             (Cause::Push, Phase::Complete) => {
@@ -256,9 +263,6 @@ pub async fn run(setup: &DemoSetup<'_>, shutdown: Shutdown) -> anyhow::Result<()
             (_, phase) => timeline.mark("event", phase.as_str_name()),
         }
     };
-    if let Some(error) = &answer.error {
-        bail!("the gate refused the turn: {}", error.message);
-    }
     timeline.mark(
         "gate answered",
         &format!(

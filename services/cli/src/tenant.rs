@@ -7,11 +7,8 @@ use std::time::Duration;
 
 use base64::Engine;
 use ctxsync_proto::subjects::Subjects;
-use ctxsync_proto::v1::{
-    CreateTenantKeyReply, CreateTenantKeyRequest, ListTenantKeysReply, ListTenantKeysRequest,
-    RevokeTenantKeyReply, RevokeTenantKeyRequest, TenantKey,
-};
-use ctxsync_runtime::rpc;
+use ctxsync_proto::v1::{CreateTenantKeyRequest, TenantKey};
+use ctxsync_runtime::store::StoreClient;
 use rand::RngCore;
 use sha2::Digest;
 
@@ -61,22 +58,13 @@ pub async fn create(
 ) -> Result<CreatedKey, AgentCommandError> {
     check_tenant(tenant)?;
     let key = new_key();
-    let reply: CreateTenantKeyReply = rpc::request(
-        nats,
-        subjects.store_tenant_key_create(),
-        &CreateTenantKeyRequest {
+    let stored = StoreClient::new(nats.clone(), subjects, timeout)
+        .create_tenant_key(CreateTenantKeyRequest {
             tenant: tenant.into(),
             label: label.into(),
             key_sha256: sha2::Sha256::digest(key.as_bytes()).to_vec(),
-        },
-        None,
-        timeout,
-    )
-    .await?;
-    if let Some(error) = reply.error {
-        return Err(AgentCommandError::Store(error.message));
-    }
-    let stored = reply.key.unwrap_or_default();
+        })
+        .await?;
     Ok(CreatedKey {
         key_id: stored.key_id,
         tenant: stored.tenant,
@@ -94,21 +82,10 @@ pub async fn list(
     if let Some(tenant) = tenant {
         check_tenant(tenant)?;
     }
-    let reply: ListTenantKeysReply = rpc::request(
-        nats,
-        subjects.store_tenant_key_list(),
-        &ListTenantKeysRequest {
-            tenant: tenant.unwrap_or_default().into(),
-            include_revoked,
-        },
-        None,
-        timeout,
-    )
-    .await?;
-    match reply.error {
-        Some(error) => Err(AgentCommandError::Store(error.message)),
-        None => Ok(reply.keys),
-    }
+    let keys = StoreClient::new(nats.clone(), subjects, timeout)
+        .list_tenant_keys(tenant.unwrap_or_default(), include_revoked)
+        .await?;
+    Ok(keys)
 }
 
 pub async fn revoke(
@@ -117,20 +94,10 @@ pub async fn revoke(
     timeout: Duration,
     key_id: &str,
 ) -> Result<TenantKey, AgentCommandError> {
-    let reply: RevokeTenantKeyReply = rpc::request(
-        nats,
-        subjects.store_tenant_key_revoke(),
-        &RevokeTenantKeyRequest {
-            key_id: key_id.into(),
-        },
-        None,
-        timeout,
-    )
-    .await?;
-    match reply.error {
-        Some(error) => Err(AgentCommandError::Store(error.message)),
-        None => Ok(reply.key.unwrap_or_default()),
-    }
+    let key = StoreClient::new(nats.clone(), subjects, timeout)
+        .revoke_tenant_key(key_id)
+        .await?;
+    Ok(key)
 }
 
 fn time(ts: Option<&pbjson_types::Timestamp>) -> String {

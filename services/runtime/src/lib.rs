@@ -1,6 +1,6 @@
 //! What every ctxsync service shares: command-line/env config, `tracing`
 //! setup, graceful shutdown, the NATS connection, protobuf request/reply over
-//! NATS, and the operator HTTP endpoints (`/healthz`, `/readyz`, `/metrics`).
+//! NATS (and snapshot-store's client), and the operator HTTP endpoints (`/healthz`, `/readyz`, `/metrics`).
 
 pub mod args;
 pub mod config;
@@ -10,6 +10,7 @@ pub mod metrics;
 pub mod nats;
 pub mod rpc;
 pub mod shutdown;
+pub mod store;
 pub mod telemetry;
 pub mod tenant_keys;
 pub mod trace;

@@ -1,12 +1,21 @@
 //! Protobuf request/reply over NATS: a typed client call, and a server loop
 //! that shares a subject in a queue group, bounds concurrency, and stops
 //! taking requests on shutdown while finishing the ones in flight.
+//!
+//! Calls are declared in [`ctxsync_proto::rpc`] (subject, request and reply
+//! together); [`call`], [`call_for_tenant`] and [`serve_rpc`] take that
+//! declaration, and every failure, the transport's or the service's
+//! [`ServiceError`] envelope, is one [`RpcError`]. [`request`] and [`serve`]
+//! are the untyped primitives beneath them.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_nats::{Client, HeaderMap};
+use ctxsync_proto::rpc::{FixedSubject, Reply, Rpc, TenantSubject};
+use ctxsync_proto::subjects::Subjects;
+use ctxsync_proto::v1::{ServiceError, service_error::Code};
 use futures::StreamExt;
 use prost::Message;
 use tokio::sync::Semaphore;
@@ -16,6 +25,8 @@ use tokio_util::task::TaskTracker;
 use crate::nats::{NatsConnection, SubscribeError};
 use crate::shutdown::Shutdown;
 
+/// Why a call got no answer: the transport's failures, or the service's
+/// own error ([`RpcError::Service`]), on which callers match by code.
 #[derive(Debug, thiserror::Error)]
 pub enum RpcError {
     #[error("no service answers on {subject}")]
@@ -32,6 +43,21 @@ pub enum RpcError {
         #[source]
         source: prost::DecodeError,
     },
+    /// The answer decoded but lacks what every answer of its call carries.
+    #[error("malformed answer on {subject}: it carries no {field}")]
+    Incomplete {
+        subject: String,
+        field: &'static str,
+    },
+    /// The service answered its error envelope instead of an answer.
+    #[error("{subject} answered {}: {message}", .code.name())]
+    Service {
+        subject: String,
+        code: Code,
+        message: String,
+        /// The service's finer name of the failure, where it documents one.
+        reason: String,
+    },
 }
 
 impl RpcError {
@@ -41,6 +67,81 @@ impl RpcError {
             self,
             Self::NoResponders { .. } | Self::TimedOut { .. } | Self::Transport { .. }
         )
+    }
+
+    /// The service's code, when the service answered an error.
+    pub fn code(&self) -> Option<Code> {
+        match self {
+            Self::Service { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+
+    /// The service's error as `subject` answered it.
+    pub fn service(subject: impl Into<String>, error: ServiceError) -> Self {
+        Self::Service {
+            subject: subject.into(),
+            code: error.code(),
+            message: error.message,
+            reason: error.reason,
+        }
+    }
+
+    /// The envelope this error travels as when a service passes it on: a
+    /// service's error as it was, anything else `internal` (or
+    /// `unavailable` when asking again may succeed).
+    pub fn to_service_error(&self) -> ServiceError {
+        match self {
+            Self::Service {
+                code,
+                message,
+                reason,
+                ..
+            } => ServiceError::new(*code, message.clone()).with_reason(reason.clone()),
+            error if error.is_unavailable() => {
+                ServiceError::new(Code::Unavailable, error.to_string())
+            }
+            error => ServiceError::new(Code::Internal, error.to_string()),
+        }
+    }
+}
+
+/// Calls `M` on its subject: its reply, or every failure (the service's
+/// error envelope included) as an [`RpcError`]. The request carries its
+/// deadline (now + `timeout`) in [`DEADLINE_HEADER`].
+pub async fn call<M: FixedSubject>(
+    client: &Client,
+    subjects: &Subjects,
+    request: &M::Request,
+    headers: Option<HeaderMap>,
+    timeout: Duration,
+) -> Result<M::Reply, RpcError> {
+    let subject = M::subject(subjects);
+    let reply = request_into(client, None, subject.clone(), request, headers, timeout).await?;
+    answered(subject, reply)
+}
+
+/// [`call`] on behalf of `tenant`, on the tenant's subject, answered on an
+/// inbox naming the tenant (see [`request_for_tenant`]).
+pub async fn call_for_tenant<M: TenantSubject>(
+    client: &Client,
+    subjects: &Subjects,
+    tenant: &str,
+    request: &M::Request,
+    headers: Option<HeaderMap>,
+    timeout: Duration,
+) -> Result<M::Reply, RpcError> {
+    let subject = M::subject(subjects, tenant);
+    let reply =
+        request_for_tenant(client, tenant, subject.clone(), request, headers, timeout).await?;
+    answered(subject, reply)
+}
+
+/// A reply's answer, or its error envelope as [`RpcError::Service`].
+fn answered<R: Reply>(subject: String, mut reply: R) -> Result<R, RpcError> {
+    match reply.take_error() {
+        Some(error) => Err(RpcError::service(subject, error)),
+        None => Ok(reply),
     }
 }
 
@@ -64,7 +165,9 @@ pub fn expired(deadline: Option<SystemTime>) -> bool {
 }
 
 /// Sends `request` and decodes the answer. The request carries its deadline
-/// (now + `timeout`) in [`DEADLINE_HEADER`].
+/// (now + `timeout`) in [`DEADLINE_HEADER`]. Untyped: a declared call is
+/// made with [`call`]; this remains for calls not declared yet (the
+/// catalog's) and for tests of raw NATS behaviour.
 pub async fn request<Req: Message, Resp: Message + Default>(
     client: &Client,
     subject: String,
@@ -117,9 +220,15 @@ async fn request_into<Req: Message, Resp: Message + Default>(
     if let Some(inbox) = inbox {
         nats_request = nats_request.inbox(inbox);
     }
-    let answer = client
-        .send_request(subject.clone(), nats_request)
+    // Bounded here too: a publish waiting for a reconnect is not bounded by
+    // the request's own timeout.
+    let sent = tokio::time::timeout(timeout, client.send_request(subject.clone(), nats_request));
+    let answer = sent
         .await
+        .map_err(|_| RpcError::TimedOut {
+            subject: subject.clone(),
+            timeout,
+        })?
         .map_err(|e| match e.kind() {
             async_nats::RequestErrorKind::NoResponders => RpcError::NoResponders {
                 subject: subject.clone(),
@@ -206,12 +315,53 @@ impl Server {
     }
 }
 
+/// Serves the call `M` (named by its marker, e.g. `store::GetAgentState`)
+/// on its subject in `queue_group`, as [`serve`] does: the handler answers
+/// `M`'s reply or the error envelope that takes its place, and a request
+/// that does not decode as `M`'s is answered `invalid_argument` without
+/// reaching the handler.
+// Not `async`: the future is [`serve`]'s own, with no state of its own, so a
+// service awaiting many of them holds no larger futures than before.
+pub fn serve_rpc<'a, M, F, Fut>(
+    _call: M,
+    connection: &'a NatsConnection,
+    subjects: &Subjects,
+    queue_group: &'static str,
+    shutdown: Shutdown,
+    grace: Duration,
+    handler: F,
+) -> impl Future<Output = Result<Server, SubscribeError>> + use<'a, M, F, Fut>
+where
+    M: Rpc,
+    F: Fn(M::Request, Incoming) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<M::Reply, ServiceError>> + Send + 'static,
+{
+    serve(
+        connection,
+        M::served(subjects),
+        queue_group,
+        shutdown,
+        grace,
+        malformed::<M::Reply>,
+        move |request, incoming| {
+            let answer = handler(request, incoming);
+            async move { answer.await.unwrap_or_else(M::Reply::failed) }
+        },
+    )
+}
+
+fn malformed<R: Reply>(message: String) -> R {
+    R::failed(ServiceError::invalid_argument(message))
+}
+
 /// Serves `subject` in `queue_group`: each request is decoded as `Req` (a
 /// malformed one is answered with `on_malformed`), handled concurrently (at
 /// most [`DEFAULT_MAX_IN_FLIGHT`]), and answered with the encoded `Resp`.
 /// On shutdown the subscription is drained: the server sends no more
 /// requests here, the ones it already sent are still answered, and all of
-/// them finish within `grace` of the signal.
+/// them finish within `grace` of the signal. Untyped: a declared call is
+/// served with [`serve_rpc`]; this remains for calls not declared yet (the
+/// catalog's).
 pub async fn serve<Req, Resp, F, Fut>(
     connection: &NatsConnection,
     subject: String,
@@ -355,6 +505,66 @@ async fn sleep_until_some(at: Option<tokio::time::Instant>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ctxsync_proto::v1::{GetAgentStateReply, StorePushReply};
+
+    #[test]
+    fn a_service_error_is_matched_on_its_code_and_keeps_the_rest() {
+        let refused = StorePushReply::failed(
+            ServiceError::new(Code::DeadlineExceeded, "nothing was written").with_reason("r.x"),
+        );
+        let error = answered("p.store.agent.push".into(), refused).unwrap_err();
+        assert!(
+            matches!(
+                &error,
+                RpcError::Service { code: Code::DeadlineExceeded, message, reason, subject }
+                    if message == "nothing was written" && reason == "r.x" && subject == "p.store.agent.push"
+            ),
+            "{error:?}"
+        );
+        assert_eq!(error.code(), Some(Code::DeadlineExceeded));
+        assert!(!error.is_unavailable(), "a refusal is an answer");
+        assert_eq!(
+            error.to_string(),
+            "p.store.agent.push answered deadline_exceeded: nothing was written"
+        );
+        // Passed on as it came.
+        let passed_on = error.to_service_error();
+        assert_eq!(
+            (
+                passed_on.code(),
+                passed_on.message.as_str(),
+                passed_on.reason.as_str()
+            ),
+            (Code::DeadlineExceeded, "nothing was written", "r.x")
+        );
+
+        let answer = GetAgentStateReply {
+            state: Some(Default::default()),
+            error: None,
+        };
+        assert_eq!(answered("s".into(), answer.clone()).unwrap(), answer);
+    }
+
+    #[test]
+    fn transport_failures_have_no_code_and_pass_on_as_unavailable_or_internal() {
+        let gone = RpcError::NoResponders {
+            subject: "s".into(),
+        };
+        assert_eq!(gone.code(), None);
+        assert!(gone.is_unavailable());
+        assert_eq!(gone.to_service_error().code(), Code::Unavailable);
+        let broken = RpcError::Incomplete {
+            subject: "s".into(),
+            field: "state",
+        };
+        assert_eq!(broken.code(), None);
+        assert!(!broken.is_unavailable());
+        assert_eq!(broken.to_service_error().code(), Code::Internal);
+        assert_eq!(
+            broken.to_string(),
+            "malformed answer on s: it carries no state"
+        );
+    }
 
     #[test]
     fn replies_go_only_into_the_permitted_inboxes() {

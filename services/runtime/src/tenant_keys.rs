@@ -15,9 +15,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::rpc;
+use crate::rpc::RpcError;
+use crate::store::StoreClient;
 use ctxsync_proto::subjects::Subjects;
-use ctxsync_proto::v1::{TenantKeyRevoked, VerifyTenantKeyReply, VerifyTenantKeyRequest};
+use ctxsync_proto::v1::TenantKeyRevoked;
 use futures::StreamExt;
 use prost::Message;
 use sha2::{Digest, Sha256};
@@ -141,8 +142,7 @@ const KEY_CHANGES_BUFFER: usize = 256;
 /// Verifies tenant keys against snapshot-store, with a cache.
 #[derive(Clone)]
 pub struct TenantKeys {
-    client: async_nats::Client,
-    subject: String,
+    store: StoreClient,
     timeout: Duration,
     cache: Arc<Cache>,
     lookups: Arc<Semaphore>,
@@ -185,8 +185,7 @@ impl TenantKeys {
         metric: &'static str,
     ) -> Self {
         Self {
-            client,
-            subject: subjects.store_tenant_key_verify(),
+            store: StoreClient::new(client, subjects, timeout),
             timeout,
             cache: Arc::new(Cache::new()),
             lookups: Arc::new(Semaphore::new(MAX_LOOKUPS)),
@@ -228,22 +227,17 @@ impl TenantKeys {
         if let Some(known) = self.cached(&digest) {
             return known;
         }
-        let request = VerifyTenantKeyRequest {
-            key_sha256: digest.to_vec(),
-        };
-        let reply: VerifyTenantKeyReply = rpc::request(
-            &self.client,
-            self.subject.clone(),
-            &request,
-            None,
-            self.timeout,
-        )
-        .await
-        .map_err(|e| AuthError::Unavailable(e.to_string()))?;
-        if let Some(error) = reply.error {
-            return Err(AuthError::Unavailable(error.message));
-        }
-        match reply.key {
+        // Whatever keeps the store from answering, its refusals included,
+        // says nothing about the key: it is not remembered as unknown.
+        let key = self
+            .store
+            .verify_tenant_key(digest.to_vec())
+            .await
+            .map_err(|error| match error {
+                RpcError::Service { message, .. } => AuthError::Unavailable(message),
+                error => AuthError::Unavailable(error.to_string()),
+            })?;
+        match key {
             Some(key) => {
                 let caller = Caller {
                     tenant: key.tenant,

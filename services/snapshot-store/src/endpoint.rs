@@ -1,14 +1,13 @@
-//! The store's NATS plumbing: one subject served in the store's queue
-//! group, replies that carry an error instead of their answer, and events
-//! published after commit.
+//! The store's NATS plumbing: each call of `ctxsync_proto::rpc::store`
+//! served in the store's queue group, replies that carry the error envelope
+//! instead of their answer, and events published after commit.
 
 use std::time::Duration;
 
-use ctxsync_proto::subjects::STORE_QUEUE_GROUP;
-use ctxsync_proto::v1::{
-    AuthenticateAgentReply, GetAgentStateReply, RegisterAgentReply, StoreError as ProtoError,
-    StorePushReply, UpdateStartupReply, store_error::Code,
-};
+use ctxsync_proto::rpc::Reply;
+use ctxsync_proto::rpc::store::StoreRpc;
+use ctxsync_proto::subjects::{STORE_QUEUE_GROUP, Subjects};
+use ctxsync_proto::v1::{ServiceError, service_error::Code};
 use ctxsync_runtime::nats::NatsConnection;
 use ctxsync_runtime::rpc;
 use ctxsync_runtime::shutdown::Shutdown;
@@ -17,7 +16,8 @@ use prost::Message;
 
 use crate::db::StoreError;
 
-pub(crate) fn error_reply(error: &StoreError) -> ProtoError {
+/// The envelope a store error travels in; the code is what callers decide on.
+pub(crate) fn error_reply(error: &StoreError) -> ServiceError {
     let code = match error {
         StoreError::NotFound(_)
         | StoreError::KeyNotFound(_)
@@ -32,45 +32,7 @@ pub(crate) fn error_reply(error: &StoreError) -> ProtoError {
     if code == Code::Internal {
         tracing::error!(%error, "store request failed");
     }
-    ProtoError {
-        code: code as i32,
-        message: error.to_string(),
-    }
-}
-
-/// A store reply that can carry an error instead of its answer.
-pub(crate) trait Reply: Default {
-    fn failed(error: ProtoError) -> Self;
-}
-
-macro_rules! impl_reply {
-    ($($reply:ty),*) => {$(
-        impl Reply for $reply {
-            fn failed(error: ProtoError) -> Self {
-                Self { error: Some(error), ..Default::default() }
-            }
-        }
-    )*};
-}
-impl_reply!(
-    RegisterAgentReply,
-    AuthenticateAgentReply,
-    UpdateStartupReply,
-    StorePushReply,
-    GetAgentStateReply,
-    ctxsync_proto::v1::ListAgentsReply,
-    ctxsync_proto::v1::RotateAgentTokenReply,
-    ctxsync_proto::v1::CreateTenantKeyReply,
-    ctxsync_proto::v1::ListTenantKeysReply,
-    ctxsync_proto::v1::RevokeTenantKeyReply,
-    ctxsync_proto::v1::VerifyTenantKeyReply
-);
-
-fn malformed<R: Reply>(message: String) -> R {
-    R::failed(ProtoError {
-        code: Code::InvalidArgument as i32,
-        message,
-    })
+    ServiceError::new(code, error.to_string())
 }
 
 /// The reply for `result`: its answer, or the error.
@@ -99,28 +61,33 @@ pub(crate) async fn publish(
     }
 }
 
-/// Serves one store subject in the store's queue group.
-pub(crate) async fn endpoint<Req, R, F, Fut>(
-    nats: &NatsConnection,
-    subject: String,
+/// Serves the store call `M` (named by its marker) in the store's queue
+/// group; the handler's reply carries its answer or its error (see
+/// [`reply`]). The future is `serve_rpc`'s own (no state of its own).
+pub(crate) fn endpoint<'a, M, F, Fut>(
+    call: M,
+    nats: &'a NatsConnection,
+    subjects: &Subjects,
     shutdown: &Shutdown,
     grace: Duration,
     handler: F,
-) -> Result<rpc::Server, ctxsync_runtime::nats::SubscribeError>
+) -> impl std::future::Future<Output = Result<rpc::Server, ctxsync_runtime::nats::SubscribeError>>
++ use<'a, M, F, Fut>
 where
-    Req: Message + Default + Send + 'static,
-    R: Reply + Message + Send + 'static,
-    F: Fn(Req, rpc::Incoming) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = R> + Send + 'static,
+    M: StoreRpc,
+    F: Fn(M::Request, rpc::Incoming) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = M::Reply> + Send + 'static,
 {
-    rpc::serve(
+    rpc::serve_rpc(
+        call,
         nats,
-        subject,
+        subjects,
         STORE_QUEUE_GROUP,
         shutdown.clone(),
         grace,
-        malformed::<R>,
-        handler,
+        move |request, incoming| {
+            let reply = handler(request, incoming);
+            async move { Ok(reply.await) }
+        },
     )
-    .await
 }

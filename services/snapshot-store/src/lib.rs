@@ -14,6 +14,7 @@ pub mod tenant_keys;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use ctxsync_proto::rpc::store;
 use ctxsync_proto::subjects::Subjects;
 use ctxsync_proto::v1::{
     AgentState, AuthenticateAgentReply, AuthenticateAgentRequest, GetAgentStateReply,
@@ -214,45 +215,33 @@ async fn serve_all(
     // one is configured): an answer never overtakes its commit's event.
     let client = &nats.responder().client;
     let (s, n, j) = (store.clone(), client.clone(), subjects.clone());
-    let register = endpoint(nats, subjects.store_register_agent(), shutdown, grace, {
+    let register = endpoint(store::RegisterAgent, nats, subjects, shutdown, grace, {
         let s = s.clone();
         move |req: RegisterAgentRequest, _| register_agent(s.clone(), req)
     });
-    let rotate = endpoint(
-        nats,
-        subjects.store_rotate_agent_token(),
-        shutdown,
-        grace,
-        {
+    let rotate = endpoint(store::RotateAgentToken, nats, subjects, shutdown, grace, {
+        let s = s.clone();
+        move |req: ctxsync_proto::v1::RotateAgentTokenRequest, _| {
             let s = s.clone();
-            move |req: ctxsync_proto::v1::RotateAgentTokenRequest, _| {
-                let s = s.clone();
-                async move {
-                    let result = s
-                        .rotate_token(&req.tenant, &req.workspace, &req.name, &req.token_sha256)
-                        .await;
-                    reply(result, |id| {
-                        tracing::info!(agent_id = %id, tenant = %req.tenant, workspace = %req.workspace, name = %req.name, "agent token rotated");
-                        ctxsync_proto::v1::RotateAgentTokenReply {
-                            agent_id: id.to_string(),
-                            error: None,
-                        }
-                    })
-                }
+            async move {
+                let result = s
+                    .rotate_token(&req.tenant, &req.workspace, &req.name, &req.token_sha256)
+                    .await;
+                reply(result, |id| {
+                    tracing::info!(agent_id = %id, tenant = %req.tenant, workspace = %req.workspace, name = %req.name, "agent token rotated");
+                    ctxsync_proto::v1::RotateAgentTokenReply {
+                        agent_id: id.to_string(),
+                        error: None,
+                    }
+                })
             }
-        },
-    );
-    let authenticate = endpoint(
-        nats,
-        subjects.store_authenticate_agent(),
-        shutdown,
-        grace,
-        {
-            let s = s.clone();
-            move |req: AuthenticateAgentRequest, _| authenticate_agent(s.clone(), req)
-        },
-    );
-    let startup = endpoint(nats, subjects.store_update_startup(), shutdown, grace, {
+        }
+    });
+    let authenticate = endpoint(store::AuthenticateAgent, nats, subjects, shutdown, grace, {
+        let s = s.clone();
+        move |req: AuthenticateAgentRequest, _| authenticate_agent(s.clone(), req)
+    });
+    let startup = endpoint(store::UpdateStartup, nats, subjects, shutdown, grace, {
         let (s, n, j) = (s.clone(), n.clone(), j.clone());
         move |req: UpdateStartupRequest, incoming: rpc::Incoming| {
             let trace = TraceContext::from_nats(incoming.headers.as_ref());
@@ -262,7 +251,7 @@ async fn serve_all(
                 .instrument(span)
         }
     });
-    let push = endpoint(nats, subjects.store_push(), shutdown, grace, {
+    let push = endpoint(store::PushContextState, nats, subjects, shutdown, grace, {
         let (s, n, j) = (s.clone(), n.clone(), j.clone());
         move |req: StorePushRequest, incoming: rpc::Incoming| {
             let trace = TraceContext::from_nats(incoming.headers.as_ref());
@@ -273,11 +262,11 @@ async fn serve_all(
                 .instrument(span)
         }
     });
-    let get = endpoint(nats, subjects.store_get_agent_state(), shutdown, grace, {
+    let get = endpoint(store::GetAgentState, nats, subjects, shutdown, grace, {
         let s = s.clone();
         move |req: GetAgentStateRequest, _| agent_state(s.clone(), req)
     });
-    let list = endpoint(nats, subjects.store_list_agents(), shutdown, grace, {
+    let list = endpoint(store::ListAgents, nats, subjects, shutdown, grace, {
         let s = s.clone();
         move |req: ctxsync_proto::v1::ListAgentsRequest, _| list_agents(s.clone(), req)
     });

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use ctxsync_proto::ids;
+use ctxsync_proto::rpc::store;
 use ctxsync_proto::subjects::Subjects;
 use ctxsync_proto::v1::{
     CreateTenantKeyReply, CreateTenantKeyRequest, ListTenantKeysReply, ListTenantKeysRequest,
@@ -205,7 +206,7 @@ pub(crate) async fn serve(
     shutdown: &Shutdown,
     grace: Duration,
 ) -> Result<Vec<rpc::Server>, SubscribeError> {
-    let create = endpoint(nats, subjects.store_tenant_key_create(), shutdown, grace, {
+    let create = endpoint(store::CreateTenantKey, nats, subjects, shutdown, grace, {
         let store = store.clone();
         move |req: CreateTenantKeyRequest, _| {
             let store = store.clone();
@@ -223,7 +224,7 @@ pub(crate) async fn serve(
             }
         }
     });
-    let list = endpoint(nats, subjects.store_tenant_key_list(), shutdown, grace, {
+    let list = endpoint(store::ListTenantKeys, nats, subjects, shutdown, grace, {
         let store = store.clone();
         move |req: ListTenantKeysRequest, _| {
             let store = store.clone();
@@ -235,7 +236,7 @@ pub(crate) async fn serve(
             }
         }
     });
-    let revoke = endpoint(nats, subjects.store_tenant_key_revoke(), shutdown, grace, {
+    let revoke = endpoint(store::RevokeTenantKey, nats, subjects, shutdown, grace, {
         let (store, client, subjects) = (
             store.clone(),
             nats.responder().client.clone(),
@@ -267,7 +268,7 @@ pub(crate) async fn serve(
             }
         }
     });
-    let verify = endpoint(nats, subjects.store_tenant_key_verify(), shutdown, grace, {
+    let verify = endpoint(store::VerifyTenantKey, nats, subjects, shutdown, grace, {
         let store = store.clone();
         move |req: VerifyTenantKeyRequest, _| {
             let store = store.clone();

@@ -5,23 +5,18 @@
 mod common;
 
 use common::*;
-use ctxsync_proto::v1::store_error::Code;
+use ctxsync_proto::rpc::store;
+use ctxsync_proto::v1::service_error::Code;
 use ctxsync_proto::v1::*;
 
 async fn list(h: &StoreHarness, tenant: &str, limit: u32, after: &str) -> ListAgentsReply {
-    ctxsync_runtime::rpc::request(
-        &h.client,
-        h.subjects.store_list_agents(),
-        &ListAgentsRequest {
+    h.api
+        .request::<store::ListAgents>(&ListAgentsRequest {
             tenant: tenant.into(),
             limit,
             after_agent_id: after.into(),
-        },
-        None,
-        TIMEOUT,
-    )
-    .await
-    .unwrap()
+        })
+        .await
 }
 
 #[tokio::test]

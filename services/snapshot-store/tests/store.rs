@@ -21,7 +21,10 @@ use std::time::Duration;
 
 use common::*;
 use ctxsync_proto::v1::mcp_discovery::Phase;
+use ctxsync_proto::v1::service_error::Code;
 use ctxsync_proto::v1::*;
+use ctxsync_runtime::rpc::RpcError;
+use ctxsync_runtime::store::StoreClient;
 use futures::{FutureExt, StreamExt};
 use prost::Message;
 
@@ -122,7 +125,7 @@ async fn oversized_run_id_is_refused_on_both_paths_and_changes_nothing() {
 
     let reply = h.startup(&agent, &long).await;
     let error = reply.error.expect("startup refused");
-    assert_eq!(error.code(), store_error::Code::InvalidArgument);
+    assert_eq!(error.code(), Code::InvalidArgument);
     assert!(
         error.message.contains("agent_run_id_bytes"),
         "{}",
@@ -298,7 +301,7 @@ async fn a_reclaim_needs_a_run_id() {
     let agent = h.register("a").await;
     let reply = h.api.reclaim(&agent, "").await;
     let error = reply.error.expect("refused");
-    assert_eq!(error.code(), store_error::Code::InvalidArgument);
+    assert_eq!(error.code(), Code::InvalidArgument);
     assert!(error.message.contains("reclaim"), "{}", error.message);
 }
 
@@ -389,25 +392,15 @@ async fn a_deadline_that_passes_in_a_lock_wait_writes_nothing() {
 
     let expired = "ctxsync_store_pushes_total{outcome=\"expired\"}";
     let expired_before = metric(expired);
-    let answer = ctxsync_runtime::rpc::request::<_, StorePushReply>(
-        &h.client,
-        h.subjects.store_push(),
-        &StorePushRequest {
-            agent_id: agent.clone(),
-            push: Some(complete(RUN_A, 1, vec![])),
-        },
-        None,
-        Duration::from_millis(700),
-    )
-    .await;
+    let answer = StoreClient::new(h.client.clone(), &h.subjects, Duration::from_millis(700))
+        .push(&agent, complete(RUN_A, 1, vec![]), None)
+        .await;
     // The sender gives up at its deadline; the store's own answer, sent at
     // the same deadline, may still arrive first: either way, nothing written.
-    if let Ok(reply) = &answer {
-        assert_eq!(
-            reply.error.as_ref().map(|e| e.code()),
-            Some(ctxsync_proto::v1::store_error::Code::DeadlineExceeded),
-            "{reply:?}"
-        );
+    match answer {
+        Err(RpcError::TimedOut { .. }) => {}
+        Err(error) => assert_eq!(error.code(), Some(Code::DeadlineExceeded), "{error}"),
+        Ok(response) => panic!("the push was answered {response:?}"),
     }
     // The store gives up at the deadline, while the lock is still held.
     metric_reaches(expired, expired_before + 1.0).await;
@@ -660,12 +653,9 @@ async fn unknown_agent_and_bad_agent_id_are_refused() {
             push("", 1, true, None, vec![]),
         )
         .await;
-    assert_eq!(reply.error.unwrap().code(), store_error::Code::NotFound);
+    assert_eq!(reply.error.unwrap().code(), Code::NotFound);
     let reply = h.push("not-a-uuid", push("", 1, true, None, vec![])).await;
-    assert_eq!(
-        reply.error.unwrap().code(),
-        store_error::Code::InvalidArgument
-    );
+    assert_eq!(reply.error.unwrap().code(), Code::InvalidArgument);
 }
 
 #[tokio::test]
@@ -678,18 +668,13 @@ async fn store_stops_gracefully_and_answers_nothing_after() {
             .await
             .expect("store stops within its grace");
     }
-    let result: Result<GetAgentStateReply, _> = ctxsync_runtime::rpc::request(
-        &h.client,
-        h.subjects.store_get_agent_state(),
-        &GetAgentStateRequest { agent_id: agent },
-        None,
-        Duration::from_secs(2),
-    )
-    .await;
-    assert!(matches!(
-        result,
-        Err(ctxsync_runtime::rpc::RpcError::NoResponders { .. })
-    ));
+    let result = StoreClient::new(h.client.clone(), &h.subjects, Duration::from_secs(2))
+        .agent_state(&agent)
+        .await;
+    assert!(
+        matches!(result, Err(RpcError::NoResponders { .. })),
+        "{result:?}"
+    );
 }
 
 #[tokio::test]

@@ -6,22 +6,17 @@ mod common;
 
 use common::*;
 use ctxsync_proto::Message;
-use ctxsync_proto::v1::store_error::Code;
+use ctxsync_proto::rpc::store;
+use ctxsync_proto::v1::service_error::Code;
 use ctxsync_proto::v1::*;
 use futures::StreamExt;
 
 async fn verify(h: &StoreHarness, key: &str) -> VerifyTenantKeyReply {
-    ctxsync_runtime::rpc::request(
-        &h.client,
-        h.subjects.store_tenant_key_verify(),
-        &VerifyTenantKeyRequest {
+    h.api
+        .request::<store::VerifyTenantKey>(&VerifyTenantKeyRequest {
             key_sha256: sha(key),
-        },
-        None,
-        TIMEOUT,
-    )
-    .await
-    .unwrap()
+        })
+        .await
 }
 
 async fn create(
@@ -30,19 +25,13 @@ async fn create(
     label: &str,
     digest: Vec<u8>,
 ) -> CreateTenantKeyReply {
-    ctxsync_runtime::rpc::request(
-        &h.client,
-        h.subjects.store_tenant_key_create(),
-        &CreateTenantKeyRequest {
+    h.api
+        .request::<store::CreateTenantKey>(&CreateTenantKeyRequest {
             tenant: tenant.into(),
             label: label.into(),
             key_sha256: digest,
-        },
-        None,
-        TIMEOUT,
-    )
-    .await
-    .unwrap()
+        })
+        .await
 }
 
 #[tokio::test]

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use ctxsync_proto::subjects::Subjects;
-use ctxsync_proto::v1::{GateDecision, TurnReply, TurnRequest, gate_error::Code};
+use ctxsync_proto::v1::{GateDecision, TurnReply, TurnRequest, service_error::Code};
 use ctxsync_runtime::rpc;
 use serde_json::{Value, json};
 

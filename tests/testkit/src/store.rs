@@ -1,12 +1,15 @@
-//! A small typed client of snapshot-store's NATS API, for tests that register
-//! agents and report for them as agent-ingest would.
+//! snapshot-store's client for tests that register agents and report for
+//! them as agent-ingest would: the services' own client
+//! (`ctxsync_runtime::store::StoreClient`), with the store's answers as it
+//! sent them (a refusal in the reply's `error`), for tests of those answers.
 
 use std::time::{Duration, Instant};
 
-use ctxsync_proto::Message;
+use ctxsync_proto::rpc::Reply as _;
+use ctxsync_proto::rpc::store::{self, StoreRpc};
 use ctxsync_proto::subjects::Subjects;
 use ctxsync_proto::v1::*;
-use ctxsync_runtime::rpc::{self, RpcError};
+use ctxsync_runtime::rpc::RpcError;
 
 use crate::report::sha;
 
@@ -39,8 +42,7 @@ pub fn new_tenant_key() -> String {
 /// a result (`register`, `push_ok`, `state`) assert the store reported no error.
 #[derive(Clone)]
 pub struct StoreClient {
-    client: async_nats::Client,
-    subjects: Subjects,
+    store: ctxsync_runtime::store::StoreClient,
     timeout: Duration,
     tenant: String,
     workspace: String,
@@ -56,8 +58,7 @@ impl StoreClient {
         workspace: &str,
     ) -> Self {
         Self {
-            client,
-            subjects,
+            store: ctxsync_runtime::store::StoreClient::new(client, &subjects, timeout),
             timeout,
             tenant: "acme".into(),
             workspace: workspace.into(),
@@ -74,38 +75,40 @@ impl StoreClient {
         self
     }
 
-    /// One request on `subject`, panicking when the store does not answer.
-    pub async fn request<Req: Message, Resp: Message + Default>(
-        &self,
-        subject: String,
-        request: &Req,
-    ) -> Resp {
+    /// The services' client of the same store.
+    pub fn client(&self) -> &ctxsync_runtime::store::StoreClient {
+        &self.store
+    }
+
+    /// One call of `M`, panicking when the store does not answer: its
+    /// reply as the store sent it, a refusal in the reply's `error`.
+    pub async fn request<M: StoreRpc>(&self, request: &M::Request) -> M::Reply {
         let deadline = Instant::now() + self.timeout;
         loop {
-            match rpc::request(&self.client, subject.clone(), request, None, self.timeout).await {
+            match self.store.call::<M>(request, None).await {
                 Ok(reply) => return reply,
+                Err(error @ RpcError::Service { .. }) => {
+                    return M::Reply::failed(error.to_service_error());
+                }
                 Err(RpcError::NoResponders { .. })
                     if self.retry_no_responders && Instant::now() < deadline =>
                 {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
-                Err(error) => panic!("store request on {subject} failed: {error:?}"),
+                Err(error) => panic!("store call failed: {error:?}"),
             }
         }
     }
 
     /// Registers agent `name` with the SHA-256 of `token`; returns its id.
     pub async fn register(&self, name: &str, token: &str) -> String {
-        let reply: RegisterAgentReply = self
-            .request(
-                self.subjects.store_register_agent(),
-                &RegisterAgentRequest {
-                    tenant: self.tenant.clone(),
-                    workspace: self.workspace.clone(),
-                    name: name.into(),
-                    token_sha256: sha(token),
-                },
-            )
+        let reply = self
+            .request::<store::RegisterAgent>(&RegisterAgentRequest {
+                tenant: self.tenant.clone(),
+                workspace: self.workspace.clone(),
+                name: name.into(),
+                token_sha256: sha(token),
+            })
             .await;
         assert_eq!(reply.error, None);
         reply.agent_id
@@ -138,15 +141,12 @@ impl StoreClient {
     }
 
     async fn add_tenant_key(&self, tenant: &str, key: &str) -> String {
-        let reply: CreateTenantKeyReply = self
-            .request(
-                self.subjects.store_tenant_key_create(),
-                &CreateTenantKeyRequest {
-                    tenant: tenant.into(),
-                    label: "test".into(),
-                    key_sha256: sha(key),
-                },
-            )
+        let reply = self
+            .request::<store::CreateTenantKey>(&CreateTenantKeyRequest {
+                tenant: tenant.into(),
+                label: "test".into(),
+                key_sha256: sha(key),
+            })
             .await;
         assert_eq!(reply.error, None);
         reply.key.expect("the created key").key_id
@@ -154,13 +154,10 @@ impl StoreClient {
 
     /// Revokes a tenant key by id.
     pub async fn revoke_tenant_key(&self, key_id: &str) {
-        let reply: RevokeTenantKeyReply = self
-            .request(
-                self.subjects.store_tenant_key_revoke(),
-                &RevokeTenantKeyRequest {
-                    key_id: key_id.into(),
-                },
-            )
+        let reply = self
+            .request::<store::RevokeTenantKey>(&RevokeTenantKeyRequest {
+                key_id: key_id.into(),
+            })
             .await;
         assert_eq!(reply.error, None);
     }
@@ -181,25 +178,19 @@ impl StoreClient {
         agent_id: &str,
         startup: StartupRequest,
     ) -> UpdateStartupReply {
-        self.request(
-            self.subjects.store_update_startup(),
-            &UpdateStartupRequest {
-                agent_id: agent_id.into(),
-                startup: Some(startup),
-            },
-        )
+        self.request::<store::UpdateStartup>(&UpdateStartupRequest {
+            agent_id: agent_id.into(),
+            startup: Some(startup),
+        })
         .await
     }
 
     /// A push, as answered.
     pub async fn push(&self, agent_id: &str, push: PushContextStateRequest) -> StorePushReply {
-        self.request(
-            self.subjects.store_push(),
-            &StorePushRequest {
-                agent_id: agent_id.into(),
-                push: Some(push),
-            },
-        )
+        self.request::<store::PushContextState>(&StorePushRequest {
+            agent_id: agent_id.into(),
+            push: Some(push),
+        })
         .await
     }
 
@@ -212,13 +203,10 @@ impl StoreClient {
 
     /// The agent's committed state.
     pub async fn state(&self, agent_id: &str) -> AgentState {
-        let reply: GetAgentStateReply = self
-            .request(
-                self.subjects.store_get_agent_state(),
-                &GetAgentStateRequest {
-                    agent_id: agent_id.into(),
-                },
-            )
+        let reply = self
+            .request::<store::GetAgentState>(&GetAgentStateRequest {
+                agent_id: agent_id.into(),
+            })
             .await;
         assert_eq!(reply.error, None);
         reply.state.expect("state")

@@ -1,6 +1,7 @@
 //! The repository keeps its own rules: every NATS subject is built by
-//! `Subjects`, every document the code cites is in the repository, and no
-//! module imports a module that imports it back.
+//! `Subjects`, a store call is made only through its declaration, every
+//! document the code cites is in the repository, and no module imports a
+//! module that imports it back.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -104,6 +105,71 @@ fn every_subject_is_built_by_subjects() {
         built_by_hand.is_empty(),
         "subjects built outside ctxsync_proto::subjects::Subjects:\n{}",
         built_by_hand.join("\n")
+    );
+}
+
+/// The request subjects of `Subjects` whose calls are declared in
+/// `ctxsync_proto::rpc` (the store's): named anywhere else in a crate's
+/// sources, a subject could be asked with other types than its call's.
+fn declared_call_subjects(root: &Path) -> BTreeSet<String> {
+    let text = std::fs::read_to_string(root.join("proto/src/subjects.rs")).unwrap();
+    let mut methods = BTreeSet::new();
+    let mut request_reply = false;
+    for line in text.lines() {
+        let line = line.trim();
+        if line.starts_with("///") {
+            request_reply |= line.contains("(request/reply");
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("pub fn store_")
+            && request_reply
+        {
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            methods.insert(format!("store_{name}"));
+        }
+        request_reply = false;
+    }
+    assert!(
+        methods.len() >= 10,
+        "subjects.rs changed shape: {methods:?}"
+    );
+    methods
+}
+
+#[test]
+fn store_calls_are_made_through_their_declaration() {
+    let root = repo_root();
+    let methods = declared_call_subjects(&root);
+    let mut by_hand = Vec::new();
+    let mut scanned = crate_sources(&root);
+    scanned.retain(|src| !src.starts_with(root.join("tests")) || src.ends_with("testkit/src"));
+    for src in scanned {
+        for file in files(&src, &[".rs"]) {
+            if file.ends_with("proto/src/subjects.rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&file).unwrap();
+            for (number, line) in text.lines().enumerate() {
+                let code = code_of(line);
+                if methods.iter().any(|m| code.contains(&format!(".{m}("))) {
+                    by_hand.push(format!(
+                        "{}:{}: {}",
+                        file.strip_prefix(&root).unwrap().display(),
+                        number + 1,
+                        line.trim()
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        by_hand.is_empty(),
+        "store subjects named outside ctxsync_proto::rpc::store (call them through \
+         ctxsync_runtime::store::StoreClient, serve them with rpc::serve_rpc):\n{}",
+        by_hand.join("\n")
     );
 }
 

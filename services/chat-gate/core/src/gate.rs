@@ -21,8 +21,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use ctxsync_proto::rpc::Reply as _;
 use ctxsync_proto::v1::{
-    GateDecision, GateError, GateTurnWaited, TurnReply, TurnRequest, gate_error::Code,
+    GateDecision, GateTurnWaited, ServiceError, TurnReply, TurnRequest, service_error::Code,
 };
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -138,13 +139,7 @@ struct Inner {
 }
 
 fn error_reply(code: Code, message: impl Into<String>) -> TurnReply {
-    TurnReply {
-        error: Some(GateError {
-            code: code as i32,
-            message: message.into(),
-        }),
-        ..Default::default()
-    }
+    TurnReply::failed(ServiceError::new(code, message))
 }
 
 fn millis(d: Duration) -> u32 {

@@ -3,27 +3,21 @@
 use std::time::Duration;
 
 use ctxsync_proto::subjects::Subjects;
-use ctxsync_proto::v1::{AgentState, ListAgentsReply, ListAgentsRequest, store_error::Code};
-use ctxsync_runtime::rpc;
+use ctxsync_proto::v1::service_error::Code;
+use ctxsync_runtime::rpc::RpcError;
+use ctxsync_runtime::store::{AgentPage, StoreClient};
 
 use gate_core::source::ReadError;
 
-/// One page of agents and the id to continue after (empty at the end).
-pub type AgentPage = (Vec<AgentState>, String);
-
 #[derive(Clone)]
 pub struct AgentLister {
-    client: async_nats::Client,
-    subject: String,
-    timeout: Duration,
+    store: StoreClient,
 }
 
 impl AgentLister {
     pub fn new(client: async_nats::Client, subjects: &Subjects, timeout: Duration) -> Self {
         Self {
-            client,
-            subject: subjects.store_list_agents(),
-            timeout,
+            store: StoreClient::new(client, subjects, timeout),
         }
     }
 
@@ -34,38 +28,17 @@ impl AgentLister {
         limit: u32,
         after: &str,
     ) -> Result<AgentPage, ReadError> {
-        let request = ListAgentsRequest {
-            tenant: tenant.to_owned(),
-            limit,
-            after_agent_id: after.to_owned(),
-        };
-        let reply: ListAgentsReply = tokio::time::timeout(
-            self.timeout,
-            rpc::request(
-                &self.client,
-                self.subject.clone(),
-                &request,
-                None,
-                self.timeout,
-            ),
-        )
-        .await
-        .map_err(|_| {
-            ReadError::Unavailable(format!(
-                "snapshot-store did not answer within {:?}",
-                self.timeout
-            ))
-        })?
-        .map_err(|e| ReadError::Unavailable(format!("snapshot-store unavailable: {e}")))?;
-        match reply.error {
-            Some(error) if error.code() == Code::InvalidArgument => {
-                Err(ReadError::Invalid(error.message))
-            }
-            Some(error) => Err(ReadError::Unavailable(format!(
-                "snapshot-store failed: {}",
-                error.message
-            ))),
-            None => Ok((reply.states, reply.next_after_agent_id)),
-        }
+        self.store
+            .list_agents(tenant, limit, after)
+            .await
+            .map_err(|error| match error {
+                // A list names no agent: a refusal is the request's, or the store's.
+                RpcError::Service {
+                    code: Code::NotFound,
+                    message,
+                    ..
+                } => ReadError::Unavailable(format!("snapshot-store failed: {message}")),
+                error => crate::nats::store::read_error(error),
+            })
     }
 }

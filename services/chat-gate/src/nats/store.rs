@@ -4,9 +4,10 @@
 use std::time::Duration;
 
 use ctxsync_proto::subjects::Subjects;
-use ctxsync_proto::v1::{AgentState, GetAgentStateReply, GetAgentStateRequest, store_error::Code};
+use ctxsync_proto::v1::{AgentState, service_error::Code};
 use ctxsync_runtime::nats::NatsConnection;
-use ctxsync_runtime::rpc;
+use ctxsync_runtime::rpc::RpcError;
+use ctxsync_runtime::store::StoreClient;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use tokio::sync::watch;
@@ -15,10 +16,8 @@ use gate_core::source::{ReadError, StateSource};
 
 #[derive(Clone)]
 pub struct StoreReader {
-    client: async_nats::Client,
+    store: StoreClient,
     gaps: watch::Receiver<u64>,
-    subject: String,
-    timeout: Duration,
 }
 
 impl StateSource for StoreReader {
@@ -34,51 +33,14 @@ impl StateSource for StoreReader {
 impl StoreReader {
     pub fn new(nats: &NatsConnection, subjects: &Subjects, timeout: Duration) -> Self {
         Self {
-            client: nats.client.clone(),
+            store: StoreClient::new(nats.client.clone(), subjects, timeout),
             gaps: nats.gaps(),
-            subject: subjects.store_get_agent_state(),
-            timeout,
         }
     }
 
     /// One consistent read of the agent row, its snapshot and resources.
     pub async fn read(&self, agent_id: &str) -> Result<AgentState, ReadError> {
-        let request = GetAgentStateRequest {
-            agent_id: agent_id.to_owned(),
-        };
-        let answer = tokio::time::timeout(
-            self.timeout,
-            rpc::request::<_, GetAgentStateReply>(
-                &self.client,
-                self.subject.clone(),
-                &request,
-                None,
-                self.timeout,
-            ),
-        )
-        .await;
-        let result = match answer {
-            Err(_) => Err(ReadError::Unavailable(format!(
-                "snapshot-store did not answer within {:?}",
-                self.timeout
-            ))),
-            Ok(Err(error)) => Err(ReadError::Unavailable(format!(
-                "snapshot-store unavailable: {error}"
-            ))),
-            Ok(Ok(reply)) => match (reply.error, reply.state) {
-                (Some(error), _) => Err(match error.code() {
-                    Code::NotFound => ReadError::NotFound(error.message),
-                    Code::InvalidArgument => ReadError::Invalid(error.message),
-                    _ => {
-                        ReadError::Unavailable(format!("snapshot-store failed: {}", error.message))
-                    }
-                }),
-                (None, Some(state)) => Ok(state),
-                (None, None) => Err(ReadError::Unavailable(
-                    "snapshot-store answered without a state".into(),
-                )),
-            },
-        };
+        let result = self.store.agent_state(agent_id).await.map_err(read_error);
         let outcome = match &result {
             Ok(_) => "ok",
             Err(ReadError::NotFound(_)) => "not_found",
@@ -87,5 +49,74 @@ impl StoreReader {
         };
         metrics::counter!("ctxsync_gate_store_reads_total", "outcome" => outcome).increment(1);
         result
+    }
+}
+
+/// What a failed store call means to the gate: the store's refusals of the
+/// request itself by their code; anything else, the store is unavailable
+/// (turns fail open).
+pub(crate) fn read_error(error: RpcError) -> ReadError {
+    match error {
+        RpcError::Service {
+            code: Code::NotFound,
+            message,
+            ..
+        } => ReadError::NotFound(message),
+        RpcError::Service {
+            code: Code::InvalidArgument,
+            message,
+            ..
+        } => ReadError::Invalid(message),
+        RpcError::Service { message, .. } => {
+            ReadError::Unavailable(format!("snapshot-store failed: {message}"))
+        }
+        RpcError::TimedOut { timeout, .. } => {
+            ReadError::Unavailable(format!("snapshot-store did not answer within {timeout:?}"))
+        }
+        error => ReadError::Unavailable(format!("snapshot-store unavailable: {error}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn refusal(code: Code) -> RpcError {
+        RpcError::Service {
+            subject: "p.store.agent.get".into(),
+            code,
+            message: "why".into(),
+            reason: String::new(),
+        }
+    }
+
+    #[test]
+    fn the_stores_refusals_are_read_by_code_and_the_rest_fails_open() {
+        assert_eq!(
+            read_error(refusal(Code::NotFound)),
+            ReadError::NotFound("why".into())
+        );
+        assert_eq!(
+            read_error(refusal(Code::InvalidArgument)),
+            ReadError::Invalid("why".into())
+        );
+        assert_eq!(
+            read_error(refusal(Code::Internal)),
+            ReadError::Unavailable("snapshot-store failed: why".into())
+        );
+        assert_eq!(
+            read_error(RpcError::TimedOut {
+                subject: "s".into(),
+                timeout: Duration::from_secs(2)
+            }),
+            ReadError::Unavailable("snapshot-store did not answer within 2s".into())
+        );
+        assert_eq!(
+            read_error(RpcError::NoResponders {
+                subject: "s".into()
+            }),
+            ReadError::Unavailable("snapshot-store unavailable: no service answers on s".into())
+        );
     }
 }

@@ -16,8 +16,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use ctxsync_proto::rpc::Reply as _;
 use ctxsync_proto::subjects::GATE_QUEUE_GROUP;
-use ctxsync_proto::v1::{GateError, TurnReply, TurnRequest, gate_error::Code};
+use ctxsync_proto::v1::{ServiceError, TurnReply, TurnRequest};
 use ctxsync_runtime::Shutdown;
 use ctxsync_runtime::nats::{NatsConnection, SubscribeError};
 use ctxsync_runtime::rpc::{ReplyInboxes, deadline_of, expired, reply_permitted};
@@ -91,13 +92,7 @@ impl TurnServer {
 }
 
 fn malformed(message: String) -> TurnReply {
-    TurnReply {
-        error: Some(GateError {
-            code: Code::InvalidArgument as i32,
-            message,
-        }),
-        ..Default::default()
-    }
+    TurnReply::failed(ServiceError::invalid_argument(message))
 }
 
 /// One turn: the subject's tenant, which NATS permissions confine, never the body's.
