@@ -38,12 +38,13 @@ fn record_start() {
         .rsplit_once('-')
         .map_or(binary.as_str(), |(name, _hash)| name);
     let test = std::thread::current().name().unwrap_or("?").to_owned();
+    // One write per line: appends of concurrent tests then never interleave.
     if let Ok(mut file) = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(path)
     {
-        let _ = writeln!(file, "{binary} {test}");
+        let _ = file.write_all(format!("{binary} {test}\n").as_bytes());
     }
 }
 
