@@ -67,12 +67,11 @@ fn subject_stems(root: &Path) -> BTreeSet<String> {
     stems
 }
 
-#[test]
-fn every_subject_is_built_by_subjects() {
-    let root = repo_root();
-    let stems = subject_stems(&root);
-    let mut built_by_hand = Vec::new();
-    let mut scanned = crate_sources(&root);
+/// `file:line: text` of every line of production code (and testkit) outside
+/// `proto/src/subjects.rs` whose code (comments cut) `matches`.
+fn production_lines_where(root: &Path, matches: impl Fn(&str) -> bool) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut scanned = crate_sources(root);
     scanned.retain(|src| !src.starts_with(root.join("tests")) || src.ends_with("testkit/src"));
     for src in scanned {
         for file in files(&src, &[".rs"]) {
@@ -81,19 +80,10 @@ fn every_subject_is_built_by_subjects() {
             }
             let text = std::fs::read_to_string(&file).unwrap();
             for (number, line) in text.lines().enumerate() {
-                let code = code_of(line);
-                let literals = string_literals(code);
-                let by_prefix =
-                    code.contains(".prefix()") && literals.iter().any(|l| l.starts_with("{}."));
-                let by_stem = literals.iter().any(|literal| {
-                    stems
-                        .iter()
-                        .any(|stem| literal.contains(&format!("}}.{stem}")))
-                });
-                if by_prefix || by_stem {
-                    built_by_hand.push(format!(
+                if matches(code_of(line)) {
+                    found.push(format!(
                         "{}:{}: {}",
-                        file.strip_prefix(&root).unwrap().display(),
+                        file.strip_prefix(root).unwrap().display(),
                         number + 1,
                         line.trim()
                     ));
@@ -101,6 +91,23 @@ fn every_subject_is_built_by_subjects() {
             }
         }
     }
+    found
+}
+
+#[test]
+fn every_subject_is_built_by_subjects() {
+    let root = repo_root();
+    let stems = subject_stems(&root);
+    let built_by_hand = production_lines_where(&root, |code| {
+        let literals = string_literals(code);
+        let by_prefix = code.contains(".prefix()") && literals.iter().any(|l| l.starts_with("{}."));
+        let by_stem = literals.iter().any(|literal| {
+            stems
+                .iter()
+                .any(|stem| literal.contains(&format!("}}.{stem}")))
+        });
+        by_prefix || by_stem
+    });
     assert!(
         built_by_hand.is_empty(),
         "subjects built outside ctxsync_proto::subjects::Subjects:\n{}",
@@ -143,28 +150,9 @@ fn declared_call_subjects(root: &Path) -> BTreeSet<String> {
 fn store_calls_are_made_through_their_declaration() {
     let root = repo_root();
     let methods = declared_call_subjects(&root);
-    let mut by_hand = Vec::new();
-    let mut scanned = crate_sources(&root);
-    scanned.retain(|src| !src.starts_with(root.join("tests")) || src.ends_with("testkit/src"));
-    for src in scanned {
-        for file in files(&src, &[".rs"]) {
-            if file.ends_with("proto/src/subjects.rs") {
-                continue;
-            }
-            let text = std::fs::read_to_string(&file).unwrap();
-            for (number, line) in text.lines().enumerate() {
-                let code = code_of(line);
-                if methods.iter().any(|m| code.contains(&format!(".{m}("))) {
-                    by_hand.push(format!(
-                        "{}:{}: {}",
-                        file.strip_prefix(&root).unwrap().display(),
-                        number + 1,
-                        line.trim()
-                    ));
-                }
-            }
-        }
-    }
+    let by_hand = production_lines_where(&root, |code| {
+        methods.iter().any(|m| code.contains(&format!(".{m}(")))
+    });
     assert!(
         by_hand.is_empty(),
         "store subjects named outside ctxsync_proto::rpc::store (call them through \
