@@ -137,8 +137,35 @@ async fn schemathesis_finds_no_answer_outside_the_openapi_document() {
     ] {
         found.extend(run(&bin, name, base, bearer, paths).await);
     }
+    if !found.is_empty() {
+        // What the services counted, so that a failure says whether the store
+        // was slow (transaction times) or dropped requests past their deadline.
+        found.push(format!(
+            "the services' metrics:\n{}",
+            timing_metrics(&format!("{ingest}/metrics")).await
+        ));
+    }
     assert!(found.is_empty(), "{}", found.join("\n"));
 
     shutdown.cancel();
     stack.join().await;
+}
+
+/// The lines of `/metrics` at `url` that show how long requests took and
+/// which were dropped past their deadline.
+async fn timing_metrics(url: &str) -> String {
+    let text = match reqwest::get(url).await {
+        Ok(response) => response.text().await.unwrap_or_default(),
+        Err(error) => return format!("cannot read {url}: {error}"),
+    };
+    text.lines()
+        .filter(|line| {
+            !line.starts_with('#')
+                && (line.starts_with("ctxsync_rpc_expired_total")
+                    || line.starts_with("ctxsync_store_push_transaction_seconds")
+                    || line.starts_with("ctxsync_store_startups_total")
+                    || line.starts_with("ctxsync_ingest_request"))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
