@@ -164,6 +164,31 @@ pub mod gate {
     replies!(TurnReply);
 }
 
+/// The catalog's calls (`<prefix>.catalog.<op>.<tenant>`, queue group
+/// [`crate::subjects::CATALOG_QUEUE_GROUP`]); an error's `reason` is the
+/// catalog's dotted name of the failure (`tool.withdrawn`, …).
+pub mod catalog {
+    use crate::v1::*;
+
+    tenant_calls! {
+        /// Pins the tenant's servers for a session (a chat).
+        Prepare(CatalogPrepareRequest) -> CatalogPrepareReply, catalog_prepare_all, catalog_prepare;
+        /// Calls a pinned tool, gets a prompt or reads a resource.
+        Call(CatalogCallRequest) -> CatalogCallReply, catalog_call_all, catalog_call;
+        /// Ends a session: its pins are forgotten, its processes released.
+        EndSession(CatalogEndSessionRequest) -> CatalogEndSessionReply, catalog_session_end_all, catalog_session_end;
+        /// The tenant's servers and latency aggregates (the context page).
+        Status(CatalogStatusRequest) -> CatalogStatusReply, catalog_status_all, catalog_status;
+    }
+
+    replies!(
+        CatalogPrepareReply,
+        CatalogCallReply,
+        CatalogEndSessionReply,
+        CatalogStatusReply,
+    );
+}
+
 impl ServiceError {
     pub fn new(code: Code, message: impl Into<String>) -> Self {
         Self {

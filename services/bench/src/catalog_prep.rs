@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use catalog::config::{CatalogConfig, Limits, ServerConfig, TenantConfig, TransportSpec};
+use ctxsync_proto::rpc::catalog as catalog_rpc;
 use ctxsync_proto::v1::{
-    CatalogEndSessionReply, CatalogEndSessionRequest, CatalogPrepareReply, CatalogPrepareRequest,
-    catalog_pin::Source,
+    CatalogEndSessionRequest, CatalogPrepareReply, CatalogPrepareRequest, catalog_pin::Source,
 };
 use ctxsync_runtime::rpc;
 
@@ -139,9 +139,10 @@ fn child_processes(parents: &[u32]) -> std::collections::HashSet<u32> {
 }
 
 async fn prepare(env: &Env, session: &str) -> Result<CatalogPrepareReply, BenchError> {
-    let reply: CatalogPrepareReply = rpc::request(
+    rpc::call_for_tenant::<catalog_rpc::Prepare>(
         &env.client,
-        env.subjects.catalog_prepare(TENANT),
+        &env.subjects,
+        TENANT,
         &CatalogPrepareRequest {
             tenant: TENANT.into(),
             session_id: session.into(),
@@ -150,20 +151,19 @@ async fn prepare(env: &Env, session: &str) -> Result<CatalogPrepareReply, BenchE
         PREPARE_TIMEOUT,
     )
     .await
-    .step("catalog prepare")?;
-    if let Some(error) = &reply.error {
-        return Err(BenchError::new(
-            "catalog prepare",
-            format!("{}: {}", error.code, error.message),
-        ));
-    }
-    Ok(reply)
+    .map_err(|error| match error {
+        rpc::RpcError::Service {
+            reason, message, ..
+        } => BenchError::new("catalog prepare", format!("{reason}: {message}")),
+        error => BenchError::new("catalog prepare", error),
+    })
 }
 
 async fn end_session(env: &Env, session: &str) {
-    let _: Result<CatalogEndSessionReply, _> = rpc::request(
+    let _ = rpc::call_for_tenant::<catalog_rpc::EndSession>(
         &env.client,
-        env.subjects.catalog_session_end(TENANT),
+        &env.subjects,
+        TENANT,
         &CatalogEndSessionRequest {
             tenant: TENANT.into(),
             session_id: session.into(),

@@ -87,7 +87,7 @@ impl Call {
         let started = Instant::now();
         let reply = self.call(&request).await;
         let outcome = match &reply.error {
-            Some(e) => e.code.clone(),
+            Some(e) => e.reason.clone(),
             None => "ok".to_owned(),
         };
         metrics::counter!("ctxsync_catalog_calls_total", "outcome" => outcome).increment(1);

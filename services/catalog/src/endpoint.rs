@@ -41,7 +41,9 @@ use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::Response;
 use ctxsync_proto::v1::catalog_pin::Source;
-use ctxsync_proto::v1::{CatalogCallReply, CatalogCallRequest, CatalogPrepareRequest};
+use ctxsync_proto::v1::{
+    CatalogCallReply, CatalogCallRequest, CatalogPrepareRequest, ServiceError,
+};
 use ctxsync_runtime::tenant_keys::{self, Caller, TenantKeys};
 use futures::StreamExt as _;
 use rmcp::model::{
@@ -434,8 +436,8 @@ impl McpSession {
             .await;
         if let Some(error) = reply.error {
             return Err(ErrorData::internal_error(
-                format!("{}: {}", error.code, error.message),
-                Some(json!({"code": error.code})),
+                format!("{}: {}", error.reason, error.message),
+                Some(json!({"code": error.reason})),
             ));
         }
         let pins: Vec<_> = reply
@@ -646,10 +648,10 @@ fn result_of(reply: CatalogCallReply) -> CallToolResult {
     if let Some(error) = reply.error {
         let mut result = CallToolResult::error(vec![ContentBlock::text(format!(
             "{}: {}",
-            error.code, error.message
+            error.reason, error.message
         ))]);
         result.structured_content =
-            Some(json!({"error": {"code": error.code, "message": error.message}}));
+            Some(json!({"error": {"code": error.reason, "message": error.message}}));
         return result;
     }
     let content = serde_json::from_str::<Vec<ContentBlock>>(&reply.content_json)
@@ -662,24 +664,31 @@ fn result_of(reply: CatalogCallReply) -> CallToolResult {
 }
 
 /// A catalog error as the JSON-RPC error of `prompts/get` or `resources/read`:
-/// its code in `data.code`.
-fn rpc_error(error: &ctxsync_proto::v1::CatalogError) -> ErrorData {
-    use catalog_core::{ErrorCode as Code, ItemError, ItemKind};
-    let code = error.code.as_str();
-    let rpc_code = match Code::from_wire(code) {
-        Some(Code::Item(ItemKind::Resource, ItemError::NotFound | ItemError::Withdrawn)) => {
+/// a prompt not there is invalid params, a resource not there MCP's own
+/// "resource not found"; the catalog's name of it in `data.code`.
+fn rpc_error(error: &ServiceError) -> ErrorData {
+    use catalog_core::{ErrorCode as Catalog, ItemError, ItemKind};
+    let rpc_code = match Catalog::of(error) {
+        Some(Catalog::Item(ItemKind::Resource, ItemError::NotFound | ItemError::Withdrawn)) => {
             ErrorCode::RESOURCE_NOT_FOUND
         }
-        Some(Code::Item(_, ItemError::NotFound | ItemError::Withdrawn) | Code::RequestInvalid) => {
-            ErrorCode::INVALID_PARAMS
-        }
+        Some(
+            Catalog::Item(_, ItemError::NotFound | ItemError::Withdrawn) | Catalog::RequestInvalid,
+        ) => ErrorCode::INVALID_PARAMS,
         _ => ErrorCode::INTERNAL_ERROR,
     };
+    let reason = error.reason.as_str();
     ErrorData::new(
         rpc_code,
-        format!("{code}: {}", error.message),
-        Some(json!({"code": code, "message": error.message})),
+        format!("{reason}: {}", error.message),
+        Some(json!({"code": reason, "message": error.message})),
     )
+}
+
+/// The error of a prompt or resource the session did not pin.
+fn not_pinned(kind: catalog_core::ItemKind, message: String) -> ErrorData {
+    let code = catalog_core::ErrorCode::Item(kind, catalog_core::ItemError::NotFound);
+    rpc_error(&catalog_core::request::Refusal::new(code, message).to_proto())
 }
 
 /// A prompt's or resource's result as the catalog relayed it (its JSON text).
@@ -819,14 +828,10 @@ impl ServerHandler for McpSession {
         counted("prompts/get");
         let bound = self.bound(&context.extensions)?;
         let Some(offered) = bound.prompts.iter().find(|o| o.prompt.name == request.name) else {
-            return Err(rpc_error(&ctxsync_proto::v1::CatalogError {
-                code: catalog_core::ErrorCode::Item(
-                    catalog_core::ItemKind::Prompt,
-                    catalog_core::ItemError::NotFound,
-                )
-                .to_string(),
-                message: format!("prompt {:?} is not in this session's pins", request.name),
-            }));
+            return Err(not_pinned(
+                catalog_core::ItemKind::Prompt,
+                format!("prompt {:?} is not in this session's pins", request.name),
+            ));
         };
         let arguments = request.arguments.unwrap_or_default();
         let call = CatalogCallRequest {
@@ -872,14 +877,10 @@ impl ServerHandler for McpSession {
             .iter()
             .find(|o| o.resource.uri == request.uri)
         else {
-            return Err(rpc_error(&ctxsync_proto::v1::CatalogError {
-                code: catalog_core::ErrorCode::Item(
-                    catalog_core::ItemKind::Resource,
-                    catalog_core::ItemError::NotFound,
-                )
-                .to_string(),
-                message: format!("resource {:?} is not in this session's pins", request.uri),
-            }));
+            return Err(not_pinned(
+                catalog_core::ItemKind::Resource,
+                format!("resource {:?} is not in this session's pins", request.uri),
+            ));
         };
         let call = CatalogCallRequest {
             resource_uri: offered.resource.uri.clone(),

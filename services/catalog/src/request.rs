@@ -3,7 +3,7 @@
 //! validated by the core).
 
 use ctxsync_proto::subjects::Subjects;
-use ctxsync_proto::v1::CatalogError;
+use ctxsync_proto::v1::ServiceError;
 
 use catalog_core::ErrorCode;
 pub use catalog_core::request::{MAX_REQUEST_ID_BYTES, valid_request_id};
@@ -33,9 +33,6 @@ pub(crate) fn tenant_of(
 }
 
 /// The error of an answer.
-pub(crate) fn error(code: ErrorCode, message: impl Into<String>) -> Option<CatalogError> {
-    Some(CatalogError {
-        code: code.as_str().to_owned(),
-        message: message.into(),
-    })
+pub(crate) fn error(code: ErrorCode, message: impl Into<String>) -> Option<ServiceError> {
+    Some(catalog_core::request::Refusal::new(code, message).to_proto())
 }

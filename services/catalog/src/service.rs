@@ -3,14 +3,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use ctxsync_proto::rpc::{Reply, Rpc, catalog};
 use ctxsync_proto::subjects::{CATALOG_QUEUE_GROUP, Subjects};
 use ctxsync_proto::v1::{
-    CatalogCallReply, CatalogCallRequest, CatalogEndSessionReply, CatalogEndSessionRequest,
-    CatalogPrepareReply, CatalogPrepareRequest, CatalogStatusReply, CatalogStatusRequest,
+    CatalogCallRequest, CatalogEndSessionRequest, CatalogPrepareRequest, CatalogStatusRequest,
 };
 use ctxsync_runtime::tenant_keys::{self, TenantKeys};
 use ctxsync_runtime::{HttpServer, Readiness, Shutdown, db, http, nats, rpc};
-use prost::Message;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -23,7 +22,7 @@ use crate::endpoint::{Commands, Endpoint};
 use crate::events::Events;
 use crate::memory::Memory;
 use crate::prepare::Prepare;
-use crate::request::{error, tenant_of};
+use crate::request::tenant_of;
 use crate::sessions::{self, Sessions};
 use crate::settings::{Config, memory_bucket_name};
 use crate::shared::SharedServers;
@@ -31,6 +30,7 @@ use crate::status::Status;
 use crate::store;
 use crate::warmup::{Warmup, WarmupStatus};
 use catalog_core::ErrorCode;
+use catalog_core::request::Refusal;
 
 /// How long a tenant key's check by the store may take.
 const KEY_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -58,63 +58,63 @@ pub enum Error {
 const CLAIM_MARGIN: Duration = Duration::from_secs(30);
 
 /// A reply NATS would refuse to carry becomes an error naming the limit
-/// (the requester would otherwise only see a timeout).
-fn fit_reply<R: Message>(
-    client: &async_nats::Client,
-    reply: R,
-    too_large: impl FnOnce(String) -> R,
-) -> R {
+/// (`catalog.reply_too_large`).
+fn fit_reply<R: Reply>(client: &async_nats::Client, reply: R) -> R {
     let max = client.server_info().max_payload;
     let size = reply.encoded_len();
     if max > 0 && size > max {
         metrics::counter!("ctxsync_catalog_replies_too_large_total").increment(1);
-        too_large(format!(
-            "the answer is {size} bytes, over the NATS server's max_payload of {max} bytes"
-        ))
+        R::failed(
+            Refusal::new(
+                ErrorCode::ReplyTooLarge,
+                format!(
+                    "the answer is {size} bytes, over the NATS server's max_payload of {max} bytes"
+                ),
+            )
+            .to_proto(),
+        )
     } else {
         reply
     }
 }
 
-/// Serves one command on its subject of every tenant: a request whose body
-/// names another tenant than its subject is refused like a malformed one.
-#[allow(clippy::too_many_arguments)]
-async fn serve_command<Req, Resp, F, Fut>(
-    connection: &nats::NatsConnection,
-    subject: String,
+/// Serves the catalog call `M` on its subject of every tenant: a request
+/// whose body names another tenant than its subject is refused
+/// (`request.invalid`) without reaching `handle`.
+fn serve_command<'a, M, F, Fut>(
+    call: M,
+    connection: &'a nats::NatsConnection,
     subjects: &Subjects,
     shutdown: &Shutdown,
     grace: Duration,
-    invalid: fn(String) -> Resp,
-    tenant: fn(&mut Req) -> &mut String,
+    tenant: fn(&mut M::Request) -> &mut String,
     handle: F,
-) -> Result<rpc::Server, nats::SubscribeError>
+) -> impl Future<Output = Result<rpc::Server, nats::SubscribeError>> + use<'a, M, F, Fut>
 where
-    Req: Message + Default + Send + 'static,
-    Resp: Message + Send + 'static,
-    F: Fn(Req) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Resp> + Send + 'static,
+    M: Rpc,
+    F: Fn(M::Request) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = M::Reply> + Send + 'static,
 {
-    let subjects = subjects.clone();
-    rpc::serve(
+    let own_subjects = subjects.clone();
+    rpc::serve_rpc(
+        call,
         connection,
-        subject,
+        subjects,
         CATALOG_QUEUE_GROUP,
         shutdown.clone(),
         grace,
-        invalid,
-        move |mut request: Req, incoming: rpc::Incoming| {
-            let answer =
-                tenant_of(tenant(&mut request), &subjects, &incoming).map(|()| handle(request));
+        move |mut request: M::Request, incoming: rpc::Incoming| {
+            let answer = tenant_of(tenant(&mut request), &own_subjects, &incoming)
+                .map(|()| handle(request))
+                .map_err(|message| Refusal::invalid(message).to_proto());
             async move {
                 match answer {
-                    Ok(answer) => answer.await,
-                    Err(message) => invalid(message),
+                    Ok(answer) => Ok(answer.await),
+                    Err(refused) => Err(refused),
                 }
             }
         },
     )
-    .await
 }
 
 /// Replaces a running catalog's server configuration.
@@ -354,64 +354,40 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
     let status_client = client.clone();
     let servers = vec![
         serve_command(
+            catalog::Prepare,
             &connection,
-            subjects.catalog_prepare_all(),
             &subjects,
             &shutdown,
             grace,
-            |message| CatalogPrepareReply {
-                error: error(ErrorCode::RequestInvalid, message),
-                ..Default::default()
-            },
             |request: &mut CatalogPrepareRequest| &mut request.tenant,
             {
                 let client = client.clone();
                 move |request| {
                     let (prepare, client) = (prepare.clone(), client.clone());
-                    async move {
-                        let reply = prepare.handle(request).await;
-                        fit_reply(&client, reply, |message| CatalogPrepareReply {
-                            error: error(ErrorCode::ReplyTooLarge, message),
-                            ..Default::default()
-                        })
-                    }
+                    async move { fit_reply(&client, prepare.handle(request).await) }
                 }
             },
         )
         .await?,
         serve_command(
+            catalog::Call,
             &connection,
-            subjects.catalog_call_all(),
             &subjects,
             &shutdown,
             grace,
-            |message| CatalogCallReply {
-                error: error(ErrorCode::RequestInvalid, message),
-                ..Default::default()
-            },
             |request: &mut CatalogCallRequest| &mut request.tenant,
             move |request| {
                 let (call, client) = (call.clone(), client.clone());
-                async move {
-                    let reply = call.handle(request).await;
-                    fit_reply(&client, reply, |message| CatalogCallReply {
-                        error: error(ErrorCode::ReplyTooLarge, message),
-                        ..Default::default()
-                    })
-                }
+                async move { fit_reply(&client, call.handle(request).await) }
             },
         )
         .await?,
         serve_command(
+            catalog::EndSession,
             &connection,
-            subjects.catalog_session_end_all(),
             &subjects,
             &shutdown,
             grace,
-            |message| CatalogEndSessionReply {
-                error: error(ErrorCode::RequestInvalid, message),
-                ..Default::default()
-            },
             |request: &mut CatalogEndSessionRequest| &mut request.tenant,
             move |request| {
                 let end_session = end_session.clone();
@@ -420,28 +396,15 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
         )
         .await?,
         serve_command(
+            catalog::Status,
             &connection,
-            subjects.catalog_status_all(),
             &subjects,
             &shutdown,
             grace,
-            |message| CatalogStatusReply {
-                error: error(ErrorCode::RequestInvalid, message),
-                ..Default::default()
-            },
             |request: &mut CatalogStatusRequest| &mut request.tenant,
-            {
-                let client = status_client;
-                move |request| {
-                    let (status, client) = (status.clone(), client.clone());
-                    async move {
-                        let reply = status.handle(request).await;
-                        fit_reply(&client, reply, |message| CatalogStatusReply {
-                            error: error(ErrorCode::ReplyTooLarge, message),
-                            ..Default::default()
-                        })
-                    }
-                }
+            move |request| {
+                let (status, client) = (status.clone(), status_client.clone());
+                async move { fit_reply(&client, status.handle(request).await) }
             },
         )
         .await?,

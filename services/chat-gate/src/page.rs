@@ -50,6 +50,7 @@ use futures::StreamExt;
 use crate::http::{caller, error};
 use crate::nats::events::PageFeed;
 use crate::nats::{AgentLister, CatalogClient, StoreReader};
+use ctxsync_runtime::rpc;
 use ctxsync_runtime::tenant_keys::{Caller, TenantKeys};
 use gate_core::projection::{self, Readiness};
 use gate_core::source::ReadError;
@@ -475,17 +476,17 @@ async fn catalog_status(
         );
     };
     match catalog.status(&caller.tenant, query.window_seconds).await {
-        Ok(reply) => match &reply.error {
-            None => axum::Json(reply).into_response(),
-            Some(failure) => {
-                tracing::warn!(code = %failure.code, tenant = %caller.tenant, "catalog status failed");
-                error(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "unavailable",
-                    format!("{}: {}", failure.code, failure.message),
-                )
-            }
-        },
+        Ok(reply) => axum::Json(reply).into_response(),
+        Err(rpc::RpcError::Service {
+            reason, message, ..
+        }) => {
+            tracing::warn!(%reason, tenant = %caller.tenant, "catalog status failed");
+            error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                format!("{reason}: {message}"),
+            )
+        }
         Err(failure) => {
             tracing::warn!(error = %failure, tenant = %caller.tenant, "catalog did not answer a status request");
             error(

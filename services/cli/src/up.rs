@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context as _;
+use ctxsync_proto::rpc::{TenantSubject, catalog as catalog_rpc};
 use ctxsync_proto::subjects::Subjects;
 use ctxsync_runtime::Shutdown;
 use ctxsync_stack::{StackBuilder, deps};
@@ -165,8 +166,8 @@ pub async fn run(args: UpArgs, shutdown: Shutdown) -> anyhow::Result<()> {
     println!(
         "  catalog         http://{}  (NATS {}, {})",
         catalog.http_addr(),
-        subjects.catalog_prepare("<tenant>"),
-        subjects.catalog_call("<tenant>"),
+        catalog_rpc::Prepare::subject(&subjects, "<tenant>"),
+        catalog_rpc::Call::subject(&subjects, "<tenant>"),
     );
     println!("  subjects        {}.>", args.subject_prefix);
 

@@ -166,8 +166,8 @@ pub fn expired(deadline: Option<SystemTime>) -> bool {
 
 /// Sends `request` and decodes the answer. The request carries its deadline
 /// (now + `timeout`) in [`DEADLINE_HEADER`]. Untyped: a declared call is
-/// made with [`call`]; this remains for calls not declared yet (the
-/// catalog's) and for tests of raw NATS behaviour.
+/// made with [`call`]; this remains for tests of raw NATS behaviour (a
+/// payload no declared call would send, a subject of another tenant).
 pub async fn request<Req: Message, Resp: Message + Default>(
     client: &Client,
     subject: String,
@@ -360,8 +360,7 @@ fn malformed<R: Reply>(message: String) -> R {
 /// On shutdown the subscription is drained: the server sends no more
 /// requests here, the ones it already sent are still answered, and all of
 /// them finish within `grace` of the signal. Untyped: a declared call is
-/// served with [`serve_rpc`]; this remains for calls not declared yet (the
-/// catalog's).
+/// served with [`serve_rpc`], which this is beneath.
 pub async fn serve<Req, Resp, F, Fut>(
     connection: &NatsConnection,
     subject: String,

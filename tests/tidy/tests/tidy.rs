@@ -116,8 +116,9 @@ fn every_subject_is_built_by_subjects() {
 }
 
 /// The request subjects of `Subjects` whose calls are declared in
-/// `ctxsync_proto::rpc` (the store's): named anywhere else in a crate's
-/// sources, a subject could be asked with other types than its call's.
+/// `ctxsync_proto::rpc` (the store's and the catalog's): named anywhere else
+/// in a crate's sources, a subject could be asked with other types than its
+/// call's.
 fn declared_call_subjects(root: &Path) -> BTreeSet<String> {
     let text = std::fs::read_to_string(root.join("proto/src/subjects.rs")).unwrap();
     let mut methods = BTreeSet::new();
@@ -128,26 +129,32 @@ fn declared_call_subjects(root: &Path) -> BTreeSet<String> {
             request_reply |= line.contains("(request/reply");
             continue;
         }
-        if let Some(rest) = line.strip_prefix("pub fn store_")
+        let declared = ["store_", "catalog_"].into_iter().find_map(|service| {
+            Some((
+                service,
+                line.strip_prefix("pub fn ")?.strip_prefix(service)?,
+            ))
+        });
+        if let Some((service, rest)) = declared
             && request_reply
         {
             let name: String = rest
                 .chars()
                 .take_while(|c| c.is_alphanumeric() || *c == '_')
                 .collect();
-            methods.insert(format!("store_{name}"));
+            methods.insert(format!("{service}{name}"));
         }
         request_reply = false;
     }
     assert!(
-        methods.len() >= 10,
+        methods.len() >= 14 && methods.contains("catalog_prepare"),
         "subjects.rs changed shape: {methods:?}"
     );
     methods
 }
 
 #[test]
-fn store_calls_are_made_through_their_declaration() {
+fn store_and_catalog_calls_are_made_through_their_declaration() {
     let root = repo_root();
     let methods = declared_call_subjects(&root);
     let by_hand = production_lines_where(&root, |code| {
@@ -155,8 +162,9 @@ fn store_calls_are_made_through_their_declaration() {
     });
     assert!(
         by_hand.is_empty(),
-        "store subjects named outside ctxsync_proto::rpc::store (call them through \
-         ctxsync_runtime::store::StoreClient, serve them with rpc::serve_rpc):\n{}",
+        "store or catalog subjects named outside ctxsync_proto::rpc (call them through \
+         ctxsync_runtime::store::StoreClient or rpc::call_for_tenant, serve them with \
+         rpc::serve_rpc):\n{}",
         by_hand.join("\n")
     );
 }

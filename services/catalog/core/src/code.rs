@@ -4,6 +4,8 @@
 
 use std::fmt;
 
+use ctxsync_proto::v1::{ServiceError, service_error::Code};
+
 /// What a call names: a prompt's or resource's codes carry its kind as
 /// their prefix (`prompt.withdrawn`, `resource.timeout`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -60,7 +62,9 @@ impl ItemError {
     ];
 }
 
-/// The code of a [`ctxsync_proto::v1::CatalogError`].
+/// The catalog's name of a failure: the `reason` of the
+/// [`ctxsync_proto::v1::ServiceError`] its answer carries, whose `code` is
+/// [`ErrorCode::service_code`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ErrorCode {
     /// `<item>.<error>`: `tool.withdrawn`, `prompt.not_found`, ...
@@ -124,6 +128,31 @@ impl ErrorCode {
         }
     }
 
+    /// The envelope's code, what callers decide on: whether asking again
+    /// may help (`unavailable`, `deadline_exceeded`), whether the request
+    /// or the session's state is at fault.
+    pub fn service_code(self) -> Code {
+        use ItemError as E;
+        match self {
+            Self::RequestInvalid => Code::InvalidArgument,
+            Self::Item(_, E::NotFound | E::Withdrawn)
+            | Self::ServerNotConfigured
+            | Self::TenantUnknown => Code::NotFound,
+            Self::SessionNotPrepared | Self::ServerNotPinned => Code::FailedPrecondition,
+            Self::Item(_, E::ServerUnreachable) => Code::Unavailable,
+            Self::Item(_, E::Timeout) => Code::DeadlineExceeded,
+            Self::Item(_, E::ResultTooLarge) | Self::ServerProcessLimit | Self::ReplyTooLarge => {
+                Code::ResourceExhausted
+            }
+            Self::Item(_, E::CallFailed) | Self::Internal => Code::Internal,
+        }
+    }
+
+    /// The catalog's name of the failure an envelope carries, if it names one.
+    pub fn of(error: &ServiceError) -> Option<Self> {
+        Self::from_wire(&error.reason)
+    }
+
     /// Every code.
     pub fn all() -> impl Iterator<Item = Self> {
         let items = ItemKind::ALL
@@ -174,6 +203,10 @@ mod tests {
             assert_eq!(ErrorCode::from_wire(code.as_str()), Some(code));
         }
         assert_eq!(ErrorCode::from_wire("tool.something_else"), None);
+        // Every name has an envelope code of its own kind.
+        for code in ErrorCode::all() {
+            assert_ne!(code.service_code(), Code::Unspecified, "{code}");
+        }
         // An item's code carries its kind as prefix.
         for code in ErrorCode::all() {
             if let Some((kind, _)) = code.item() {

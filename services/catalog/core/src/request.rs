@@ -3,7 +3,7 @@
 //! arguments that are a JSON object. A refusal names the field and never
 //! echoes a value the user wrote (arguments are the user's content).
 
-use ctxsync_proto::v1::{CatalogCallRequest, CatalogError, CatalogPrepareRequest};
+use ctxsync_proto::v1::{CatalogCallRequest, CatalogPrepareRequest, ServiceError};
 
 use crate::code::ErrorCode;
 use crate::tools::Item;
@@ -36,12 +36,10 @@ impl Refusal {
         Self::new(ErrorCode::RequestInvalid, message)
     }
 
-    /// As the wire says it.
-    pub fn to_proto(&self) -> CatalogError {
-        CatalogError {
-            code: self.code.as_str().to_owned(),
-            message: self.message.clone(),
-        }
+    /// As the wire says it: the envelope's code, the catalog's name as reason.
+    pub fn to_proto(&self) -> ServiceError {
+        ServiceError::new(self.code.service_code(), self.message.clone())
+            .with_reason(self.code.as_str())
     }
 }
 

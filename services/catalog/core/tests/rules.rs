@@ -21,6 +21,7 @@ use catalog_core::request::{valid_call, valid_preparation};
 use catalog_core::tools::{Catalog, Item, Prompt, Resource, Tool};
 use catalog_core::{Discovery, ErrorCode, Failure, ItemError, ItemKind, Live, Transport};
 use ctxsync_proto::v1::catalog_pin::Source;
+use ctxsync_proto::v1::service_error::Code;
 use ctxsync_proto::v1::{CatalogCallRequest, CatalogPrepareRequest};
 use serde_json::json;
 use tokio::time::Instant;
@@ -674,7 +675,11 @@ fn a_prompts_or_resources_codes_carry_its_own_prefix() {
         }),
         1 << 20,
     );
-    assert_eq!(timeout.reply.error.unwrap().code, "prompt.timeout");
+    let error = timeout.reply.error.unwrap();
+    assert_eq!(
+        (error.reason.as_str(), error.code()),
+        ("prompt.timeout", Code::DeadlineExceeded)
+    );
 }
 
 #[test]
@@ -798,7 +803,10 @@ fn an_answer_is_classified_within_the_servers_limit() {
     let long = "x".repeat(200);
     let refused = classify(&call, answer(&long, false), 64);
     let error = refused.reply.error.unwrap();
-    assert_eq!(error.code, "tool.result_too_large");
+    assert_eq!(
+        (error.reason.as_str(), error.code()),
+        ("tool.result_too_large", Code::ResourceExhausted)
+    );
     assert!(
         error.message.contains("max_content_bytes = 64"),
         "{}",
@@ -815,7 +823,7 @@ fn an_answer_is_classified_within_the_servers_limit() {
         64,
     );
     assert_eq!(
-        (failed.reply.error.unwrap().code.as_str(), failed.outcome),
+        (failed.reply.error.unwrap().reason.as_str(), failed.outcome),
         ("tool.call_failed", "call_failed")
     );
     let broke = classify(
@@ -826,7 +834,11 @@ fn an_answer_is_classified_within_the_servers_limit() {
         64,
     );
     assert!(broke.transport_broke, "the next call reconnects");
-    assert_eq!(broke.reply.error.unwrap().code, "tool.server_unreachable");
+    let error = broke.reply.error.unwrap();
+    assert_eq!(
+        (error.reason.as_str(), error.code()),
+        ("tool.server_unreachable", Code::Unavailable)
+    );
 }
 
 // ---- requests -------------------------------------------------------------------

@@ -313,8 +313,14 @@ impl Harness {
     }
 }
 
-pub fn error_code(error: &Option<ctxsync_proto::v1::CatalogError>) -> &str {
-    error.as_ref().map_or("", |e| e.code.as_str())
+/// The catalog's name of the failure a reply carries ("" for none); the
+/// envelope's code is checked to be that name's.
+pub fn error_code(error: &Option<ctxsync_proto::v1::ServiceError>) -> &str {
+    let Some(error) = error else { return "" };
+    if let Some(name) = catalog_core::ErrorCode::of(error) {
+        assert_eq!(error.code(), name.service_code(), "{error:?}");
+    }
+    error.reason.as_str()
 }
 
 pub fn sources(reply: &CatalogPrepareReply) -> Vec<(String, i32)> {

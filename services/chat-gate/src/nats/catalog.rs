@@ -4,10 +4,11 @@
 
 use std::time::Duration;
 
+use ctxsync_proto::rpc::catalog;
 use ctxsync_proto::subjects::Subjects;
 use ctxsync_proto::v1::{
-    CatalogPrepareReply, CatalogPrepareRequest, CatalogSection, CatalogStatusReply,
-    CatalogStatusRequest, catalog_section::Status,
+    CatalogPrepareRequest, CatalogSection, CatalogStatusReply, CatalogStatusRequest,
+    catalog_section::Status,
 };
 use ctxsync_runtime::rpc;
 use futures::FutureExt;
@@ -37,24 +38,25 @@ impl CatalogClient {
             tenant: tenant.to_owned(),
             session_id: chat_id.to_owned(),
         };
-        let answer: Result<CatalogPrepareReply, _> = rpc::request_for_tenant(
+        let answer = rpc::call_for_tenant::<catalog::Prepare>(
             &self.client,
+            &self.subjects,
             tenant,
-            self.subjects.catalog_prepare(tenant),
             &request,
             None,
             self.timeout,
         )
         .await;
         match answer {
-            Ok(reply) => match reply.error {
-                None => CatalogSection {
-                    status: Status::Ready as i32,
-                    pins: reply.pins,
-                    error: String::new(),
-                },
-                Some(error) => failed(format!("{}: {}", error.code, error.message)),
+            Ok(reply) => CatalogSection {
+                status: Status::Ready as i32,
+                pins: reply.pins,
+                error: String::new(),
             },
+            // The catalog answered: its name of the failure, for the chat.
+            Err(rpc::RpcError::Service {
+                reason, message, ..
+            }) => failed(format!("{reason}: {message}")),
             Err(error) => {
                 tracing::warn!(%error, tenant, "catalog did not answer; the turn proceeds without it");
                 failed(format!("the catalog did not answer: {error}"))
@@ -64,7 +66,8 @@ impl CatalogClient {
 }
 
 impl CatalogClient {
-    /// The tenant's catalog servers and latency aggregates, for the context page.
+    /// The tenant's catalog servers and latency aggregates, for the context
+    /// page; the catalog's own error is [`rpc::RpcError::Service`].
     pub async fn status(
         &self,
         tenant: &str,
@@ -74,10 +77,10 @@ impl CatalogClient {
             tenant: tenant.to_owned(),
             window_seconds,
         };
-        rpc::request_for_tenant(
+        rpc::call_for_tenant::<catalog::Status>(
             &self.client,
+            &self.subjects,
             tenant,
-            self.subjects.catalog_status(tenant),
             &request,
             None,
             self.timeout,
