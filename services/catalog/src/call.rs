@@ -150,8 +150,7 @@ impl Call {
         let (reply, outcome, duration) = self.invoke(&target, &slot, connection, arguments).await;
         self.record(vec![called_event(
             &target, first_call, outcome, duration, &setup,
-        )])
-        .await;
+        )]);
         reply
     }
 
@@ -383,7 +382,7 @@ impl Call {
     ) -> CatalogCallReply {
         let (refusal, events) =
             core::unreachable(&target.call, target.transport, &failure, first_call);
-        self.record(events).await;
+        self.record(events);
         core::refused(&refusal)
     }
 
@@ -421,8 +420,7 @@ impl Call {
             "withdrawn",
             Duration::ZERO,
             ready.setup,
-        )])
-        .await;
+        )]);
         Some(core::refused(&refusal))
     }
 
@@ -531,10 +529,9 @@ impl Call {
         diff
     }
 
-    async fn record(&self, events: Vec<NewEvent>) {
-        if let Err(e) = self.events.record(events).await {
-            tracing::warn!(error = %ctxsync_runtime::db::describe(&e), "cannot store call events");
-        }
+    /// Queued: no answer waits for its bookkeeping.
+    fn record(&self, events: Vec<NewEvent>) {
+        self.events.queue(events);
     }
 }
 

@@ -220,9 +220,7 @@ impl Prepare {
             }
         };
         let event = core::follow_up_event(tenant, session_id, pins.len(), started.elapsed());
-        if let Err(e) = self.events.record(vec![event]).await {
-            tracing::warn!(error = %ctxsync_runtime::db::describe(&e), "cannot record a follow-up preparation");
-        }
+        self.events.queue(vec![event]);
         CatalogPrepareReply {
             pins: pins.iter().map(|pin| pin.to_proto()).collect(),
             error: None,

@@ -99,6 +99,26 @@ pub const SERIES: &[Series] = &[
         "ctxsync_catalog_memory_shared",
         "1 while the memory's key-value bucket works, 0 while the catalog serves from its own process's memory.",
     ),
+    Series::gauge(
+        "ctxsync_catalog_events_queued",
+        "Events waiting for the background writer.",
+    ),
+    Series::counter(
+        "ctxsync_catalog_events_written_total",
+        "Queued events written to catalog.events.",
+    ),
+    Series::counter(
+        "ctxsync_catalog_events_dropped_total",
+        "Events dropped because the event queue was full (--event-queue).",
+    ),
+    Series::counter(
+        "ctxsync_catalog_events_lost_total",
+        "Queued events not written within the shutdown grace (Postgres unreachable).",
+    ),
+    Series::counter(
+        "ctxsync_catalog_event_write_failures_total",
+        "Failed writes of a batch of queued events (each retried).",
+    ),
     Series::counter(
         "ctxsync_catalog_replies_too_large_total",
         "Answers over the NATS server's max_payload, replaced by an error.",

@@ -19,7 +19,7 @@ use crate::config::{CatalogConfig, Current};
 use crate::discovery::Discoverer;
 use crate::end_session::EndSession;
 use crate::endpoint::{Commands, Endpoint};
-use crate::events::Events;
+use crate::events::{EventWriter, Events};
 use crate::memory::Memory;
 use crate::prepare::Prepare;
 use crate::request::tenant_of;
@@ -141,6 +141,8 @@ pub struct Running {
     ready_at: SystemTime,
     warmup: watch::Receiver<WarmupStatus>,
     grace: Duration,
+    events: Arc<Events>,
+    event_writer: EventWriter,
     shared: Arc<SharedServers>,
     processes: Option<Arc<crate::processes::ProcessBound>>,
     endpoint: Arc<Endpoint>,
@@ -222,6 +224,12 @@ impl Running {
         self.shared.running()
     }
 
+    /// Waits until every event queued so far (calls, follow-up
+    /// preparations, warm-ups: written in the background) is written.
+    pub async fn events_written(&self) -> bool {
+        self.events.flushed().await
+    }
+
     /// Waits for shutdown: stops taking requests, finishes those in flight,
     /// closes every transport, drains NATS.
     pub async fn join(self) {
@@ -236,6 +244,8 @@ impl Running {
         if let Some(reaper) = self.shared_reaper {
             let _ = reaper.await;
         }
+        // Nothing queues events any more: what is queued is written now.
+        self.event_writer.finish().await;
         if !self.discovery.closed_within(self.grace).await {
             tracing::warn!("servers still closing after the shutdown grace are killed");
         }
@@ -293,11 +303,13 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
     let sharing = memory.start_sharing(shutdown.clone()).await;
     tracing::info!(remembered = memory.len(), "catalog memory loaded");
     let discovery = Arc::new(Discoverer::new(memory, settings.max_concurrent_starts));
-    let events = Arc::new(Events::new(
+    let (events, queued_events) = Events::new(
         pool.clone(),
         connection.client.clone(),
         subjects.clone(),
-    ));
+        settings.event_queue,
+    );
+    let event_writer = EventWriter::spawn(queued_events, shutdown.clone(), grace);
     let sessions = Arc::new(Sessions::default());
     let prepare = Arc::new(Prepare::new(
         current.clone(),
@@ -476,6 +488,8 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
         ready_at,
         warmup,
         grace,
+        events,
+        event_writer,
     })
 }
 

@@ -34,6 +34,9 @@ pub struct Settings {
     pub max_server_processes_per_tenant: Option<usize>,
     /// A shared server process no session held this long is stopped.
     pub shared_idle_timeout: Duration,
+    /// Events queued for the background writer at most (past it one is
+    /// dropped and counted, no answer delayed).
+    pub event_queue: usize,
     pub memory: MemorySettings,
 }
 
@@ -222,6 +225,12 @@ pub struct CatalogArgs {
     )]
     pub max_concurrent_starts: usize,
 
+    /// Events (calls, follow-up preparations, warm-ups) queued for writing
+    /// at most; past it an event is dropped and counted
+    /// (`ctxsync_catalog_events_dropped_total`), never an answer delayed.
+    #[arg(long, env = "CTXSYNC_CATALOG_EVENT_QUEUE", default_value_t = 8192)]
+    pub event_queue: usize,
+
     /// A session's transports are released after this many seconds without a call.
     #[arg(
         long,
@@ -390,6 +399,11 @@ impl CatalogArgs {
                 "CTXSYNC_CATALOG_MAX_CONCURRENT_STARTS must be at least 1".into(),
             ));
         }
+        if self.event_queue == 0 {
+            return Err(ConfigError::Invalid(
+                "CTXSYNC_CATALOG_EVENT_QUEUE must be at least 1".into(),
+            ));
+        }
         if self.warmup_attempts == 0 {
             return Err(ConfigError::Invalid(
                 "CTXSYNC_CATALOG_WARMUP_ATTEMPTS must be at least 1".into(),
@@ -441,6 +455,7 @@ impl CatalogArgs {
                 self.connect_timeout_seconds,
             )?,
             max_concurrent_starts: self.max_concurrent_starts,
+            event_queue: self.event_queue,
             session_idle_timeout: positive(
                 "CTXSYNC_CATALOG_SESSION_IDLE_SECONDS",
                 self.session_idle_seconds,
@@ -483,6 +498,7 @@ impl CatalogArgs {
             discovery_reuse,
             connect_timeout,
             max_concurrent_starts,
+            event_queue,
             session_idle_timeout,
             warmup:
                 WarmupSettings {
@@ -544,6 +560,7 @@ impl CatalogArgs {
                 *connect_timeout,
             )?,
             max_concurrent_starts: *max_concurrent_starts,
+            event_queue: *event_queue,
             session_idle_seconds: seconds(
                 "CTXSYNC_CATALOG_SESSION_IDLE_SECONDS",
                 *session_idle_timeout,
@@ -711,6 +728,7 @@ mod args_tests {
             discovery_reuse: Duration::from_secs(7),
             connect_timeout: Duration::from_secs(8),
             max_concurrent_starts: 3,
+            event_queue: 10,
             session_idle_timeout: Duration::from_secs(9),
             warmup: WarmupSettings {
                 enabled: false,

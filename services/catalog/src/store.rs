@@ -68,10 +68,22 @@ impl StoredEvent {
     }
 }
 
-/// Inserts `events` in order, in one statement.
+/// Inserts `events` in order, in one statement, each stamped with the
+/// time of its insert.
 pub async fn insert_events(
     conn: &mut PgConnection,
     events: Vec<NewEvent>,
+) -> Result<Vec<StoredEvent>, sqlx::Error> {
+    let occurred = vec![None; events.len()];
+    insert_events_at(conn, events, &occurred).await
+}
+
+/// [`insert_events`], each event stamped with its own time where it has
+/// one (an event queued before its write keeps when it happened).
+pub async fn insert_events_at(
+    conn: &mut PgConnection,
+    events: Vec<NewEvent>,
+    occurred: &[Option<DateTime<Utc>>],
 ) -> Result<Vec<StoredEvent>, sqlx::Error> {
     if events.is_empty() {
         return Ok(Vec::new());
@@ -82,10 +94,13 @@ pub async fn insert_events(
     let servers: Vec<Option<&str>> = events.iter().map(|e| e.server_id.as_deref()).collect();
     let payloads: Vec<Value> = events.iter().map(|e| e.payload.clone()).collect();
     let rows = sqlx::query(
-        "INSERT INTO catalog.events (kind, tenant, session_id, server_id, payload_version, payload)
-         SELECT e.kind, e.tenant, e.session_id, e.server_id, $6, e.payload
-         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::jsonb[])
-              WITH ORDINALITY AS e(kind, tenant, session_id, server_id, payload, ord)
+        "INSERT INTO catalog.events
+             (kind, tenant, session_id, server_id, payload_version, payload, occurred_at)
+         SELECT e.kind, e.tenant, e.session_id, e.server_id, $6, e.payload,
+                COALESCE(e.occurred_at, clock_timestamp())
+         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::jsonb[],
+                     $7::timestamptz[])
+              WITH ORDINALITY AS e(kind, tenant, session_id, server_id, payload, occurred_at, ord)
          ORDER BY e.ord
          RETURNING id, occurred_at",
     )
@@ -95,6 +110,7 @@ pub async fn insert_events(
     .bind(&servers)
     .bind(&payloads)
     .bind(PAYLOAD_VERSION)
+    .bind(occurred)
     .fetch_all(&mut *conn)
     .await?;
     let mut written: Vec<(i64, DateTime<Utc>)> = rows

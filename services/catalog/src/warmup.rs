@@ -103,12 +103,7 @@ impl Warmup {
                 "cause": Cause::Warmup.as_str(),
             }),
         };
-        if let Err(error) = self.events.record(vec![event]).await {
-            tracing::warn!(
-                error = %ctxsync_runtime::db::describe(&error), server = server.id(),
-                "cannot record a warm-up handshake"
-            );
-        }
+        self.events.queue(vec![event]);
     }
 
     /// Runs the warm-up in the background until it ends or shutdown.

@@ -134,6 +134,7 @@ async fn a_failed_live_discovery_at_preparation_is_reported_sanitized_and_forgot
     let message = &reply.pins[0].error;
     assert!(!message.is_empty());
     assert!(!message.contains(secret), "{message}");
+    harness.events_written().await;
     let events: Vec<String> = sqlx::query_scalar("SELECT payload::text FROM catalog.events")
         .fetch_all(&harness.pool)
         .await

@@ -52,6 +52,7 @@ async fn the_latency_report_prints_the_expected_aggregates_and_no_content() {
         .await;
     assert_eq!(error_code(&withdrawn.error), "tool.not_found");
 
+    harness.events_written().await;
     let report = latency::report(&harness.pool, Duration::from_secs(3600))
         .await
         .unwrap();

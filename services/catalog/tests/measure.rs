@@ -76,6 +76,7 @@ async fn preparing_from_memory_takes_milliseconds_against_seconds_live() {
         memory_max.as_secs_f64() * 1000.0,
         remembered.len()
     );
+    harness.events_written().await;
     let report = catalog::latency::report(&harness.pool, Duration::from_secs(3600))
         .await
         .unwrap();

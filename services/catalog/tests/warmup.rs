@@ -76,6 +76,7 @@ async fn warmup_starts_after_ready_one_server_at_a_time_and_records_only_its_han
         assert_eq!(count, 0, "the warm-up wrote nothing to catalog.{table}");
     }
     // Its handshakes are recorded for `ctxsync latency`, one per server.
+    harness.events_written().await;
     let report = catalog::latency::report(&harness.pool, Duration::from_secs(3600))
         .await
         .unwrap();

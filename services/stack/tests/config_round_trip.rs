@@ -91,6 +91,7 @@ fn catalog_settings(key_file: &Path) -> catalog::Settings {
         discovery_reuse: Duration::from_secs(7),
         connect_timeout: Duration::from_secs(8),
         max_concurrent_starts: 3,
+        event_queue: 10,
         session_idle_timeout: Duration::from_secs(9),
         warmup: catalog::WarmupSettings {
             enabled: false,

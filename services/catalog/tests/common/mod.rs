@@ -113,7 +113,10 @@ pub async fn metric(running: &Running, series: &str) -> f64 {
 pub struct Harness {
     /// Shared with the replicas started by [`Harness::replica`].
     pub nats: Arc<NatsServer>,
-    pub db: Arc<TestDatabase>,
+    /// The test's database (dropped with the last harness using it), or
+    /// none where the test runs a Postgres server of its own.
+    db: Option<Arc<TestDatabase>>,
+    database_url: String,
     pub subjects: Subjects,
     pub client: async_nats::Client,
     pub pool: PgPool,
@@ -136,15 +139,29 @@ impl Harness {
 
     async fn start_fresh(servers: CatalogConfig, settings: Settings, with_store: bool) -> Self {
         let TestStack { nats, db, prefix } = TestStack::private().await;
+        let url = db.url().to_owned();
         Self::launch(
             Arc::new(nats),
-            Arc::new(db),
+            Some(Arc::new(db)),
+            url,
             &prefix,
             servers,
             settings,
             with_store,
         )
         .await
+    }
+
+    /// A catalog on `nats` and the database at `database_url` (a Postgres
+    /// server of the test's own), under a fresh prefix.
+    pub async fn start_on_url(
+        nats: Arc<NatsServer>,
+        database_url: String,
+        servers: CatalogConfig,
+        settings: Settings,
+    ) -> Self {
+        let prefix = testkit::unique_prefix();
+        Self::launch(nats, None, database_url, &prefix, servers, settings, false).await
     }
 
     /// A catalog on `nats` and `db` under `prefix`.
@@ -155,19 +172,21 @@ impl Harness {
         servers: CatalogConfig,
         settings: Settings,
     ) -> Self {
-        Self::launch(nats, db, prefix, servers, settings, false).await
+        let url = db.url().to_owned();
+        Self::launch(nats, Some(db), url, prefix, servers, settings, false).await
     }
 
     async fn launch(
         nats: Arc<NatsServer>,
-        db: Arc<TestDatabase>,
+        db: Option<Arc<TestDatabase>>,
+        database_url: String,
         prefix: &str,
         servers: CatalogConfig,
         settings: Settings,
         with_store: bool,
     ) -> Self {
         let shutdown = Shutdown::new();
-        let mut builder = StackBuilder::new(nats.url(), prefix).database(db.url());
+        let mut builder = StackBuilder::new(nats.url(), prefix).database(&database_url);
         if with_store {
             builder = builder.store(|_| {});
         }
@@ -175,10 +194,11 @@ impl Harness {
         let mut stack = testkit::stack::start(builder, &shutdown).await;
         let running = stack.catalogs.remove(0).running;
         let client = async_nats::connect(nats.url()).await.expect("test client");
-        let pool = PgPool::connect(db.url()).await.expect("test pool");
+        let pool = PgPool::connect(&database_url).await.expect("test pool");
         Self {
             nats,
             db,
+            database_url,
             subjects: Subjects::new(prefix).unwrap(),
             client,
             pool,
@@ -191,12 +211,14 @@ impl Harness {
     /// Another catalog on this one's NATS server and database, under `prefix`
     /// (this one's prefix: a replica in its queue group).
     pub async fn replica(&self, prefix: &str, servers: CatalogConfig, settings: Settings) -> Self {
-        Self::start_on(
+        Self::launch(
             self.nats.clone(),
             self.db.clone(),
+            self.database_url.clone(),
             prefix,
             servers,
             settings,
+            false,
         )
         .await
     }
@@ -287,6 +309,17 @@ impl Harness {
         .await
     }
 
+    /// Waits until every event the running catalog queued is written.
+    pub async fn events_written(&self) {
+        if let Some(running) = &self.running {
+            let written = tokio::time::timeout(Duration::from_secs(10), running.events_written());
+            assert!(
+                written.await.expect("queued events written within 10 s"),
+                "the event writer stopped"
+            );
+        }
+    }
+
     /// `SELECT count(*) ...`
     pub async fn count(&self, sql: &'static str) -> i64 {
         sqlx::query_scalar::<_, i64>(sql)
@@ -295,10 +328,13 @@ impl Harness {
             .expect("count query")
     }
 
+    /// The events of `kind` stored, once everything the catalog queued
+    /// (calls, follow-ups, warm-ups: written in the background) is written.
     pub async fn events_of(
         &self,
         kind: &str,
     ) -> Vec<(Option<String>, Option<String>, serde_json::Value)> {
+        self.events_written().await;
         sqlx::query_as::<_, (Option<String>, Option<String>, serde_json::Value)>(
             "SELECT session_id, server_id, payload FROM catalog.events WHERE kind = $1 ORDER BY id",
         )

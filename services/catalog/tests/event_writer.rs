@@ -1,0 +1,151 @@
+//! The catalog's events are written in the background, off the answers:
+//! on a Postgres server of the test's own, killed and restarted, calls are
+//! answered while it is down, their events land once it is back (each with
+//! the time of its call), a full queue drops and counts rather than delays,
+//! and a shutdown writes what is queued.
+
+mod common;
+
+use std::sync::Arc;
+
+use catalog::Settings;
+use common::{Harness, fixture, settings, tenants};
+use testkit::{NatsServer, PrivatePostgres};
+
+/// The `mcp.tool.called` events stored, read on the test's own connection
+/// (the harness's pool would wait for the killed server's connections).
+async fn calls_stored(url: &str) -> i64 {
+    let pool = sqlx::PgPool::connect(url).await.expect("postgres is up");
+    let count =
+        sqlx::query_scalar("SELECT count(*) FROM catalog.events WHERE kind = 'mcp.tool.called'")
+            .fetch_one(&pool)
+            .await
+            .expect("count the calls");
+    pool.close().await;
+    count
+}
+
+/// The process's count of dropped events (this binary's tests are the only
+/// ones that fill a queue, and only this one does).
+fn dropped_so_far() -> f64 {
+    testkit::metrics::Metrics::from_text(ctxsync_runtime::metrics::handle().render())
+        .sum("ctxsync_catalog_events_dropped_total", &[])
+}
+
+async fn echo(harness: &Harness, text: &str) {
+    let reply = harness
+        .call(
+            "acme",
+            "s1",
+            "fx",
+            "echo",
+            serde_json::json!({ "text": text }),
+        )
+        .await;
+    assert!(reply.ok, "{reply:?}");
+}
+
+/// A catalog with one fixture server, its session `s1` prepared and
+/// called once (the call opens the server: later calls write nothing but
+/// their event).
+async fn started(postgres: &PrivatePostgres, settings: Settings) -> (Harness, tempfile::TempDir) {
+    let record = tempfile::tempdir().unwrap();
+    let nats = Arc::new(NatsServer::start());
+    let harness = Harness::start_on_url(
+        nats,
+        postgres.url(),
+        tenants(vec![("acme", vec![fixture("fx", record.path(), &[])])]),
+        settings,
+    )
+    .await;
+    assert_eq!(harness.prepare("acme", "s1").await.error, None);
+    echo(&harness, "before").await;
+    harness.events_written().await;
+    assert_eq!(calls_stored(&postgres.url()).await, 1);
+    (harness, record)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_are_answered_while_postgres_is_down_and_their_events_land_when_it_is_back() {
+    let mut postgres = PrivatePostgres::start().await;
+    let (harness, _record) = started(&postgres, settings()).await;
+
+    postgres.kill_hard();
+    let called_at = chrono::Utc::now();
+    for i in 0..20 {
+        echo(&harness, &format!("while down {i}")).await;
+    }
+    postgres.restart().await;
+    harness.events_written().await;
+    assert_eq!(calls_stored(&postgres.url()).await, 21);
+
+    // Each keeps the time of its call, not of its write.
+    let pool = sqlx::PgPool::connect(&postgres.url()).await.unwrap();
+    let latest: chrono::DateTime<chrono::Utc> = sqlx::query_scalar(
+        "SELECT max(occurred_at) FROM catalog.events WHERE kind = 'mcp.tool.called'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let restarted_at = chrono::Utc::now();
+    assert!(
+        latest >= called_at,
+        "{latest} before the calls at {called_at}"
+    );
+    assert!(latest <= restarted_at, "{latest} after {restarted_at}");
+    harness.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_drops_and_counts_events_and_never_delays_an_answer() {
+    let mut postgres = PrivatePostgres::start().await;
+    let bound = 5;
+    let (harness, _record) = started(
+        &postgres,
+        Settings {
+            event_queue: bound,
+            ..settings()
+        },
+    )
+    .await;
+
+    postgres.kill_hard();
+    let dropped_before = dropped_so_far();
+    let calls = 20;
+    for i in 0..calls {
+        echo(&harness, &format!("while down {i}")).await;
+    }
+    let dropped = dropped_so_far() - dropped_before;
+    postgres.restart().await;
+    harness.events_written().await;
+    // The writer holds at most one queue's worth in its retried batch,
+    // besides the queue itself.
+    let kept = calls_stored(&postgres.url()).await - 1;
+    assert!(
+        (bound as i64 + 1..=2 * bound as i64).contains(&kept),
+        "{kept} of {calls} events kept with a queue of {bound}"
+    );
+    assert_eq!(
+        dropped,
+        (calls - kept) as f64,
+        "every dropped event is counted"
+    );
+    harness.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_writes_the_events_still_queued() {
+    let mut postgres = PrivatePostgres::start().await;
+    let (mut harness, _record) = started(&postgres, settings()).await;
+
+    postgres.kill_hard();
+    for i in 0..10 {
+        echo(&harness, &format!("while down {i}")).await;
+    }
+    // Back, and at once the shutdown: the writer is between two retries
+    // when it is told to finish, and writes what it holds within the grace.
+    postgres.restart().await;
+    harness.stop_catalog().await;
+    assert_eq!(calls_stored(&postgres.url()).await, 11);
+    harness.stop().await;
+}
