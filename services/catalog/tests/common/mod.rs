@@ -152,16 +152,27 @@ impl Harness {
         .await
     }
 
-    /// A catalog on `nats` and the database at `database_url` (a Postgres
-    /// server of the test's own), under a fresh prefix.
+    /// A catalog (and a store beside it, if `with_store`) on `nats` and the
+    /// database at `database_url` (a Postgres server of the test's own),
+    /// under a fresh prefix.
     pub async fn start_on_url(
         nats: Arc<NatsServer>,
         database_url: String,
         servers: CatalogConfig,
         settings: Settings,
+        with_store: bool,
     ) -> Self {
         let prefix = testkit::unique_prefix();
-        Self::launch(nats, None, database_url, &prefix, servers, settings, false).await
+        Self::launch(
+            nats,
+            None,
+            database_url,
+            &prefix,
+            servers,
+            settings,
+            with_store,
+        )
+        .await
     }
 
     /// A catalog on `nats` and `db` under `prefix`.

@@ -1,15 +1,19 @@
-//! The catalog's events are written in the background, off the answers:
-//! on a Postgres server of the test's own, killed and restarted, calls are
-//! answered while it is down, their events land once it is back (each with
-//! the time of its call), a full queue drops and counts rather than delays,
-//! and a shutdown writes what is queued.
+//! What the catalog answers while Postgres is down, on a Postgres server of
+//! the test's own, killed and restarted. Its events are written in the
+//! background, off the answers: calls are answered while it is down, their
+//! events land once it is back (each with the time of its call), a full
+//! queue drops and counts rather than delays, and a shutdown writes what is
+//! queued. A warm `/mcp` session's `tools/list` is answered from memory.
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use catalog::Settings;
 use common::{Harness, fixture, settings, tenants};
+use ctxsync_mcp::{ConnectOptions, Connection, ServerSpec, TransportSpec};
 use testkit::{NatsServer, PrivatePostgres};
 
 /// The `mcp.tool.called` events stored, read on the test's own connection
@@ -56,6 +60,7 @@ async fn started(postgres: &PrivatePostgres, settings: Settings) -> (Harness, te
         postgres.url(),
         tenants(vec![("acme", vec![fixture("fx", record.path(), &[])])]),
         settings,
+        true,
     )
     .await;
     assert_eq!(harness.prepare("acme", "s1").await.error, None);
@@ -147,5 +152,46 @@ async fn a_shutdown_writes_the_events_still_queued() {
     postgres.restart().await;
     harness.stop_catalog().await;
     assert_eq!(calls_stored(&postgres.url()).await, 11);
+    harness.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_mcp_session_lists_its_tools_with_postgres_down() {
+    let mut postgres = PrivatePostgres::start().await;
+    let (mut harness, _record) = started(&postgres, settings()).await;
+    let store = testkit::store::StoreClient::new(
+        harness.client.clone(),
+        harness.subjects.clone(),
+        Duration::from_secs(10),
+        "workspace",
+    );
+    let key = store.create_tenant_key("acme").await.0;
+    let spec = ServerSpec {
+        name: "catalog".into(),
+        transport: TransportSpec::StreamableHttp {
+            url: format!("http://{}/mcp", harness.running().http_addr()),
+            headers: BTreeMap::from([("Authorization".into(), format!("Bearer {key}"))]),
+        },
+    };
+    let client = Connection::connect(&spec, ConnectOptions::new(Duration::from_secs(30)))
+        .await
+        .expect("an MCP client connects to the catalog");
+    let names = |tools: Vec<ctxsync_mcp::ToolDecl>| {
+        let mut names: Vec<String> = tools.into_iter().map(|t| t.name).collect();
+        names.sort();
+        names
+    };
+    let warm = names(client.list_tools().await.unwrap());
+    assert!(!warm.is_empty());
+
+    // Nothing of a warm list is read from Postgres: it answers the same
+    // with the server gone (the key was checked, and is remembered).
+    postgres.kill_hard();
+    for _ in 0..3 {
+        assert_eq!(names(client.list_tools().await.unwrap()), warm);
+    }
+    client.close().await;
+    postgres.restart().await;
+    harness.stop_catalog().await;
     harness.stop().await;
 }
