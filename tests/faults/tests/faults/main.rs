@@ -5,6 +5,7 @@
 //! `cargo test -p faults --test faults` runs it; the summary lines print
 //! even for passing cases (and go to `$CTXSYNC_FAULT_SUMMARY_FILE` when set).
 
+mod catalog_kill;
 mod cluster_failover;
 mod gate_shutdown;
 mod nats_restart;
