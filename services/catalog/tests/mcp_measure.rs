@@ -150,6 +150,32 @@ impl Measured {
     }
 }
 
+/// Calls made of `echo` per side when comparing a warm call through the
+/// catalog with the same call made directly.
+const ECHO_CALLS: usize = 200;
+
+/// `ECHO_CALLS` warm calls of `tool` on `client`, one after another (one
+/// call first, untimed, so the server is open): their durations.
+async fn warm_calls(client: &Connection, tool: &str) -> Vec<Duration> {
+    let arguments = json!({"message": "x"}).as_object().unwrap().clone();
+    let timeout = Duration::from_secs(30);
+    client
+        .call_tool(tool, arguments.clone(), timeout)
+        .await
+        .unwrap();
+    let mut durations = Vec::with_capacity(ECHO_CALLS);
+    for _ in 0..ECHO_CALLS {
+        let started = Instant::now();
+        let outcome = client
+            .call_tool(tool, arguments.clone(), timeout)
+            .await
+            .unwrap();
+        durations.push(started.elapsed());
+        assert!(!outcome.is_error, "{tool}: {outcome:?}");
+    }
+    durations
+}
+
 fn ms(duration: Duration) -> f64 {
     duration.as_secs_f64() * 1000.0
 }
@@ -174,6 +200,19 @@ async fn mcp_clients_get_their_tool_list_warm_in_milliseconds_and_shared_servers
         warm.push(elapsed);
         client.close().await;
     }
+    // A warm tools/call through the catalog against the same call made
+    // directly, on a warm stdio connection to the same upstream.
+    let (_, _, client) = per_session.connect_and_list().await;
+    let through_catalog = warm_calls(&client, "everything-1__echo").await;
+    client.close().await;
+    let direct_client = Connection::connect(
+        &mcp_fixture::reference::everything(),
+        ConnectOptions::new(Duration::from_secs(60)),
+    )
+    .await
+    .unwrap();
+    let direct = warm_calls(&direct_client, "echo").await;
+    direct_client.close().await;
     let per_session_processes = per_session.ten_sessions_call_everything().await;
     per_session.harness.stop().await;
 
@@ -188,11 +227,16 @@ async fn mcp_clients_get_their_tool_list_warm_in_milliseconds_and_shared_servers
          {tools} tools, Rust rmcp client over streamable HTTP:\n  \
          connect -> full tool list, first after the catalog started (live discovery): {:>8.1} ms\n  \
          connect -> full tool list, warm (from memory): {:>8.1} ms median, {:.1} ms max over {} clients\n  \
-         server processes for {SESSIONS} sessions calling every server: per-session {per_session_processes}, shared {shared_processes}",
+         server processes for {SESSIONS} sessions calling every server: per-session {per_session_processes}, shared {shared_processes}\n  \
+         warm tools/call of server-everything's echo, {ECHO_CALLS} in a row: through /mcp {:.2} ms median, \
+         direct (stdio, warm connection) {:.2} ms median: {:.2}x (target <= 1.5x)",
         ms(first),
         ms(median(warm.clone())),
         ms(*warm.iter().max().unwrap()),
         warm.len(),
+        ms(median(through_catalog.clone())),
+        ms(median(direct.clone())),
+        median(through_catalog).as_secs_f64() / median(direct).as_secs_f64(),
     );
     assert_eq!(per_session_processes, SESSIONS * 8);
     assert_eq!(shared_processes, 8);
