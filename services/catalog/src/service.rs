@@ -437,7 +437,10 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
     let http = HttpServer::start(
         config.common.http_addr,
         http_limits,
-        crate::endpoint::routes(endpoint.clone(), shutdown.child_token()),
+        ctxsync_runtime::http::browsers::guarded(
+            crate::endpoint::routes(endpoint.clone(), shutdown.child_token()),
+            &settings.browsers,
+        ),
         readiness,
         shutdown.clone(),
     )

@@ -38,6 +38,8 @@ pub struct Settings {
     /// dropped and counted, no answer delayed).
     pub event_queue: usize,
     pub memory: MemorySettings,
+    /// The Hosts and Origins `/mcp` answers (DNS-rebinding defence).
+    pub browsers: ctxsync_runtime::http::browsers::BrowserArgs,
 }
 
 /// The memory shared by the catalog's replicas (a JetStream key-value bucket).
@@ -200,6 +202,10 @@ pub struct CatalogArgs {
     /// The tenants-and-servers YAML file.
     #[arg(long = "config", env = "CTXSYNC_CATALOG_CONFIG")]
     pub config: PathBuf,
+
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub browsers: ctxsync_runtime::http::browsers::BrowserArgs,
 
     /// How long a streamable-HTTP server's discovery is reused, in seconds.
     #[arg(
@@ -456,6 +462,7 @@ impl CatalogArgs {
             )?,
             max_concurrent_starts: self.max_concurrent_starts,
             event_queue: self.event_queue,
+            browsers: self.browsers.clone(),
             session_idle_timeout: positive(
                 "CTXSYNC_CATALOG_SESSION_IDLE_SECONDS",
                 self.session_idle_seconds,
@@ -499,6 +506,7 @@ impl CatalogArgs {
             connect_timeout,
             max_concurrent_starts,
             event_queue,
+            browsers,
             session_idle_timeout,
             warmup:
                 WarmupSettings {
@@ -561,6 +569,7 @@ impl CatalogArgs {
             )?,
             max_concurrent_starts: *max_concurrent_starts,
             event_queue: *event_queue,
+            browsers: browsers.clone(),
             session_idle_seconds: seconds(
                 "CTXSYNC_CATALOG_SESSION_IDLE_SECONDS",
                 *session_idle_timeout,
@@ -729,6 +738,16 @@ mod args_tests {
             connect_timeout: Duration::from_secs(8),
             max_concurrent_starts: 3,
             event_queue: 10,
+            browsers: ctxsync_runtime::http::browsers::BrowserArgs {
+                http_allowed_hosts: ctxsync_runtime::http::browsers::AllowedHosts::parse(
+                    "mcp.example.com",
+                )
+                .unwrap(),
+                http_allowed_origins: ctxsync_runtime::http::browsers::AllowedOrigins::parse(
+                    "https://chat.example.com",
+                )
+                .unwrap(),
+            },
             session_idle_timeout: Duration::from_secs(9),
             warmup: WarmupSettings {
                 enabled: false,

@@ -45,6 +45,12 @@ pub struct Config {
     #[serde(flatten)]
     pub common: CommonArgs,
 
+    /// The Hosts and Origins the API and the context page answer
+    /// (DNS-rebinding defence; `/healthz`, `/readyz`, `/metrics` answer any).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub browsers: ctxsync_runtime::http::browsers::BrowserArgs,
+
     /// How long a first turn waits for a PENDING discovery of the current agent process.
     #[arg(long, env = "CTXSYNC_GATE_PENDING_TIMEOUT", default_value = "15s", value_parser = humantime::parse_duration)]
     #[serde(serialize_with = "ctxsync_runtime::config::humantime_string")]
@@ -339,20 +345,23 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, St
     let http = HttpServer::start(
         config.common.http_addr,
         http_limits,
-        http::routes(gate.clone(), keys.clone()).merge(page::routes({
-            let page = page::Page::new(
-                keys,
-                nats::AgentLister::new(nats.client.clone(), &subjects, config.store_timeout),
-                page_reader,
-                page_feed,
-                page_limits,
-                shutdown.clone(),
-            );
-            match page_catalog {
-                Some(catalog) => page.with_catalog(catalog),
-                None => page,
-            }
-        })),
+        ctxsync_runtime::http::browsers::guarded(
+            http::routes(gate.clone(), keys.clone()).merge(page::routes({
+                let page = page::Page::new(
+                    keys,
+                    nats::AgentLister::new(nats.client.clone(), &subjects, config.store_timeout),
+                    page_reader,
+                    page_feed,
+                    page_limits,
+                    shutdown.clone(),
+                );
+                match page_catalog {
+                    Some(catalog) => page.with_catalog(catalog),
+                    None => page,
+                }
+            })),
+            &config.browsers,
+        ),
         readiness,
         shutdown,
     )

@@ -3,6 +3,7 @@
 //! routes the service adds. Every listener bounds its connections in time
 //! and number (see [`serve`] and [`crate::config::HttpArgs`]).
 
+pub mod browsers;
 mod serve;
 
 use std::future::Future;

@@ -129,6 +129,11 @@ pub const COMMON: &[Series] = &[
         "Requests refused unexecuted because their reply subject was outside the permitted inboxes, by subject.",
     )
     .dynamic(),
+    Series::counter(
+        "ctxsync_http_browser_refused_total",
+        "API requests answered 403 because their Host or Origin is not allowed, by reason (host, origin).",
+    )
+    .dynamic(),
     Series::gauge(
         "ctxsync_http_connections_open",
         "HTTP connections open now, by listener address.",

@@ -66,9 +66,22 @@ fn ingest() -> agent_ingest::Config {
     }
 }
 
+/// Hosts and origins away from their defaults.
+fn browsers(hosts: &str, origins: &str) -> ctxsync_runtime::http::browsers::BrowserArgs {
+    use ctxsync_runtime::http::browsers::{AllowedHosts, AllowedOrigins, BrowserArgs};
+    BrowserArgs {
+        http_allowed_hosts: AllowedHosts::parse(hosts).unwrap(),
+        http_allowed_origins: AllowedOrigins::parse(origins).unwrap(),
+    }
+}
+
 fn gate() -> chat_gate::Config {
     chat_gate::Config {
         common: common(18082),
+        browsers: browsers(
+            "gate.example.com,gate.internal:8082",
+            "https://chat.example.com",
+        ),
         pending_timeout: Duration::from_secs(16),
         stale_grace: Duration::from_secs(4),
         store_timeout: Duration::from_secs(3),
@@ -88,6 +101,10 @@ fn gate() -> chat_gate::Config {
 /// Every catalog setting away from its default, its memory key from `key_file`.
 fn catalog_settings(key_file: &Path) -> catalog::Settings {
     catalog::Settings {
+        browsers: browsers(
+            "mcp.example.com",
+            "https://a.example,https://b.example:8443",
+        ),
         discovery_reuse: Duration::from_secs(7),
         connect_timeout: Duration::from_secs(8),
         max_concurrent_starts: 3,

@@ -375,6 +375,10 @@ const AGENT_REFUSALS: &[(u16, &str)] = &[
 const CATALOG_REFUSALS: &[(u16, &str)] = &[
     (400, "malformed query"),
     (401, "missing, unknown or revoked tenant key"),
+    (
+        403,
+        "its Host or browser Origin is not allowed (CTXSYNC_HTTP_ALLOWED_HOSTS, CTXSYNC_HTTP_ALLOWED_ORIGINS)",
+    ),
     (404, "this gate does not use a catalog"),
     (
         503,
@@ -385,6 +389,10 @@ const CATALOG_REFUSALS: &[(u16, &str)] = &[
 const CHAT_REFUSALS: &[(u16, &str)] = &[
     (400, "malformed or invalid, naming the field"),
     (401, "missing, unknown or revoked tenant key"),
+    (
+        403,
+        "its Host or browser Origin is not allowed (CTXSYNC_HTTP_ALLOWED_HOSTS, CTXSYNC_HTTP_ALLOWED_ORIGINS)",
+    ),
     (
         404,
         "no such agent in the key's tenant (another tenant's agent included)",
@@ -404,6 +412,10 @@ const PAGE_STREAM_REFUSALS: &[(u16, &str)] = &[
     (
         401,
         "missing, unknown or revoked tenant key, or an unknown, used or expired ticket",
+    ),
+    (
+        403,
+        "its Host or browser Origin is not allowed (CTXSYNC_HTTP_ALLOWED_HOSTS, CTXSYNC_HTTP_ALLOWED_ORIGINS)",
     ),
     (
         404,
@@ -661,14 +673,16 @@ pub fn document() -> Value {
             "responses": { "200": { "description": "ok", "content": { media: { "schema": schema } } } },
         }})
     };
-    paths.insert(
-        "/ui/".into(),
-        operator(
-            "chat-gate: the context page (HTML, no external resources; asks for a tenant key)",
-            "text/html",
-            json!({ "type": "string" }),
-        ),
+    let mut page = operator(
+        "chat-gate: the context page (HTML, no external resources; asks for a tenant key)",
+        "text/html",
+        json!({ "type": "string" }),
     );
+    page["get"]["responses"]["403"] = json!({
+        "description": "its Host or browser Origin is not allowed (CTXSYNC_HTTP_ALLOWED_HOSTS, CTXSYNC_HTTP_ALLOWED_ORIGINS)",
+        "content": { JSON: { "schema": { "$ref": format!("#/components/schemas/{ERROR_SCHEMA}") } } },
+    });
+    paths.insert("/ui/".into(), page);
     paths.insert(
         "/healthz".into(),
         operator(
