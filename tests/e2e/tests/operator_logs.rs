@@ -232,3 +232,110 @@ fn a_running_agent_logs_its_workspace_as_a_plain_path() {
         "{starting}"
     );
 }
+
+/// At the default level an operator follows one report from its push to
+/// the chats it woke: the gate that ended a first turn's wait logs the push's
+/// trace id (the store and ingest log it on the commit), on the real
+/// binaries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gate_logs_the_trace_of_the_push_that_woke_a_first_turn_at_info() {
+    use testkit::ProcessBuilder;
+    use testkit::report::{complete, pending, server};
+
+    const WITHIN: Duration = Duration::from_secs(60);
+    let trace_id = "5bf92f3577b34da6a3ce929d0e0e4737";
+    let nats = NatsServer::start();
+    let db = testkit::TestDatabase::create().await;
+    let prefix = testkit::unique_prefix();
+    let service = |package: &str| {
+        ProcessBuilder::binary(package, package)
+            .env("NATS_URL", nats.url())
+            .env("CTXSYNC_SUBJECT_PREFIX", prefix.clone())
+            .env("CTXSYNC_HTTP_ADDR", testkit::free_addr().to_string())
+            .env("CTXSYNC_LOG", "info")
+    };
+    let mut store = service("snapshot-store")
+        .env("DATABASE_URL", db.url().to_owned())
+        .spawn();
+    let mut ingest = service("agent-ingest").spawn();
+    let mut gate = service("chat-gate")
+        .env("CTXSYNC_GATE_CATALOG", "false")
+        .env("CTXSYNC_GATE_PENDING_TIMEOUT", "60s")
+        .spawn();
+    for process in [&mut store, &mut ingest, &mut gate] {
+        process.wait_ready(WITHIN).await;
+    }
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let subjects = ctxsync_proto::subjects::Subjects::new(&prefix).unwrap();
+    let store_client = testkit::store::StoreClient::new(client, subjects, WITHIN, "workspace")
+        .retrying_no_responders();
+    store_client.create_test_tenant_key().await;
+    let ingest_url = format!("http://{}", ingest.http_addr().unwrap());
+    let mut agent = testkit::agent::FakeAgent::register(&store_client, &ingest_url, "traced").await;
+    assert!(agent.startup().await.answer.is_accepted());
+    let run_id = agent.run_id().to_owned();
+    assert!(
+        agent
+            .push(&pending(&run_id, 1, vec![]))
+            .await
+            .answer
+            .is_accepted()
+    );
+
+    // A first turn waits on the pending discovery ...
+    let http = reqwest::Client::new();
+    let gate_addr = gate.http_addr().unwrap();
+    let agent_id = agent.agent_id().to_owned();
+    let turn = tokio::spawn({
+        let http = http.clone();
+        async move {
+            testkit::chat::http_turn(&http, gate_addr, "chat-1", &agent_id, true, WITHIN).await
+        }
+    });
+    let waiting = async {
+        loop {
+            let metrics = testkit::metrics::Metrics::scrape(&http, gate_addr)
+                .await
+                .unwrap();
+            if metrics.sum("ctxsync_gate_waiters", &[]) >= 1.0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(WITHIN, waiting)
+        .await
+        .expect("the turn waits on the pending discovery");
+
+    // ... and the traced push of the completed discovery wakes it.
+    let body =
+        prost::Message::encode_to_vec(&complete(&run_id, 2, vec![server("docs", &["search"])]));
+    let pushed = http
+        .post(format!("{ingest_url}/api/v1/agent/context-state"))
+        .bearer_auth(agent.token())
+        .header("content-type", "application/x-protobuf")
+        .header("traceparent", format!("00-{trace_id}-00f067aa0ba902b7-01"))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(pushed.status(), 200);
+    let answer = turn.await.unwrap();
+    assert_eq!(
+        answer.outcome,
+        testkit::chat::Outcome::Decision("ready".into()),
+        "{answer:?}"
+    );
+    let log = gate.log();
+    let woken: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("first-turn waits woken by a commit"))
+        .collect();
+    assert!(
+        woken
+            .iter()
+            .any(|line| line.contains(trace_id) && line.contains(" INFO ")),
+        "no INFO line of the gate names the push's trace id {trace_id}: {woken:?}\n{}",
+        gate.log_tail(20)
+    );
+}

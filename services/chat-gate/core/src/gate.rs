@@ -355,13 +355,13 @@ impl Gate {
     /// An event for `agent_id` (it says what a commit left); agents nobody
     /// asked about are not kept. A view it brings that ends waits ends the
     /// agent's waits here, so their callers are the next to run (no hop
-    /// through each wait's task first).
-    pub fn apply_event(&self, agent_id: &str, update: EventUpdate) {
+    /// through each wait's task first). Returns how many waits it ended.
+    pub fn apply_event(&self, agent_id: &str, update: EventUpdate) -> usize {
         let Some(view) = self.inner.watches.on_event(agent_id, update) else {
-            return;
+            return 0;
         };
         if !view.readiness.ends_wait() {
-            return;
+            return 0;
         }
         let ended = {
             let mut attempts = self.inner.attempts.lock().expect("attempts lock");
@@ -372,9 +372,10 @@ impl Gate {
                         end_locked(&mut attempts, waiting, End::Woken, &self.inner.settings)
                     })
                     .collect::<Vec<_>>(),
-                None => return,
+                None => return 0,
             }
         };
+        let woken = ended.len();
         for waiting in ended {
             self.send_outcome(
                 &waiting,
@@ -383,6 +384,7 @@ impl Gate {
                 End::Woken,
             );
         }
+        woken
     }
 
     /// Events may have been lost: distrusts every view and re-reads the ones

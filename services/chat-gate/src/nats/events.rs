@@ -37,6 +37,21 @@ fn feed_page(feed: &PageFeed, agent_id: &str, update: &EventUpdate) {
     }
 }
 
+/// One line at INFO per event that ended waits, with the trace of the push
+/// whose commit it announces: an operator follows one report from the agent
+/// to the chats it woke at the default level (events that wake nobody stay
+/// at DEBUG, see below).
+fn woken_by(agent_id: &str, trace: Option<&ctxsync_runtime::trace::TraceContext>, woken: usize) {
+    if woken > 0 {
+        tracing::info!(
+            agent_id,
+            trace_id = trace.map(|t| t.trace_id()).unwrap_or_default(),
+            woken,
+            "first-turn waits woken by a commit"
+        );
+    }
+}
+
 /// The store's events as one stream, each applied to its agent's view as it
 /// is yielded (and handed to the page's streams, `feed`). The turn server polls it ahead of the turns (see
 /// [`super::turns`]), so a turn sent after an event was published is
@@ -70,7 +85,8 @@ pub fn apply_events(
                     .map(SystemTime::from);
                 let update = EventUpdate::new(event.revision, event.state, committed_at);
                 feed_page(&discovery_feed, &event.agent_id, &update);
-                on_discovery.apply_event(&event.agent_id, update);
+                let woken = on_discovery.apply_event(&event.agent_id, update);
+                woken_by(&event.agent_id, trace.as_ref(), woken);
             }
             Err(error) => {
                 tracing::warn!(subject = %message.subject, %error, "malformed discovery event ignored")
@@ -78,6 +94,7 @@ pub fn apply_events(
         }
     });
     let snapshots = snapshots.map(move |message| {
+        let trace = ctxsync_runtime::trace::TraceContext::from_nats(message.headers.as_ref());
         // Most commits are of agents nobody asks about: skip decoding their
         // states (the subject ends with the agent id).
         let agent_id = message.subject.rsplit('.').next().unwrap_or_default();
@@ -103,7 +120,8 @@ pub fn apply_events(
                     .map(SystemTime::from);
                 let update = EventUpdate::new(event.revision, event.state, committed_at);
                 feed_page(&feed, &event.agent_id, &update);
-                gate.apply_event(&event.agent_id, update);
+                let woken = gate.apply_event(&event.agent_id, update);
+                woken_by(&event.agent_id, trace.as_ref(), woken);
             }
             Err(error) => {
                 tracing::warn!(subject = %message.subject, %error, "malformed snapshot event ignored")
