@@ -364,6 +364,8 @@ struct Stores {
 enum Write {
     Put(ServerKey, Bytes),
     Delete(ServerKey),
+    /// Answered once every write queued before it was tried.
+    Flush(tokio::sync::oneshot::Sender<()>),
 }
 
 /// The outcome of a warm-up claim.
@@ -498,6 +500,18 @@ impl Bucket {
         let _ = self.writes.send(Write::Delete(key.clone()));
     }
 
+    /// Waits until every write queued before the call was tried (acknowledged
+    /// by JetStream, or failed), at most `within`: a warm-up releases its
+    /// claim only once the entry it discovered is in the bucket, so another
+    /// replica that claims next finds it there instead of discovering again.
+    pub async fn flushed(&self, within: Duration) -> bool {
+        let (done, answer) = tokio::sync::oneshot::channel();
+        if self.writes.send(Write::Flush(done)).is_err() {
+            return false;
+        }
+        matches!(tokio::time::timeout(within, answer).await, Ok(Ok(())))
+    }
+
     /// Claims `key` for a warm-up attempt (atomic: fails if a live claim exists).
     pub async fn claim(&self, key: &ServerKey) -> Claim {
         let Some(stores) = self.stores.borrow().clone() else {
@@ -546,34 +560,33 @@ impl Bucket {
                 },
             };
             // Without a bucket the write is dropped: the in-process memory has it.
-            let Some(stores) = self.stores.borrow().clone() else {
-                continue;
-            };
-            let result = match &write {
-                Write::Put(key, value) => stores
-                    .memory
-                    .put(key.as_str(), value.clone())
-                    .await
-                    .map(drop)
-                    .map_err(|e| e.to_string()),
-                Write::Delete(key) => stores
-                    .memory
-                    .delete(key.as_str())
-                    .await
-                    .map_err(|e| e.to_string()),
+            let stores = self.stores.borrow().clone();
+            let (key, result) = match (write, stores) {
+                (Write::Flush(done), _) => {
+                    let _ = done.send(());
+                    continue;
+                }
+                (_, None) => continue,
+                (Write::Put(key, value), Some(stores)) => {
+                    let result = stores.memory.put(key.as_str(), value).await;
+                    (key, result.map(|_| true).map_err(|e| e.to_string()))
+                }
+                (Write::Delete(key), Some(stores)) => {
+                    let result = stores.memory.delete(key.as_str()).await;
+                    (key, result.map(|()| false).map_err(|e| e.to_string()))
+                }
             };
             match result {
-                Ok(()) => {
+                Ok(put) => {
                     self.health.up(self.name());
-                    if let Write::Put(key, _) = &write {
-                        self.set_full(false, key);
+                    if put {
+                        self.set_full(false, &key);
                     }
                 }
                 // Discard-new limits: the bucket works, it is full.
                 Err(error) if is_full(&error) => {
                     Ignored::Full.count();
-                    let (Write::Put(key, _) | Write::Delete(key)) = &write;
-                    self.set_full(true, key);
+                    self.set_full(true, &key);
                 }
                 Err(error) => self.health.down(self.name(), &error),
             }

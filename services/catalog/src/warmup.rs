@@ -214,6 +214,9 @@ impl Warmup {
         if claim == Claim::Held
             && let Some(bucket) = memory.bucket()
         {
+            // The discovery's entry first: released earlier, the claim lets
+            // another replica discover the server again before it sees the entry.
+            bucket.flushed(self.settings.connect_timeout).await;
             bucket.release(&server.key).await;
         }
         match result {
