@@ -133,7 +133,7 @@ pub const COMMON: &[Series] = &[
         "ctxsync_http_browser_refused_total",
         "API requests answered 403 because their Host or Origin is not allowed, by reason (host, origin).",
     )
-    .dynamic(),
+    .zeroed(&[&[("reason", "host")], &[("reason", "origin")]]),
     Series::gauge(
         "ctxsync_http_connections_open",
         "HTTP connections open now, by listener address.",
