@@ -7,12 +7,11 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use catalog::config::{Processes, ServerConfig};
 use common::*;
-use ctxsync_mcp::{ConnectOptions, Connection, ServerSpec, TransportSpec};
+use ctxsync_mcp::{ConnectOptions, Connection, ServerSpec};
 use serde_json::{Value, json};
 use testkit::store::StoreClient;
 
@@ -79,13 +78,7 @@ impl Measured {
         )
         .retrying_no_responders();
         let key = store.create_tenant_key("acme").await.0;
-        let spec = ServerSpec {
-            name: "catalog".into(),
-            transport: TransportSpec::StreamableHttp {
-                url: format!("http://{}/mcp", harness.running().http_addr()),
-                headers: BTreeMap::from([("Authorization".into(), format!("Bearer {key}"))]),
-            },
-        };
+        let spec = harness.mcp_spec(&key);
         Self {
             harness,
             spec,

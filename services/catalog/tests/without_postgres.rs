@@ -7,13 +7,12 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use catalog::Settings;
 use common::{Harness, fixture, settings, tenants};
-use ctxsync_mcp::{ConnectOptions, Connection, ServerSpec, TransportSpec};
+use ctxsync_mcp::{ConnectOptions, Connection};
 use testkit::{NatsServer, PrivatePostgres};
 
 /// The `mcp.tool.called` events stored, read on the test's own connection
@@ -166,13 +165,7 @@ async fn a_warm_mcp_session_lists_its_tools_with_postgres_down() {
         "workspace",
     );
     let key = store.create_tenant_key("acme").await.0;
-    let spec = ServerSpec {
-        name: "catalog".into(),
-        transport: TransportSpec::StreamableHttp {
-            url: format!("http://{}/mcp", harness.running().http_addr()),
-            headers: BTreeMap::from([("Authorization".into(), format!("Bearer {key}"))]),
-        },
-    };
+    let spec = harness.mcp_spec(&key);
     let client = Connection::connect(&spec, ConnectOptions::new(Duration::from_secs(30)))
         .await
         .expect("an MCP client connects to the catalog");

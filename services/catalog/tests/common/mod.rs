@@ -320,6 +320,17 @@ impl Harness {
         .await
     }
 
+    /// How an MCP client reaches the running catalog's `/mcp` with `key`.
+    pub fn mcp_spec(&self, key: &str) -> ServerSpec {
+        ServerSpec {
+            name: "catalog".into(),
+            transport: TransportSpec::StreamableHttp {
+                url: format!("http://{}/mcp", self.running().http_addr()),
+                headers: BTreeMap::from([("Authorization".into(), format!("Bearer {key}"))]),
+            },
+        }
+    }
+
     /// Waits until every event the running catalog queued is written.
     pub async fn events_written(&self) {
         if let Some(running) = &self.running {
