@@ -78,13 +78,17 @@ impl Events {
     /// logged at most once a second).
     pub fn queue(&self, events: Vec<NewEvent>) {
         let occurred_at = Utc::now();
+        let queued = metrics::gauge!("ctxsync_catalog_events_queued");
         for event in events {
             let kind = event.kind;
+            // Counted before it is sent: the writer may take it at once.
+            queued.increment(1.0);
             if self
                 .queue
                 .try_send(Queued::Event { occurred_at, event })
                 .is_err()
             {
+                queued.decrement(1.0);
                 metrics::counter!("ctxsync_catalog_events_dropped_total").increment(1);
                 static LAST_WARNING: AtomicU64 = AtomicU64::new(0);
                 let now = u64::try_from(Utc::now().timestamp()).unwrap_or_default();
@@ -95,8 +99,6 @@ impl Events {
                         "event dropped: the event queue is full (--event-queue); Postgres is slow or down"
                     );
                 }
-            } else {
-                metrics::gauge!("ctxsync_catalog_events_queued").increment(1.0);
             }
         }
     }
