@@ -184,9 +184,13 @@ impl serde::Serialize for AllowedOrigins {
     }
 }
 
-/// Why a request was refused, if it was.
-fn refusal(args: &BrowserArgs, headers: &HeaderMap) -> Option<&'static str> {
-    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+/// Why a request was refused, if it was. The Host is the header's, or the
+/// request target's authority where it has one (HTTP/2, absolute form).
+fn refusal(args: &BrowserArgs, headers: &HeaderMap, target: Option<&str>) -> Option<&'static str> {
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or(target);
     let Some(host) = host.filter(|host| args.http_allowed_hosts.permits(host)) else {
         return Some("host");
     };
@@ -204,7 +208,8 @@ fn refusal(args: &BrowserArgs, headers: &HeaderMap) -> Option<&'static str> {
 /// `Host` or `Origin` is not allowed is answered 403 and counted in
 /// `ctxsync_http_browser_refused_total{reason}`.
 pub async fn guard(State(args): State<Arc<BrowserArgs>>, request: Request, next: Next) -> Response {
-    match refusal(&args, request.headers()) {
+    let target = request.uri().authority().map(|a| a.as_str());
+    match refusal(&args, request.headers(), target) {
         None => next.run(request).await,
         Some(reason) => {
             metrics::counter!("ctxsync_http_browser_refused_total", "reason" => reason)
@@ -235,6 +240,21 @@ pub fn guarded(router: axum::Router, args: &BrowserArgs) -> axum::Router {
 mod tests {
     use super::*;
 
+    fn refused(args: &BrowserArgs, headers: &HeaderMap) -> Option<&'static str> {
+        refusal(args, headers, None)
+    }
+
+    #[test]
+    fn without_a_host_header_the_request_targets_authority_is_checked() {
+        let args = BrowserArgs::default();
+        let none = headers(None, None);
+        assert_eq!(refusal(&args, &none, Some("127.0.0.1:8080")), None);
+        assert_eq!(
+            refusal(&args, &none, Some("evil.example.com")),
+            Some("host")
+        );
+    }
+
     fn headers(host: Option<&str>, origin: Option<&str>) -> HeaderMap {
         let mut headers = HeaderMap::new();
         if let Some(host) = host {
@@ -250,30 +270,30 @@ mod tests {
     fn loopback_hosts_pass_by_default_and_a_rebound_name_does_not() {
         let args = BrowserArgs::default();
         for host in ["localhost:8080", "127.0.0.1:9", "[::1]:80", "LOCALHOST"] {
-            assert_eq!(refusal(&args, &headers(Some(host), None)), None, "{host}");
+            assert_eq!(refused(&args, &headers(Some(host), None)), None, "{host}");
         }
         for host in ["evil.example.com", "evil.example.com:8080", "127.0.0.2"] {
-            assert_eq!(refusal(&args, &headers(Some(host), None)), Some("host"));
+            assert_eq!(refused(&args, &headers(Some(host), None)), Some("host"));
         }
-        assert_eq!(refusal(&args, &headers(None, None)), Some("host"));
+        assert_eq!(refused(&args, &headers(None, None)), Some("host"));
     }
 
     #[test]
     fn an_origin_passes_when_it_is_the_listeners_own_or_allowed() {
         let mut args = BrowserArgs::default();
         let own = headers(Some("127.0.0.1:8080"), Some("http://127.0.0.1:8080"));
-        assert_eq!(refusal(&args, &own), None);
+        assert_eq!(refused(&args, &own), None);
         let other = headers(Some("127.0.0.1:8080"), Some("http://evil.example.com"));
-        assert_eq!(refusal(&args, &other), Some("origin"));
+        assert_eq!(refused(&args, &other), Some("origin"));
         let port = headers(Some("127.0.0.1:8080"), Some("http://127.0.0.1:9999"));
-        assert_eq!(refusal(&args, &port), Some("origin"));
+        assert_eq!(refused(&args, &port), Some("origin"));
         assert_eq!(
-            refusal(&args, &headers(Some("localhost"), Some("null"))),
+            refused(&args, &headers(Some("localhost"), Some("null"))),
             Some("origin")
         );
         args.http_allowed_origins = AllowedOrigins::parse("https://chat.example.com").unwrap();
         let allowed = headers(Some("localhost:1"), Some("https://CHAT.example.com"));
-        assert_eq!(refusal(&args, &allowed), None);
+        assert_eq!(refused(&args, &allowed), None);
     }
 
     #[test]
@@ -284,24 +304,24 @@ mod tests {
             ..BrowserArgs::default()
         };
         assert_eq!(
-            refusal(&args, &headers(Some("gate.example.com:8080"), None)),
+            refused(&args, &headers(Some("gate.example.com:8080"), None)),
             None
         );
         assert_eq!(
-            refusal(&args, &headers(Some("mcp.example.com:443"), None)),
+            refused(&args, &headers(Some("mcp.example.com:443"), None)),
             None
         );
         assert_eq!(
-            refusal(&args, &headers(Some("mcp.example.com:80"), None)),
+            refused(&args, &headers(Some("mcp.example.com:80"), None)),
             Some("host")
         );
         assert_eq!(
-            refusal(&args, &headers(Some("localhost"), None)),
+            refused(&args, &headers(Some("localhost"), None)),
             Some("host")
         );
         args.http_allowed_hosts = AllowedHosts::parse("*").unwrap();
         assert_eq!(
-            refusal(&args, &headers(Some("anything.example"), None)),
+            refused(&args, &headers(Some("anything.example"), None)),
             None
         );
     }
