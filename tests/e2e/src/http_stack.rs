@@ -28,13 +28,25 @@ pub struct HttpStack {
 
 /// Starts the stack and registers agent `name` with `token`.
 pub async fn start(name: &str, token: &str) -> HttpStack {
+    start_with_gate(name, token, |_| {}).await
+}
+
+/// [`start`] with the gate's configuration changed by `configure`.
+pub async fn start_with_gate(
+    name: &str,
+    token: &str,
+    configure: impl FnOnce(&mut chat_gate::Config),
+) -> HttpStack {
     let test = TestStack::private().await;
     let shutdown = ctxsync_runtime::Shutdown::new();
     let stack = testkit::stack::start(
         test.builder()
             .store(|_| {})
             .ingest(|config| config.store_timeout = STORE_TIMEOUT)
-            .gate(|config| config.store_timeout = STORE_TIMEOUT)
+            .gate(|config| {
+                config.store_timeout = STORE_TIMEOUT;
+                configure(config);
+            })
             .catalog(
                 catalog::config::CatalogConfig { tenants: vec![] },
                 catalog::Settings::default(),

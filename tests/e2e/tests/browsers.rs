@@ -13,7 +13,6 @@ use ctxsync_runtime::http::browsers::AllowedOrigins;
 use reqwest::Client;
 use serde_json::json;
 use testkit::chat::TEST_TENANT_KEY;
-use testkit::stack::TestStack;
 
 const DEADLINE: Duration = Duration::from_secs(30);
 const CHAT_ORIGIN: &str = "https://chat.example.com";
@@ -63,27 +62,15 @@ async fn status(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_foreign_host_or_origin_is_refused_403_and_browsers_own_pages_pass() {
-    let test = TestStack::private().await;
-    let shutdown = ctxsync_runtime::Shutdown::new();
-    let stack = testkit::stack::start(
-        test.builder()
-            .store(|_| {})
-            .gate(|config| {
-                config.browsers.http_allowed_origins = AllowedOrigins::parse(CHAT_ORIGIN).unwrap();
-            })
-            .catalog(
-                catalog::config::CatalogConfig { tenants: vec![] },
-                catalog::Settings::default(),
-                |_| {},
-            ),
-        &shutdown,
-    )
+    let e2e::http_stack::HttpStack {
+        test: _test,
+        shutdown,
+        stack,
+        ..
+    } = e2e::http_stack::start_with_gate("browsers", &"b".repeat(43), |config| {
+        config.browsers.http_allowed_origins = AllowedOrigins::parse(CHAT_ORIGIN).unwrap();
+    })
     .await;
-    let nats = async_nats::connect(test.nats.url()).await.unwrap();
-    testkit::store::StoreClient::new(nats, test.subjects(), DEADLINE, "workspace")
-        .retrying_no_responders()
-        .create_test_tenant_key()
-        .await;
     let http = Client::new();
     let gate = stack.gate().http_addr();
     let catalog = stack.catalog().http_addr();
