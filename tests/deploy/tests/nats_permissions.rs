@@ -441,54 +441,73 @@ impl Server {
         }
         let config = store.path().join("nats.conf");
         std::fs::write(&config, text).unwrap();
-        let port = testkit::free_port();
-        let monitor = testkit::free_port();
-        let mut command = Command::new(tool("nats-server"));
-        command
-            .arg("-c")
-            .arg(&config)
-            .args([
-                "-a",
-                "127.0.0.1",
-                "-p",
-                &port.to_string(),
-                "-m",
-                &monitor.to_string(),
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        if jetstream {
-            command.arg("-js").arg("-sd").arg(store.path());
-        }
-        let mut passwords = BTreeMap::new();
-        let every = users()
+        let every: Vec<(String, String)> = users()
             .into_iter()
             .map(|(user, variable, _)| (user, variable))
-            .chain(extra);
-        for (user, variable) in every {
-            let password = format!("pw-{user}-{port}");
-            command.env(variable.trim_start_matches('$'), &password);
-            passwords.insert(user, password);
-        }
-        let child = command.spawn().expect("nats-server starts");
-        let server = Server {
-            child,
-            port,
-            passwords,
-            _store: store,
-        };
-        let ready = async {
-            while tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .is_err()
-            {
-                tokio::time::sleep(Duration::from_millis(20)).await;
+            .chain(extra)
+            .collect();
+        // A reserved port can be taken by another test between reservation
+        // and bind (the server then exits): retry on others.
+        let mut last_exit = None;
+        for _ in 0..5 {
+            let port = testkit::free_port();
+            let monitor = testkit::free_port();
+            let mut command = Command::new(tool("nats-server"));
+            command
+                .arg("-c")
+                .arg(&config)
+                .args([
+                    "-a",
+                    "127.0.0.1",
+                    "-p",
+                    &port.to_string(),
+                    "-m",
+                    &monitor.to_string(),
+                ])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+            if jetstream {
+                command.arg("-js").arg("-sd").arg(store.path());
             }
-        };
-        tokio::time::timeout(DEADLINE, ready)
-            .await
-            .expect("nats-server listens");
-        server
+            let mut passwords = BTreeMap::new();
+            for (user, variable) in &every {
+                let password = format!("pw-{user}-{port}");
+                command.env(variable.trim_start_matches('$'), &password);
+                passwords.insert(user.clone(), password);
+            }
+            let child = command.spawn().expect("nats-server starts");
+            let mut server = Server {
+                child,
+                port,
+                passwords,
+                _store: tempfile::tempdir().unwrap(),
+            };
+            let ready = async {
+                loop {
+                    if let Ok(Some(status)) = server.child.try_wait() {
+                        return Err(status);
+                    }
+                    if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                        .await
+                        .is_ok()
+                    {
+                        return Ok(());
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            };
+            match tokio::time::timeout(DEADLINE, ready)
+                .await
+                .expect("nats-server listens")
+            {
+                Ok(()) => {
+                    server._store = store;
+                    return server;
+                }
+                Err(status) => last_exit = Some((port, status)),
+            }
+        }
+        panic!("nats-server exited at every start; the last: {last_exit:?}");
     }
 
     /// Connects as `user` the way the services are configured: credentials of
