@@ -7,9 +7,12 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use rmcp::model::{
     CallToolRequestParams, ClientCapabilities, ClientConfig, GetPromptRequestParams,
-    Implementation, JsonObject, Prompt, ReadResourceRequestParams, Resource, Tool,
+    Implementation, JsonObject, Prompt, ProtocolVersion, ReadResourceRequestParams, Resource, Tool,
 };
-use rmcp::service::{ClientInitializeError, NotificationContext, RunningService, ServiceError};
+use rmcp::service::{
+    ClientInitializeError, ClientLifecycleMode, ClientServiceExt as _, NotificationContext,
+    RunningService, ServiceError,
+};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
@@ -191,14 +194,17 @@ impl Connection {
                 // Our client, not rmcp's default: rustls on ring with the
                 // operator's extra CA (see `crate::https`).
                 let client = crate::https::http_client()?;
-                let transport = StreamableHttpClientTransport::with_client(
-                    client.clone(),
-                    StreamableHttpClientTransportConfig::with_uri(url.as_str())
-                        .custom_headers(custom_headers.clone()),
-                );
                 let started = Instant::now();
-                let streamable = match tokio::time::timeout(timeout, handler.serve(transport)).await
-                {
+                let handshake = connect_streamable(
+                    || ClientSide {
+                        server_name: spec.name.clone(),
+                        tools_changed: options.tools_changed.clone(),
+                    },
+                    &client,
+                    url,
+                    &custom_headers,
+                );
+                let streamable = match tokio::time::timeout(timeout, handshake).await {
                     Ok(Ok(service)) => Ok(service),
                     Ok(Err(error)) => Err(error),
                     Err(_) => return Err(McpError::Timeout { after: timeout }),
@@ -521,6 +527,39 @@ fn header_map(
         custom_headers.insert(header_name, header_value);
     }
     Ok(custom_headers)
+}
+
+/// A streamable-HTTP server, asked in its own era: `server/discover` first
+/// and 2026-07-28 (stateless) when the server offers it; otherwise the
+/// `initialize` handshake of the session revisions. A server that fails the
+/// discovery in any way (an unknown method, a 4xx to a request without a
+/// session, a version it does not serve) gets a fresh `initialize`, so what
+/// it answers there is what is reported.
+async fn connect_streamable(
+    handler: impl Fn() -> ClientSide,
+    client: &reqwest::Client,
+    url: &str,
+    headers: &HashMap<http::HeaderName, http::HeaderValue>,
+) -> Result<RunningService<RoleClient, ClientSide>, ClientInitializeError> {
+    let transport = || {
+        StreamableHttpClientTransport::with_client(
+            client.clone(),
+            StreamableHttpClientTransportConfig::with_uri(url).custom_headers(headers.clone()),
+        )
+    };
+    let stateless = ClientLifecycleMode::Auto {
+        preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+        legacy_version: None,
+    };
+    match handler().serve_with_lifecycle(transport(), stateless).await {
+        Ok(service) => Ok(service),
+        // Not the error: its text names the URL, credentials included; the
+        // handshake's error below is sanitized where it is reported.
+        Err(_) => {
+            tracing::debug!("server/discover did not succeed; initialize instead");
+            handler().serve(transport()).await
+        }
+    }
 }
 
 /// Opens a legacy SSE session and runs the handshake over it, both within

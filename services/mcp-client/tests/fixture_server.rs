@@ -549,3 +549,37 @@ async fn an_unreachable_sse_server_says_so_and_keeps_the_url_readable() {
     );
     assert!(sanitized.contains("Connection refused"), "{sanitized}");
 }
+
+/// An HTTP server is asked in its own era: the 2026-07-28 one statelessly
+/// after `server/discover`, the 2025 one (no `server/discover`) through
+/// `initialize`; both list and call alike.
+#[tokio::test]
+async fn http_servers_of_either_protocol_era_are_discovered_and_called() {
+    for (protocols, expected) in [("stateless", "2026-07-28"), ("sessions", "2025-11-25")] {
+        let server = HttpFixture::start(&["--protocols", protocols, "--page-size", "1"]).await;
+        let spec = server.spec("http-fixture");
+        let connection = Connection::connect(&spec, options(GENEROUS))
+            .await
+            .unwrap_or_else(|e| panic!("{protocols}: {e}"));
+        assert_eq!(
+            connection.server_info().protocol_version,
+            expected,
+            "{protocols}: the revision agreed on"
+        );
+        let tools = connection.list_tools().await.unwrap();
+        assert_eq!(tool_names(&tools), ["echo", "add"], "{protocols}");
+        let echoed = connection
+            .call_tool("echo", arguments(json!({"text": protocols})), GENEROUS)
+            .await
+            .unwrap();
+        assert_eq!(
+            echoed.content_json,
+            format!(r#"[{{"type":"text","text":"{protocols}"}}]"#),
+            "{protocols}"
+        );
+        connection.close().await;
+        let discovery = discover(&spec, GENEROUS).await.unwrap();
+        assert_eq!(discovery.tools, tools, "{protocols}");
+        server.stop().await;
+    }
+}

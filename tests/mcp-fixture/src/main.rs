@@ -1,6 +1,7 @@
 //! `mcp-fixture`: a small MCP server with the failure modes ctxsync's tests need.
 //! See the crate docs in `lib.rs` for the modes and the record-dir format.
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -11,11 +12,11 @@ use anyhow::Context as _;
 use axum::response::IntoResponse as _;
 use clap::{Parser, ValueEnum};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData,
-    GetPromptRequestParams, GetPromptResponse, GetPromptResult, Implementation,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, DiscoverResult,
+    ErrorData, GetPromptRequestParams, GetPromptResponse, GetPromptResult, Implementation,
     InitializeRequestParams, InitializeResult, ListPromptsResult, ListResourcesResult,
     ListToolsResult, PaginatedRequestParams, Prompt, PromptArgument, PromptMessage,
-    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource,
+    ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource,
     ResourceContents, Role, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::{NotificationContext, RequestContext};
@@ -103,9 +104,21 @@ struct Args {
     /// echo-env-crash: the env var whose value ends up cut by a 4 KiB tail.
     #[arg(long, env = "MCP_FIXTURE_EDGE_VAR")]
     edge_var: Option<String>,
+    /// The protocol revisions served: `all` (up to 2026-07-28, both eras),
+    /// `stateless` (2026-07-28 only) or `sessions` (up to 2025-11-25, no
+    /// `server/discover`, as a server written before 2026 answers).
+    #[arg(long, env = "MCP_FIXTURE_PROTOCOLS", value_enum, default_value = "all")]
+    protocols: Protocols,
     /// Ignored positional arguments (echoed by secret-error).
     #[arg(trailing_var_arg = true)]
     rest: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Protocols {
+    All,
+    Stateless,
+    Sessions,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -292,6 +305,38 @@ impl ServerHandler for Fixture {
             "mcp-fixture",
             env!("CARGO_PKG_VERSION"),
         ))
+    }
+
+    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
+        match self.args.protocols {
+            Protocols::All => Cow::Borrowed(ProtocolVersion::KNOWN_VERSIONS),
+            Protocols::Stateless => Cow::Owned(vec![ProtocolVersion::V_2026_07_28]),
+            Protocols::Sessions => Cow::Borrowed(ProtocolVersion::known_up_to(
+                &ProtocolVersion::LATEST_WITH_INITIALIZE,
+            )),
+        }
+    }
+
+    async fn discover(
+        &self,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<DiscoverResult, ErrorData> {
+        if self.args.protocols == Protocols::Sessions {
+            return Err(ErrorData::new(
+                rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+                "method not found: server/discover",
+                None,
+            ));
+        }
+        // The handshake's failure, in the era without a handshake.
+        if self.args.mode == Mode::SecretError {
+            let message = self.secret_message();
+            eprintln!("mcp-fixture: {message}");
+            return Err(ErrorData::internal_error(message, None));
+        }
+        let mut versions = self.supported_protocol_versions().into_owned();
+        versions.reverse();
+        Ok(DiscoverResult::from_server_info(versions, self.get_info()))
     }
 
     async fn initialize(
