@@ -47,13 +47,14 @@ use ctxsync_proto::v1::{
 use ctxsync_runtime::tenant_keys::{self, Caller, TenantKeys};
 use futures::StreamExt as _;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorCode, ErrorData,
-    Extensions, GetPromptRequestParams, GetPromptResponse, GetPromptResult, Implementation,
-    InitializeRequestParams, InitializeResult, JsonObject, ListPromptsResult, ListResourcesResult,
-    ListToolsResult, PaginatedRequestParams, Prompt, ProtocolVersion, ReadResourceRequestParams,
-    ReadResourceResponse, ReadResourceResult, Resource, ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, DiscoverResult,
+    ErrorCode, ErrorData, Extensions, GetPromptRequestParams, GetPromptResponse, GetPromptResult,
+    Implementation, InitializeRequestParams, InitializeResult, JsonObject, ListPromptsResult,
+    ListResourcesResult, ListToolsResult, PaginatedRequestParams, Prompt, ProtocolVersion,
+    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource,
+    ServerCapabilities, ServerConfig, ServerNotification, SubscriptionFilter, Tool,
 };
-use rmcp::service::{NotificationContext, RequestContext};
+use rmcp::service::{NotificationContext, RequestContext, SubscriptionContext};
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{Peer, RoleServer, ServerHandler};
 use serde_json::json;
@@ -73,6 +74,21 @@ pub const TOOL_NAME_SEPARATOR: &str = "__";
 /// The header carrying the MCP session id.
 const SESSION_HEADER: &str = "mcp-session-id";
 
+/// The header carrying a request's protocol version.
+const PROTOCOL_HEADER: &str = "mcp-protocol-version";
+
+/// The first revision without sessions: a request naming it (or a later one)
+/// is served statelessly and creates no MCP session.
+const FIRST_STATELESS_VERSION: &str = "2026-07-28";
+
+/// Where a stateless list's pin handle is given (the result's `_meta`) and
+/// passed back (a request's `_meta`).
+pub const PIN_HANDLE_META: &str = "ctxsync.dev/pins";
+
+/// How many stateless pin sets this replica keeps built (they never change,
+/// so a kept one is never stale; past it, the oldest is built again).
+const PINNED_KEPT: usize = 1024;
+
 /// The catalog's parts the endpoint drives in-process.
 pub(crate) struct Commands {
     pub prepare: Arc<Prepare>,
@@ -89,6 +105,35 @@ pub(crate) struct Endpoint {
     limiter: Limiter,
     /// The MCP sessions: their owners and bounds.
     mcp_sessions: Arc<McpSessions>,
+    /// Stateless pin sets built, by tenant and handle (bounded, oldest out).
+    pinned: Mutex<PinnedKept>,
+}
+
+/// The pin sets kept, and their order of arrival for eviction.
+#[derive(Default)]
+struct PinnedKept {
+    by_handle: std::collections::HashMap<(String, String), Arc<Bound>>,
+    order: std::collections::VecDeque<(String, String)>,
+}
+
+impl PinnedKept {
+    fn get(&self, tenant: &str, handle: &str) -> Option<Arc<Bound>> {
+        self.by_handle
+            .get(&(tenant.to_owned(), handle.to_owned()))
+            .cloned()
+    }
+
+    fn keep(&mut self, bound: Arc<Bound>) {
+        let key = (bound.tenant.clone(), bound.session_id.clone());
+        if self.by_handle.insert(key.clone(), bound).is_none() {
+            self.order.push_back(key);
+        }
+        while self.order.len() > PINNED_KEPT {
+            if let Some(oldest) = self.order.pop_front() {
+                self.by_handle.remove(&oldest);
+            }
+        }
+    }
 }
 
 impl Endpoint {
@@ -105,7 +150,87 @@ impl Endpoint {
             keys,
             page_size: page_size.max(1),
             limiter: Limiter::new(rate_limit),
+            pinned: Mutex::default(),
         }
+    }
+
+    /// The pins a stateless request is answered from: those of the handle
+    /// it carries, else those of the memory now (pinned once under the
+    /// handle they derive); and how long its lists stay true.
+    async fn stateless(
+        &self,
+        caller: &Caller,
+        meta: &rmcp::model::RequestMetaObject,
+    ) -> Result<Stateless, ErrorData> {
+        let tenant = caller.tenant.as_str();
+        let snapshot = self
+            .commands
+            .prepare
+            .snapshot(tenant)
+            .map_err(|refusal| rpc_error(&refusal.to_proto()))?;
+        let current = snapshot.handle();
+        let wanted = match meta.0.0.get(PIN_HANDLE_META) {
+            Some(value) => Some(
+                catalog_core::hints::valid_handle(value)
+                    .map_err(|e| handle_refused(e.to_string()))?
+                    .to_owned(),
+            ),
+            None => None,
+        };
+        let handle = wanted
+            .clone()
+            .or_else(|| current.clone())
+            .unwrap_or_else(|| {
+                format!(
+                    "{}{}",
+                    catalog_core::hints::PIN_HANDLE_PREFIX,
+                    uuid::Uuid::new_v4()
+                )
+            });
+        // Pins older than the memory's are still served, but stale at once:
+        // a list without the handle gives the current ones.
+        let fresh_for = if current.as_deref() == Some(handle.as_str()) {
+            snapshot.fresh_for()
+        } else {
+            std::time::Duration::ZERO
+        };
+        let kept = self
+            .pinned
+            .lock()
+            .expect("pinned lock")
+            .get(tenant, &handle);
+        let bound = match kept {
+            Some(bound) => bound,
+            None => {
+                let pins = if wanted.is_some() && wanted != current {
+                    self.commands
+                        .prepare
+                        .pins_of(tenant, &handle)
+                        .await
+                        .map_err(|message| ErrorData::internal_error(message, None))?
+                        .ok_or_else(|| {
+                            handle_refused(
+                                "the pin handle names no pins of this tenant; list again without it"
+                                    .to_owned(),
+                            )
+                        })?
+                } else {
+                    let reply = self
+                        .commands
+                        .prepare
+                        .handle_snapshot(tenant, &handle, snapshot)
+                        .await;
+                    if let Some(error) = reply.error {
+                        return Err(prepare_failed(&error));
+                    }
+                    reply.pins
+                };
+                let bound = Arc::new(Bound::of(tenant, &handle, &pins, true));
+                self.pinned.lock().expect("pinned lock").keep(bound.clone());
+                bound
+            }
+        };
+        Ok(Stateless { bound, fresh_for })
     }
 
     /// MCP sessions open now.
@@ -170,7 +295,13 @@ async fn authenticate(
         .map(|v| v.to_str().unwrap_or_default().to_owned());
     let Some(session) = session else {
         // A POST without a session may create one: it needs a place first.
-        if request.method() != axum::http::Method::POST {
+        // A stateless request creates none.
+        let stateless = request
+            .headers()
+            .get(PROTOCOL_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|version| version >= FIRST_STATELESS_VERSION);
+        if request.method() != axum::http::Method::POST || stateless {
             request.extensions_mut().insert(caller);
             return next.run(request).await;
         }
@@ -274,174 +405,34 @@ struct OfferedResource {
     resource: Resource,
 }
 
-/// The catalog session an MCP session is bound to at `initialize`.
+/// The catalog session an MCP session is bound to at `initialize`, or a
+/// stateless request to by its pin handle (then `session_id` is the handle).
 struct Bound {
     tenant: String,
     session_id: String,
+    /// Pinned for stateless requests: shared, so no request's end ends it.
+    stateless: bool,
     tools: Vec<Offered>,
     prompts: Vec<OfferedPrompt>,
     resources: Vec<OfferedResource>,
 }
 
+/// What a stateless request is answered from.
+struct Stateless {
+    bound: Arc<Bound>,
+    /// How long its lists stay true (their `ttlMs`).
+    fresh_for: std::time::Duration,
+}
+
 impl Bound {
-    /// A catalog call of this session to `server` (the caller names what).
-    fn call(&self, server: &str) -> CatalogCallRequest {
-        CatalogCallRequest {
-            tenant: self.tenant.clone(),
-            session_id: self.session_id.clone(),
-            server_id: server.to_owned(),
-            ..Default::default()
-        }
-    }
-}
-
-/// A withdrawal's key: the server and the item's name (or URI).
-fn key(server: &str, name: &str) -> (String, String) {
-    (server.to_owned(), name.to_owned())
-}
-
-/// Which lists a change of the withdrawals touched.
-#[derive(Debug, Clone, Copy, Default)]
-struct ListsChanged {
-    tools: bool,
-    prompts: bool,
-    resources: bool,
-}
-
-/// One MCP session's state; its drop ends the catalog session.
-struct SessionState {
-    endpoint: Arc<Endpoint>,
-    bound: OnceLock<Bound>,
-    /// Whether the session's change watcher runs.
-    watching: std::sync::atomic::AtomicBool,
-    /// The withdrawals the client's last lists left out (or it was told
-    /// changed).
-    announced: Mutex<Withdrawn>,
-    /// Cancelled when the session ends: stops its watcher.
-    ended: CancellationToken,
-}
-
-impl SessionState {
-    /// Remembers `withdrawn` as what the client knows; which lists it changes.
-    fn announce(&self, withdrawn: Withdrawn) -> ListsChanged {
-        let mut announced = self.announced.lock().expect("announced lock");
-        let news = ListsChanged {
-            tools: announced.tools != withdrawn.tools,
-            prompts: announced.prompts != withdrawn.prompts,
-            resources: announced.resources != withdrawn.resources,
-        };
-        *announced = withdrawn;
-        news
-    }
-}
-
-impl Drop for SessionState {
-    fn drop(&mut self) {
-        self.ended.cancel();
-        let Some(bound) = self.bound.take() else {
-            return;
-        };
-        metrics::gauge!("ctxsync_catalog_mcp_sessions").decrement(1.0);
-        let sessions = self.endpoint.commands.sessions.clone();
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                let released = sessions.end(&bound.tenant, &bound.session_id).await;
-                tracing::info!(tenant = %bound.tenant, session = %bound.session_id, released, "mcp session ended");
-            });
-        }
-    }
-}
-
-/// The MCP server of one session.
-#[derive(Clone)]
-pub(crate) struct McpSession {
-    endpoint: Arc<Endpoint>,
-    state: Arc<SessionState>,
-}
-
-impl McpSession {
-    fn new(endpoint: Arc<Endpoint>) -> Self {
-        Self {
-            state: Arc::new(SessionState {
-                endpoint: endpoint.clone(),
-                bound: OnceLock::new(),
-                watching: std::sync::atomic::AtomicBool::new(false),
-                announced: Mutex::default(),
-                ended: CancellationToken::new(),
-            }),
-            endpoint,
-        }
-    }
-
-    /// The session's catalog binding, for its own tenant only.
-    fn bound(&self, extensions: &Extensions) -> Result<&Bound, ErrorData> {
-        let caller = caller_of(extensions)?;
-        let bound =
-            self.state.bound.get().ok_or_else(|| {
-                ErrorData::invalid_request("the session is not initialized", None)
-            })?;
-        if bound.tenant != caller.tenant {
-            refused("other_tenant");
-            return Err(ErrorData::invalid_request(
-                "no such MCP session for this tenant key",
-                None,
-            ));
-        }
-        Ok(bound)
-    }
-
-    async fn withdrawn(&self, bound: &Bound) -> Withdrawn {
-        withdrawn(&self.endpoint, bound).await
-    }
-
-    /// A catalog call for the session, then the lists that changed under
-    /// the client meanwhile are announced to it.
-    async fn relay(
-        &self,
-        bound: &Bound,
-        call: CatalogCallRequest,
-        peer: &Peer<RoleServer>,
-    ) -> CatalogCallReply {
-        let reply = self.endpoint.commands.call.handle(call).await;
-        notify_lists_changed(self.state.announce(self.withdrawn(bound).await), peer);
-        reply
-    }
-
-    /// One page of what `pick` keeps of the session's pins (less the
-    /// withdrawals, which the client now knows), and the next cursor.
-    async fn listed<T: Clone>(
-        &self,
-        request: Option<PaginatedRequestParams>,
-        context: &RequestContext<RoleServer>,
-        pick: impl FnOnce(&Bound, &Withdrawn) -> Vec<T>,
-    ) -> Result<(Vec<T>, Option<String>), ErrorData> {
-        let bound = self.bound(&context.extensions)?;
-        let withdrawn = self.withdrawn(bound).await;
-        let items = pick(bound, &withdrawn);
-        self.state.announce(withdrawn);
-        let cursor = request.and_then(|r| r.cursor);
-        page(&items, cursor.as_deref(), self.endpoint.page_size)
-    }
-
-    async fn prepare(&self, caller: Caller) -> Result<(), ErrorData> {
-        let session_id = format!("mcp-{}", uuid::Uuid::new_v4());
-        let reply = self
-            .endpoint
-            .commands
-            .prepare
-            .handle(CatalogPrepareRequest {
-                tenant: caller.tenant.clone(),
-                session_id: session_id.clone(),
-            })
-            .await;
-        if let Some(error) = reply.error {
-            return Err(ErrorData::internal_error(
-                format!("{}: {}", error.reason, error.message),
-                Some(json!({"code": error.reason})),
-            ));
-        }
-        let pins: Vec<_> = reply
-            .pins
+    /// The pins of a preparation as offered to MCP clients.
+    fn of(
+        tenant: &str,
+        session_id: &str,
+        pins: &[ctxsync_proto::v1::CatalogPin],
+        stateless: bool,
+    ) -> Self {
+        let pins: Vec<_> = pins
             .iter()
             .filter(|pin| pin.source() != Source::Failed)
             .collect();
@@ -487,18 +478,274 @@ impl McpSession {
                 });
             }
         }
-        let bound = Bound {
-            tenant: caller.tenant,
-            session_id,
+        Self {
+            tenant: tenant.to_owned(),
+            session_id: session_id.to_owned(),
+            stateless,
             tools,
             prompts,
             resources,
+        }
+    }
+
+    /// A catalog call of this session to `server` (the caller names what).
+    fn call(&self, server: &str) -> CatalogCallRequest {
+        CatalogCallRequest {
+            tenant: self.tenant.clone(),
+            session_id: self.session_id.clone(),
+            server_id: server.to_owned(),
+            ..Default::default()
+        }
+    }
+}
+
+/// A withdrawal's key: the server and the item's name (or URI).
+fn key(server: &str, name: &str) -> (String, String) {
+    (server.to_owned(), name.to_owned())
+}
+
+/// Which lists a change of the withdrawals touched.
+#[derive(Debug, Clone, Copy, Default)]
+struct ListsChanged {
+    tools: bool,
+    prompts: bool,
+    resources: bool,
+}
+
+/// One MCP session's state; its drop ends the catalog session.
+struct SessionState {
+    endpoint: Arc<Endpoint>,
+    bound: OnceLock<Arc<Bound>>,
+    /// A stateless request's list freshness (set with `bound`).
+    fresh_for: OnceLock<std::time::Duration>,
+    /// Whether the session's change watcher runs.
+    watching: std::sync::atomic::AtomicBool,
+    /// The withdrawals the client's last lists left out (or it was told
+    /// changed).
+    announced: Mutex<Withdrawn>,
+    /// Cancelled when the session ends: stops its watcher.
+    ended: CancellationToken,
+}
+
+impl SessionState {
+    /// Remembers `withdrawn` as what the client knows; which lists it changes.
+    fn announce(&self, withdrawn: Withdrawn) -> ListsChanged {
+        let mut announced = self.announced.lock().expect("announced lock");
+        let news = ListsChanged {
+            tools: announced.tools != withdrawn.tools,
+            prompts: announced.prompts != withdrawn.prompts,
+            resources: announced.resources != withdrawn.resources,
         };
-        if self.state.bound.set(bound).is_ok() {
+        *announced = withdrawn;
+        news
+    }
+}
+
+impl Drop for SessionState {
+    fn drop(&mut self) {
+        self.ended.cancel();
+        let Some(bound) = self.bound.take() else {
+            return;
+        };
+        if bound.stateless {
+            return;
+        }
+        metrics::gauge!("ctxsync_catalog_mcp_sessions").decrement(1.0);
+        let sessions = self.endpoint.commands.sessions.clone();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let released = sessions.end(&bound.tenant, &bound.session_id).await;
+                tracing::info!(tenant = %bound.tenant, session = %bound.session_id, released, "mcp session ended");
+            });
+        }
+    }
+}
+
+/// The MCP server of one session.
+#[derive(Clone)]
+pub(crate) struct McpSession {
+    endpoint: Arc<Endpoint>,
+    state: Arc<SessionState>,
+}
+
+impl McpSession {
+    fn new(endpoint: Arc<Endpoint>) -> Self {
+        Self {
+            state: Arc::new(SessionState {
+                endpoint: endpoint.clone(),
+                bound: OnceLock::new(),
+                fresh_for: OnceLock::new(),
+                watching: std::sync::atomic::AtomicBool::new(false),
+                announced: Mutex::default(),
+                ended: CancellationToken::new(),
+            }),
+            endpoint,
+        }
+    }
+
+    /// The pins the request is answered from, for its own tenant only: the
+    /// session's, or a stateless request's (by its handle, else the memory's).
+    async fn bound(&self, context: &RequestContext<RoleServer>) -> Result<&Bound, ErrorData> {
+        let caller = caller_of(&context.extensions)?;
+        if self.state.bound.get().is_none() && is_stateless(context) {
+            let stateless = self.endpoint.stateless(&caller, &context.meta).await?;
+            let _ = self.state.fresh_for.set(stateless.fresh_for);
+            let _ = self.state.bound.set(stateless.bound);
+        }
+        let bound =
+            self.state.bound.get().ok_or_else(|| {
+                ErrorData::invalid_request("the session is not initialized", None)
+            })?;
+        if bound.tenant != caller.tenant {
+            refused("other_tenant");
+            return Err(ErrorData::invalid_request(
+                "no such MCP session for this tenant key",
+                None,
+            ));
+        }
+        Ok(bound)
+    }
+
+    async fn withdrawn(&self, bound: &Bound) -> Withdrawn {
+        withdrawn(&self.endpoint, bound).await
+    }
+
+    /// A catalog call for the session, then the lists that changed under
+    /// the client meanwhile are announced to it (a session's only: a
+    /// stateless client hears of changes through `subscriptions/listen`).
+    async fn relay(
+        &self,
+        bound: &Bound,
+        call: CatalogCallRequest,
+        peer: &Peer<RoleServer>,
+    ) -> CatalogCallReply {
+        let reply = self.endpoint.commands.call.handle(call).await;
+        if !bound.stateless {
+            notify_lists_changed(self.state.announce(self.withdrawn(bound).await), peer);
+        }
+        reply
+    }
+
+    /// One page of what `pick` keeps of the session's pins (less the
+    /// withdrawals, which the client now knows), the next cursor, and for a
+    /// stateless request the list's hints.
+    async fn listed<T: Clone>(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: &RequestContext<RoleServer>,
+        pick: impl FnOnce(&Bound, &Withdrawn) -> Vec<T>,
+    ) -> Result<Listed<T>, ErrorData> {
+        let bound = self.bound(context).await?;
+        let withdrawn = self.withdrawn(bound).await;
+        let items = pick(bound, &withdrawn);
+        self.state.announce(withdrawn);
+        let cursor = request.and_then(|r| r.cursor);
+        let (items, next) = page(&items, cursor.as_deref(), self.endpoint.page_size)?;
+        let hints = bound.stateless.then(|| Hints {
+            handle: bound.session_id.clone(),
+            fresh_for: self.state.fresh_for.get().copied().unwrap_or_default(),
+        });
+        Ok(Listed { items, next, hints })
+    }
+
+    async fn prepare(&self, caller: Caller) -> Result<(), ErrorData> {
+        let session_id = format!("mcp-{}", uuid::Uuid::new_v4());
+        let reply = self
+            .endpoint
+            .commands
+            .prepare
+            .handle(CatalogPrepareRequest {
+                tenant: caller.tenant.clone(),
+                session_id: session_id.clone(),
+            })
+            .await;
+        if let Some(error) = reply.error {
+            return Err(prepare_failed(&error));
+        }
+        let bound = Bound::of(&caller.tenant, &session_id, &reply.pins, false);
+        if self.state.bound.set(Arc::new(bound)).is_ok() {
             metrics::gauge!("ctxsync_catalog_mcp_sessions").increment(1.0);
         }
         Ok(())
     }
+}
+
+/// Which of the three lists differ between two readings of the memory.
+fn lists_changed(
+    before: &[(String, Arc<catalog_core::tools::Catalog>)],
+    now: &[(String, Arc<catalog_core::tools::Catalog>)],
+) -> ListsChanged {
+    let differ =
+        |same: fn(&catalog_core::tools::Catalog, &catalog_core::tools::Catalog) -> bool| {
+            before.len() != now.len()
+                || before
+                    .iter()
+                    .zip(now)
+                    .any(|((a_id, a), (b_id, b))| a_id != b_id || !same(a, b))
+        };
+    ListsChanged {
+        tools: differ(|a, b| a.tools == b.tools),
+        prompts: differ(|a, b| a.prompts == b.prompts),
+        resources: differ(|a, b| a.resources == b.resources),
+    }
+}
+
+/// Whether the request is of a revision without sessions (2026-07-28 on).
+fn is_stateless(context: &RequestContext<RoleServer>) -> bool {
+    context
+        .meta
+        .protocol_version()
+        .is_some_and(|version| !version.has_initialize())
+}
+
+/// A page of a list, and what a stateless caller is told about it.
+struct Listed<T> {
+    items: Vec<T>,
+    next: Option<String>,
+    hints: Option<Hints>,
+}
+
+/// A stateless list's pin handle and freshness.
+struct Hints {
+    handle: String,
+    fresh_for: std::time::Duration,
+}
+
+impl Hints {
+    /// The result's `_meta` (the handle), `ttlMs` and `cacheScope`: private,
+    /// since the pins are the tenant's whose key asked.
+    fn apply(
+        hints: Option<Self>,
+        meta: &mut Option<rmcp::model::MetaObject>,
+        ttl_ms: &mut Option<u64>,
+        cache_scope: &mut Option<rmcp::model::CacheScope>,
+    ) {
+        let Some(hints) = hints else { return };
+        let mut object = rmcp::model::MetaObject::new();
+        object
+            .0
+            .insert(PIN_HANDLE_META.to_owned(), json!(hints.handle));
+        *meta = Some(object);
+        *ttl_ms = Some(u64::try_from(hints.fresh_for.as_millis()).unwrap_or(u64::MAX));
+        *cache_scope = Some(rmcp::model::CacheScope::Private);
+    }
+}
+
+/// A preparation's error as the JSON-RPC error of the request that needed it.
+fn prepare_failed(error: &ServiceError) -> ErrorData {
+    ErrorData::internal_error(
+        format!("{}: {}", error.reason, error.message),
+        Some(json!({"code": error.reason})),
+    )
+}
+
+/// A pin handle the catalog cannot answer from: invalid params, coded as an
+/// unprepared session.
+fn handle_refused(message: String) -> ErrorData {
+    ErrorData::invalid_params(
+        message,
+        Some(json!({"code": catalog_core::ErrorCode::SessionNotPrepared.as_str()})),
+    )
 }
 
 /// What the catalog session's open servers withdrew since the pins.
@@ -719,12 +966,21 @@ impl ServerHandler for McpSession {
         ServerConfig::new(capabilities).with_server_info(server)
     }
 
-    /// Only the versions with sessions (`initialize`): an MCP session is
-    /// what a catalog session is bound to, and 2026-07-28 has none.
+    /// Both eras: the versions with sessions (`initialize` binds a catalog
+    /// session) and 2026-07-28 (stateless requests, pinned by handle).
     fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
-        Cow::Borrowed(ProtocolVersion::known_up_to(
-            &ProtocolVersion::LATEST_WITH_INITIALIZE,
-        ))
+        Cow::Borrowed(ProtocolVersion::KNOWN_VERSIONS)
+    }
+
+    /// Every revision served, newest first.
+    async fn discover(
+        &self,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<DiscoverResult, ErrorData> {
+        counted("server/discover");
+        let mut versions = self.supported_protocol_versions().into_owned();
+        versions.sort_by(|a, b| b.as_str().cmp(a.as_str()));
+        Ok(DiscoverResult::from_server_info(versions, self.get_info()))
     }
 
     async fn initialize(
@@ -756,21 +1012,96 @@ impl ServerHandler for McpSession {
         }
     }
 
+    /// Changes of the three lists, as the memory learns them.
+    fn accepted_subscription_filter(
+        &self,
+        _requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        Some(
+            SubscriptionFilter::builder()
+                .tools_list_changed()
+                .prompts_list_changed()
+                .resources_list_changed()
+                .build(),
+        )
+    }
+
+    /// Until the client ends it: whenever the memory's lists for the
+    /// caller's tenant change (a live discovery found them different, on any
+    /// replica), the lists that changed are announced.
+    async fn listen(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
+        counted("subscriptions/listen");
+        let caller = caller_of(&context.request_context().extensions)?;
+        let prepare = &self.endpoint.commands.prepare;
+        let mut changes = prepare.memory_changes();
+        let lists_now = || {
+            prepare
+                .snapshot(&caller.tenant)
+                .ok()
+                .and_then(|s| s.lists())
+        };
+        let mut last = lists_now();
+        loop {
+            tokio::select! {
+                () = context.cancelled() => return Ok(()),
+                changed = changes.changed() => if changed.is_err() { return Ok(()) },
+            }
+            // While a server must be discovered its lists are not known yet.
+            let Some(now) = lists_now() else { continue };
+            let changed = last.as_ref().map_or(ListsChanged::default(), |before| {
+                lists_changed(before, &now)
+            });
+            last = Some(now);
+            for (list, is_changed, notification) in [
+                (
+                    "tools",
+                    changed.tools,
+                    ServerNotification::ToolListChangedNotification(Default::default()),
+                ),
+                (
+                    "prompts",
+                    changed.prompts,
+                    ServerNotification::PromptListChangedNotification(Default::default()),
+                ),
+                (
+                    "resources",
+                    changed.resources,
+                    ServerNotification::ResourceListChangedNotification(Default::default()),
+                ),
+            ] {
+                if !is_changed {
+                    continue;
+                }
+                metrics::counter!("ctxsync_catalog_mcp_list_changed_total", "list" => list)
+                    .increment(1);
+                if context.sink().send(notification).await.is_err() {
+                    return Ok(());
+                }
+            }
+        }
+    }
+
     async fn list_tools(
         &self,
         request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         counted("tools/list");
-        let (tools, next) = self
+        let listed = self
             .listed(request, &context, |bound, withdrawn| {
                 let offered = bound.tools.iter();
                 let kept = offered.filter(|o| !withdrawn.tools.contains(&key(&o.server, &o.name)));
                 kept.map(|o| o.tool.clone()).collect()
             })
             .await?;
-        let mut result = ListToolsResult::with_all_items(tools);
-        result.next_cursor = next;
+        let mut result = ListToolsResult::with_all_items(listed.items);
+        result.next_cursor = listed.next;
+        Hints::apply(
+            listed.hints,
+            &mut result.meta,
+            &mut result.ttl_ms,
+            &mut result.cache_scope,
+        );
         Ok(result)
     }
 
@@ -780,7 +1111,7 @@ impl ServerHandler for McpSession {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         counted("tools/call");
-        let bound = self.bound(&context.extensions)?;
+        let bound = self.bound(&context).await?;
         let name = request.name.as_ref();
         let Some(offered) = bound.tools.iter().find(|o| o.tool.name == name) else {
             return Ok(result_of(CatalogCallReply {
@@ -807,7 +1138,7 @@ impl ServerHandler for McpSession {
         context: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, ErrorData> {
         counted("prompts/list");
-        let (prompts, next) = self
+        let listed = self
             .listed(request, &context, |bound, withdrawn| {
                 let offered = bound.prompts.iter();
                 let kept =
@@ -815,8 +1146,14 @@ impl ServerHandler for McpSession {
                 kept.map(|o| o.prompt.clone()).collect()
             })
             .await?;
-        let mut result = ListPromptsResult::with_all_items(prompts);
-        result.next_cursor = next;
+        let mut result = ListPromptsResult::with_all_items(listed.items);
+        result.next_cursor = listed.next;
+        Hints::apply(
+            listed.hints,
+            &mut result.meta,
+            &mut result.ttl_ms,
+            &mut result.cache_scope,
+        );
         Ok(result)
     }
 
@@ -826,7 +1163,7 @@ impl ServerHandler for McpSession {
         context: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, ErrorData> {
         counted("prompts/get");
-        let bound = self.bound(&context.extensions)?;
+        let bound = self.bound(&context).await?;
         let Some(offered) = bound.prompts.iter().find(|o| o.prompt.name == request.name) else {
             return Err(not_pinned(
                 catalog_core::ItemKind::Prompt,
@@ -849,7 +1186,7 @@ impl ServerHandler for McpSession {
         context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
         counted("resources/list");
-        let (resources, next) = self
+        let listed = self
             .listed(request, &context, |bound, withdrawn| {
                 let offered = bound.resources.iter();
                 let kept = offered.filter(|o| {
@@ -860,8 +1197,14 @@ impl ServerHandler for McpSession {
                 kept.map(|o| o.resource.clone()).collect()
             })
             .await?;
-        let mut result = ListResourcesResult::with_all_items(resources);
-        result.next_cursor = next;
+        let mut result = ListResourcesResult::with_all_items(listed.items);
+        result.next_cursor = listed.next;
+        Hints::apply(
+            listed.hints,
+            &mut result.meta,
+            &mut result.ttl_ms,
+            &mut result.cache_scope,
+        );
         Ok(result)
     }
 
@@ -871,7 +1214,7 @@ impl ServerHandler for McpSession {
         context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
         counted("resources/read");
-        let bound = self.bound(&context.extensions)?;
+        let bound = self.bound(&context).await?;
         let Some(offered) = bound
             .resources
             .iter()

@@ -57,7 +57,7 @@ mod warmup;
 pub use bucket::MemoryKey;
 pub use catalog_core::ErrorCode;
 pub use config::{CatalogConfig, ConfigError};
-pub use endpoint::{RateLimit, SessionLimits, TOOL_NAME_SEPARATOR};
+pub use endpoint::{PIN_HANDLE_META, RateLimit, SessionLimits, TOOL_NAME_SEPARATOR};
 pub use request::MAX_REQUEST_ID_BYTES;
 pub use service::{Error, Reloader, Running, run, start};
 pub use settings::{Args, CatalogArgs, Config, MemorySettings, Settings, WarmupSettings};

@@ -154,6 +154,11 @@ impl Memory {
         self.bucket.as_ref()
     }
 
+    /// The reuse rules the memory applies.
+    pub fn reuse(&self) -> Reuse {
+        self.reuse
+    }
+
     /// The entry if the rules allow pinning it without starting the server.
     pub fn reusable(&self, key: &ServerKey) -> Option<Discovery> {
         let map = self.local.map.lock().expect("memory lock");

@@ -5,13 +5,16 @@
 //! of it.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use catalog_core::events::ms;
+use catalog_core::memory::Reuse;
 use catalog_core::prepare::{self as core, Outcome, Plan, ServerRef, Timings};
 use catalog_core::request::{Refusal, valid_preparation};
+use catalog_core::{Discovery, hints};
 use catalog_core::{ErrorCode, Failure, Live};
 use ctxsync_proto::v1::{CatalogPrepareReply, CatalogPrepareRequest};
+use sha2::Digest as _;
 
 use crate::config::{ConfiguredServer, Current};
 use crate::discovery::{Cause, Discoverer};
@@ -46,14 +49,20 @@ impl Prepare {
     pub async fn handle(&self, request: CatalogPrepareRequest) -> CatalogPrepareReply {
         let started = Instant::now();
         let reply = self.prepare(&request, started).await;
-        let outcome = match (&reply.error, reply.follow_up) {
-            (Some(_), _) => "error",
-            (None, true) => "follow_up",
-            (None, false) => "first",
-        };
-        metrics::counter!("ctxsync_catalog_preparations_total", "outcome" => outcome).increment(1);
-        metrics::histogram!("ctxsync_catalog_preparation_seconds", "outcome" => outcome)
-            .record(started.elapsed().as_secs_f64());
+        measured(&reply, started);
+        reply
+    }
+
+    /// [`Prepare::pin`], measured as any preparation.
+    pub async fn handle_snapshot(
+        &self,
+        tenant: &str,
+        session_id: &str,
+        snapshot: Snapshot,
+    ) -> CatalogPrepareReply {
+        let started = Instant::now();
+        let reply = self.pin(tenant, session_id, snapshot, started).await;
+        measured(&reply, started);
         reply
     }
 
@@ -65,16 +74,53 @@ impl Prepare {
         if let Err(refusal) = valid_preparation(request) {
             return refused(&refusal);
         }
-        let (tenant, session_id) = (request.tenant.as_str(), request.session_id.as_str());
-        let Some(servers) = self.config.get().enabled_servers(tenant) else {
-            return refused(&core::tenant_unknown(tenant));
-        };
-        let refs: Vec<ServerRef<'_>> = servers.iter().map(server_ref).collect();
+        match self.snapshot(&request.tenant) {
+            Ok(snapshot) => {
+                self.pin(&request.tenant, &request.session_id, snapshot, started)
+                    .await
+            }
+            Err(refusal) => refused(&refusal),
+        }
+    }
+
+    /// Changes whenever the memory does.
+    pub fn memory_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.discovery.memory().changes()
+    }
+
+    /// What the memory holds now for `tenant`'s enabled servers, read once.
+    pub fn snapshot(&self, tenant: &str) -> Result<Snapshot, Refusal> {
+        let servers = self
+            .config
+            .get()
+            .enabled_servers(tenant)
+            .ok_or_else(|| core::tenant_unknown(tenant))?;
         let memory = self.discovery.memory();
+        let remembered = servers.iter().map(|s| memory.reusable(&s.key)).collect();
+        Ok(Snapshot {
+            tenant: tenant.to_owned(),
+            servers,
+            remembered,
+            reuse: memory.reuse(),
+        })
+    }
+
+    /// Prepares a session pinning exactly `snapshot` (live where it holds
+    /// nothing) under `session_id`, or answers its pins if it exists.
+    async fn pin(
+        &self,
+        tenant: &str,
+        session_id: &str,
+        snapshot: Snapshot,
+        started: Instant,
+    ) -> CatalogPrepareReply {
+        let servers = snapshot.servers;
+        let refs: Vec<ServerRef<'_>> = servers.iter().map(server_ref).collect();
         let plan = Plan::new(
-            servers
-                .iter()
-                .map(|s| memory.reusable(&s.key).map(|r| r.catalog)),
+            snapshot
+                .remembered
+                .into_iter()
+                .map(|r| r.map(|d| d.catalog)),
         );
         let lookup = started.elapsed();
 
@@ -203,6 +249,21 @@ impl Prepare {
         Ok(Some(written))
     }
 
+    /// The pins prepared under `session_id`, `None` if nothing is.
+    pub async fn pins_of(
+        &self,
+        tenant: &str,
+        session_id: &str,
+    ) -> Result<Option<Vec<ctxsync_proto::v1::CatalogPin>>, String> {
+        match store::load_pins(self.events.pool(), tenant, session_id).await {
+            Ok(pins) => Ok(pins.map(|pins| pins.iter().map(|pin| pin.to_proto()).collect())),
+            Err(e) => Err(format!(
+                "cannot read the session's pins: {}",
+                ctxsync_runtime::db::describe(&e)
+            )),
+        }
+    }
+
     async fn follow_up(
         &self,
         tenant: &str,
@@ -228,6 +289,75 @@ impl Prepare {
             duration_ms: ms(started.elapsed()),
         }
     }
+}
+
+/// A tenant's enabled servers and what the memory held for each, read at
+/// one moment: what a stateless list pins and names its handle after.
+pub(crate) struct Snapshot {
+    tenant: String,
+    servers: Vec<ConfiguredServer>,
+    remembered: Vec<Option<Discovery>>,
+    reuse: Reuse,
+}
+
+impl Snapshot {
+    /// The handle of these pins when the memory holds every server (the
+    /// same on every replica); `None` when one must be discovered live.
+    pub fn handle(&self) -> Option<String> {
+        let parts = self
+            .servers
+            .iter()
+            .zip(&self.remembered)
+            .map(|(server, remembered)| {
+                remembered.as_ref().map(|d| hints::HandlePart {
+                    server_id: server.id(),
+                    server_key: server.key.as_str(),
+                    catalog_hash: &d.catalog.hash,
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        let material = hints::handle_material(&self.tenant, parts);
+        let digest = sha2::Sha256::digest(material.as_bytes());
+        Some(format!(
+            "{}{}",
+            hints::PIN_HANDLE_PREFIX,
+            hex::encode(digest)
+        ))
+    }
+
+    /// What each server's lists are now; `None` while one must be discovered.
+    pub fn lists(&self) -> Option<Vec<(String, Arc<catalog_core::tools::Catalog>)>> {
+        self.servers
+            .iter()
+            .zip(&self.remembered)
+            .map(|(server, remembered)| {
+                remembered
+                    .as_ref()
+                    .map(|d| (server.id().to_owned(), d.catalog.clone()))
+            })
+            .collect()
+    }
+
+    /// How long a list of these pins stays true from now.
+    pub fn fresh_for(&self) -> Duration {
+        let now = SystemTime::now();
+        hints::list_fresh_for(
+            self.remembered
+                .iter()
+                .map(|r| r.as_ref().map(|d| hints::fresh_for(d, self.reuse, now))),
+        )
+    }
+}
+
+fn measured(reply: &CatalogPrepareReply, started: Instant) {
+    let outcome = match (&reply.error, reply.follow_up) {
+        (Some(_), _) => "error",
+        (None, true) => "follow_up",
+        (None, false) => "first",
+    };
+    metrics::counter!("ctxsync_catalog_preparations_total", "outcome" => outcome).increment(1);
+    metrics::histogram!("ctxsync_catalog_preparation_seconds", "outcome" => outcome)
+        .record(started.elapsed().as_secs_f64());
 }
 
 /// What the core needs of a configured server.

@@ -117,6 +117,8 @@ impl Endpoint {
             .collect()
     }
 
+    /// A 2025-11-25 client: these tests are of MCP sessions (the
+    /// stateless revision's are below, from `stateless_request`).
     async fn client(&self, key: &str) -> Connection {
         let spec = ServerSpec {
             name: "catalog".into(),
@@ -125,7 +127,11 @@ impl Endpoint {
                 headers: BTreeMap::from([("Authorization".into(), format!("Bearer {key}"))]),
             },
         };
-        Connection::connect(&spec, ConnectOptions::new(DEADLINE))
+        let options = ConnectOptions {
+            sessions_only: true,
+            ..ConnectOptions::new(DEADLINE)
+        };
+        Connection::connect(&spec, options)
             .await
             .expect("an MCP client connects to the catalog")
     }
@@ -739,6 +745,7 @@ async fn prompts_and_resources_are_pinned_served_lazily_and_withdrawn() {
     };
     let options = ConnectOptions {
         tools_changed: Some(changed_tx),
+        sessions_only: true,
         ..ConnectOptions::new(DEADLINE)
     };
     let client = Connection::connect(&spec, options).await.unwrap();
@@ -1297,5 +1304,267 @@ async fn another_tenants_key_cannot_touch_a_session_before_or_after_initialized(
     )
     .await;
     assert_eq!(status, 202, "{body}");
+    endpoint.harness.stop().await;
+}
+
+// MCP 2026-07-28: stateless requests, pin handles and cache hints.
+
+const STATELESS: &str = "2026-07-28";
+const HANDLE: &str = catalog::PIN_HANDLE_META;
+
+/// A 2026-07-28 request as the specification's HTTP transport sends it: no
+/// session; the version and capabilities in `_meta`, the version, method
+/// and name in headers. The status and the JSON-RPC message answered.
+async fn stateless_request(url: &str, key: &str, method: &str, params: Value) -> (u16, Value) {
+    stateless_request_as(url, key, method, params, Some(STATELESS)).await
+}
+
+/// [`stateless_request`] naming `version` (`None`: no `_meta` version, the
+/// header still 2026-07-28).
+async fn stateless_request_as(
+    url: &str,
+    key: &str,
+    method: &str,
+    mut params: Value,
+    version: Option<&str>,
+) -> (u16, Value) {
+    let meta = params
+        .as_object_mut()
+        .expect("params are an object")
+        .entry("_meta")
+        .or_insert_with(|| json!({}));
+    if let Some(version) = version {
+        meta["io.modelcontextprotocol/protocolVersion"] = json!(version);
+        meta["io.modelcontextprotocol/clientCapabilities"] = json!({});
+        meta["io.modelcontextprotocol/clientInfo"] = json!({"name": "raw", "version": "1"});
+    }
+    let name = params
+        .get("name")
+        .or_else(|| params.get("uri"))
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let mut request = reqwest::Client::new()
+        .post(url)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", version.unwrap_or(STATELESS))
+        .header("mcp-method", method)
+        .bearer_auth(key)
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}));
+    if let Some(name) = name {
+        request = request.header("mcp-name", name);
+    }
+    let response = request.send().await.expect("the endpoint answers");
+    assert!(
+        response.headers().get("mcp-session-id").is_none(),
+        "a stateless request opens no session"
+    );
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap_or_default();
+    (status, answer_of(&text))
+}
+
+/// The JSON-RPC answer of a JSON body, or of an SSE body's `data:` lines.
+fn answer_of(text: &str) -> Value {
+    if let Ok(value) = serde_json::from_str(text) {
+        return value;
+    }
+    text.lines()
+        .filter_map(|line| line.strip_prefix("data:"))
+        .filter_map(|data| serde_json::from_str::<Value>(data.trim()).ok())
+        .rfind(|message| message.get("id").is_some())
+        .unwrap_or_else(|| panic!("no JSON-RPC answer in {text:?}"))
+}
+
+fn tool_names(list: &Value) -> Vec<String> {
+    list["result"]["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("a tools list: {list}"))
+        .iter()
+        .map(|tool| tool["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn handle_of(list: &Value) -> String {
+    list["result"]["_meta"][HANDLE]
+        .as_str()
+        .unwrap_or_else(|| panic!("a pin handle in the list's _meta: {list}"))
+        .to_owned()
+}
+
+fn echo_by_handle(handle: &str) -> Value {
+    json!({"name": "notes__echo", "arguments": {"text": "hello"}, "_meta": {HANDLE: handle}})
+}
+
+/// The whole 2026-07-28 conversation over raw HTTP: `server/discover`, a
+/// list with its handle and hints (the same handle again from the same
+/// memory, nothing started), a call by handle (the lazy start), the tool
+/// changed under the handle (`tool.withdrawn`, and the list by handle
+/// leaves it out), another tenant's key holding the handle, and handles
+/// not of the catalog's shape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2026_client_discovers_lists_with_a_handle_and_hints_and_calls_by_handle() {
+    let endpoint = Endpoint::start(vec![], settings()).await;
+    let gate = endpoint.gate_names().await;
+    assert!(endpoint.no_fixture_running().await);
+    let warm = endpoint.starts();
+    let (url, key) = (endpoint.url.as_str(), endpoint.key.as_str());
+
+    let (status, discover) = stateless_request(url, key, "server/discover", json!({})).await;
+    assert_eq!(status, 200, "{discover}");
+    let versions: Vec<&str> = discover["result"]["supportedVersions"]
+        .as_array()
+        .unwrap_or_else(|| panic!("supported versions: {discover}"))
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(versions.first(), Some(&STATELESS), "{discover}");
+    assert!(versions.contains(&"2025-11-25") && versions.contains(&"2025-06-18"));
+    let mut newest_first = versions.clone();
+    newest_first.sort_by(|a, b| b.cmp(a));
+    assert_eq!(versions, newest_first, "newest first");
+
+    let (status, list) = stateless_request(url, key, "tools/list", json!({})).await;
+    assert_eq!(status, 200, "{list}");
+    assert_eq!(tool_names(&list), gate, "the gate's names, in pin order");
+    assert_eq!(list["result"]["cacheScope"], "private", "{list}");
+    assert_eq!(
+        list["result"]["ttlMs"],
+        json!(24 * 3600 * 1000),
+        "a stdio server's list stays true until its configuration or the release changes"
+    );
+    let handle = handle_of(&list);
+    assert!(handle.starts_with("pins-"), "{handle}");
+    let (_, again) = stateless_request(url, key, "tools/list", json!({})).await;
+    assert_eq!(handle_of(&again), handle, "the same memory, the same pins");
+    assert_eq!(endpoint.starts(), warm, "listing started no server");
+
+    let (status, called) = stateless_request(url, key, "tools/call", echo_by_handle(&handle)).await;
+    assert_eq!(status, 200, "{called}");
+    assert_eq!(called["result"]["isError"], json!(false), "{called}");
+    assert_eq!(called["result"]["content"][0]["text"], "hello", "{called}");
+    assert_eq!(
+        endpoint.starts(),
+        warm + 1,
+        "the first call started the server"
+    );
+
+    // The server's tools change: it says so (--watch), and the next call by
+    // the handle re-lists first.
+    std::fs::write(&endpoint.tools_file, TOOLS_AFTER).unwrap();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let withdrawn = loop {
+        let (_, called) = stateless_request(url, key, "tools/call", echo_by_handle(&handle)).await;
+        if called["result"]["isError"] == json!(true) {
+            break called;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the change never reached the handle's pins: {called}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        withdrawn["result"]["structuredContent"]["error"]["code"], "tool.withdrawn",
+        "{withdrawn}"
+    );
+    let (_, listed) =
+        stateless_request(url, key, "tools/list", json!({"_meta": {HANDLE: &handle}})).await;
+    assert_eq!(tool_names(&listed), ["notes__add"], "{listed}");
+    assert_eq!(handle_of(&listed), handle);
+
+    // Another tenant's key with acme's handle: as if it did not exist.
+    let beta = store(&endpoint.harness).create_tenant_key("beta").await.0;
+    let (status, refused) =
+        stateless_request(url, &beta, "tools/call", echo_by_handle(&handle)).await;
+    assert_eq!(status, 200, "{refused}");
+    assert_eq!(refused["error"]["code"], json!(-32602), "{refused}");
+    assert_eq!(
+        refused["error"]["data"]["code"], "session.not_prepared",
+        "{refused}"
+    );
+    assert!(!refused.to_string().contains("hello"), "{refused}");
+
+    for (bad, says) in [
+        (json!("mcp-1234"), "not one this catalog gave out"),
+        (json!(7), "must be a string"),
+        (
+            json!(format!("pins-{}", "a".repeat(200))),
+            "longer than its limit of 96 bytes",
+        ),
+    ] {
+        let (_, refused) =
+            stateless_request(url, key, "tools/list", json!({"_meta": {HANDLE: bad}})).await;
+        assert_eq!(refused["error"]["code"], json!(-32602), "{refused}");
+        let message = refused["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(says), "{refused}");
+    }
+    endpoint.harness.stop().await;
+}
+
+/// The specification's refusals: a 2026-07-28 request without its `_meta`
+/// version, and one naming a version the catalog does not serve (listing
+/// those it does).
+#[tokio::test]
+async fn a_2026_request_without_its_version_or_with_an_unknown_one_is_refused() {
+    let endpoint = Endpoint::start(vec![], settings()).await;
+    let (url, key) = (endpoint.url.as_str(), endpoint.key.as_str());
+
+    let (status, missing) = stateless_request_as(url, key, "tools/list", json!({}), None).await;
+    assert_eq!(status, 400, "{missing}");
+    assert_eq!(missing["error"]["code"], json!(-32602), "{missing}");
+    let message = missing["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("protocolVersion"), "{missing}");
+
+    let (status, unknown) =
+        stateless_request_as(url, key, "tools/list", json!({}), Some("2099-01-01")).await;
+    assert_eq!(status, 400, "{unknown}");
+    assert_eq!(unknown["error"]["code"], json!(-32022), "{unknown}");
+    let supported = unknown["error"]["data"]["supported"].to_string();
+    assert!(
+        supported.contains(STATELESS) && supported.contains("2025-11-25"),
+        "{unknown}"
+    );
+    endpoint.harness.stop().await;
+}
+
+/// An HTTP server's pins are fresh for what is left of its reuse window:
+/// `ttlMs` falls as the entry ages. A stateless list opens no MCP session,
+/// so no session bound applies to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_servers_ttl_falls_as_its_discovery_ages() {
+    let web = mcp_fixture::HttpFixture::start(&[]).await;
+    let window = Duration::from_secs(30);
+    let mut settings = settings();
+    settings.discovery_reuse = window;
+    settings.mcp_sessions.per_key = 1;
+    let endpoint = Endpoint::start(vec![http("web", web.url())], settings).await;
+    endpoint.gate_names().await;
+    let (url, key) = (endpoint.url.as_str(), endpoint.key.as_str());
+
+    let ttl = |list: &Value| {
+        list["result"]["ttlMs"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("a ttlMs: {list}"))
+    };
+    let (_, first) = stateless_request(url, key, "tools/list", json!({})).await;
+    let first_ttl = ttl(&first);
+    assert!(
+        first_ttl > 0 && first_ttl <= window.as_millis() as u64,
+        "within the reuse window: {first}"
+    );
+    // More lists at once than the key may hold sessions: none is one.
+    let lists = (0..4).map(|_| stateless_request(url, key, "tools/list", json!({})));
+    for (status, list) in futures::future::join_all(lists).await {
+        assert_eq!(status, 200, "{list}");
+    }
+    let aged = Duration::from_millis(1500);
+    tokio::time::sleep(aged).await;
+    let (_, later) = stateless_request(url, key, "tools/list", json!({})).await;
+    let later_ttl = ttl(&later);
+    assert!(
+        later_ttl <= first_ttl - aged.as_millis() as u64 + 50,
+        "{first_ttl} ms, then {later_ttl} ms"
+    );
+    assert_eq!(handle_of(&later), handle_of(&first), "the same discovery");
     endpoint.harness.stop().await;
 }

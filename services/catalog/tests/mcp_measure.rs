@@ -89,9 +89,10 @@ impl Measured {
     /// Connect, initialize, every page of tools/list: the time and the client.
     async fn connect_and_list(&self) -> (Duration, usize, Connection) {
         let started = Instant::now();
+        // Sessions: what is measured is a session's own processes.
         let options = ConnectOptions {
-            handshake_timeout: Duration::from_secs(120),
-            tools_changed: None,
+            sessions_only: true,
+            ..ConnectOptions::new(Duration::from_secs(120))
         };
         let client = Connection::connect(&self.spec, options).await.unwrap();
         let tools = client.list_tools().await.unwrap().len();

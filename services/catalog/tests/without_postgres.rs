@@ -155,7 +155,7 @@ async fn a_shutdown_writes_the_events_still_queued() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_warm_mcp_session_lists_its_tools_with_postgres_down() {
+async fn a_warm_mcp_list_of_either_era_is_answered_with_postgres_down() {
     let mut postgres = PrivatePostgres::start().await;
     let (mut harness, _record) = started(&postgres, settings()).await;
     let store = testkit::store::StoreClient::new(
@@ -166,24 +166,40 @@ async fn a_warm_mcp_session_lists_its_tools_with_postgres_down() {
     );
     let key = store.create_tenant_key("acme").await.0;
     let spec = harness.mcp_spec(&key);
-    let client = Connection::connect(&spec, ConnectOptions::new(Duration::from_secs(30)))
-        .await
-        .expect("an MCP client connects to the catalog");
     let names = |tools: Vec<ctxsync_mcp::ToolDecl>| {
         let mut names: Vec<String> = tools.into_iter().map(|t| t.name).collect();
         names.sort();
         names
     };
-    let warm = names(client.list_tools().await.unwrap());
-    assert!(!warm.is_empty());
+    // A 2025 session (its pins stored at its initialize) and a 2026-07-28
+    // stateless client (its first list pinned the memory under a handle),
+    // both before the outage.
+    let mut clients = Vec::new();
+    for sessions_only in [true, false] {
+        let options = ConnectOptions {
+            sessions_only,
+            ..ConnectOptions::new(Duration::from_secs(30))
+        };
+        let client = Connection::connect(&spec, options)
+            .await
+            .expect("an MCP client connects to the catalog");
+        let warm = names(client.list_tools().await.unwrap());
+        assert!(!warm.is_empty());
+        clients.push((client, warm));
+    }
+    assert_eq!(clients[0].1, clients[1].1, "both eras list the same pins");
 
     // Nothing of a warm list is read from Postgres: it answers the same
     // with the server gone (the key was checked, and is remembered).
     postgres.kill_hard();
-    for _ in 0..3 {
-        assert_eq!(names(client.list_tools().await.unwrap()), warm);
+    for (client, warm) in &clients {
+        for _ in 0..3 {
+            assert_eq!(&names(client.list_tools().await.unwrap()), warm);
+        }
     }
-    client.close().await;
+    for (client, _) in clients {
+        client.close().await;
+    }
     postgres.restart().await;
     harness.stop_catalog().await;
     harness.stop().await;

@@ -50,6 +50,9 @@ pub struct ConnectOptions {
     pub handshake_timeout: Duration,
     /// Receives the server's name on every `notifications/tools/list_changed`.
     pub tools_changed: Option<UnboundedSender<String>>,
+    /// Speak only the revisions with `initialize` (an MCP session) to an
+    /// HTTP server, even one offering 2026-07-28.
+    pub sessions_only: bool,
 }
 
 impl ConnectOptions {
@@ -58,6 +61,7 @@ impl ConnectOptions {
         Self {
             handshake_timeout,
             tools_changed: None,
+            sessions_only: false,
         }
     }
 }
@@ -203,6 +207,7 @@ impl Connection {
                     &client,
                     url,
                     &custom_headers,
+                    options.sessions_only,
                 );
                 let streamable = match tokio::time::timeout(timeout, handshake).await {
                     Ok(Ok(service)) => Ok(service),
@@ -540,6 +545,7 @@ async fn connect_streamable(
     client: &reqwest::Client,
     url: &str,
     headers: &HashMap<http::HeaderName, http::HeaderValue>,
+    sessions_only: bool,
 ) -> Result<RunningService<RoleClient, ClientSide>, ClientInitializeError> {
     let transport = || {
         StreamableHttpClientTransport::with_client(
@@ -551,13 +557,66 @@ async fn connect_streamable(
         preferred_versions: vec![ProtocolVersion::V_2026_07_28],
         legacy_version: None,
     };
-    match handler().serve_with_lifecycle(transport(), stateless).await {
-        Ok(service) => Ok(service),
+    if sessions_only {
+        return handler().serve(transport()).await;
+    }
+    let side = handler();
+    let listener = side
+        .tools_changed
+        .clone()
+        .map(|sender| (side.server_name.clone(), sender));
+    match side.serve_with_lifecycle(transport(), stateless).await {
+        Ok(service) => {
+            if let Some((server_name, sender)) = listener {
+                tokio::spawn(listen_for_changes(
+                    service.peer().clone(),
+                    server_name,
+                    sender,
+                ));
+            }
+            Ok(service)
+        }
         // Not the error: its text names the URL, credentials included; the
         // handshake's error below is sanitized where it is reported.
         Err(_) => {
             tracing::debug!("server/discover did not succeed; initialize instead");
             handler().serve(transport()).await
+        }
+    }
+}
+
+/// A stateless server's list changes come only on a `subscriptions/listen`
+/// stream: followed until it or the connection ends, each change reported
+/// as a session's `list_changed` notification is.
+async fn listen_for_changes(
+    peer: rmcp::Peer<RoleClient>,
+    server_name: String,
+    sender: UnboundedSender<String>,
+) {
+    let filter = rmcp::model::SubscriptionFilter::builder()
+        .tools_list_changed()
+        .prompts_list_changed()
+        .resources_list_changed()
+        .build();
+    let mut subscription = match peer.listen(filter).await {
+        Ok(subscription) => subscription,
+        Err(error) => {
+            tracing::debug!(server = %server_name, %error, "the server offers no subscriptions/listen");
+            return;
+        }
+    };
+    while let Ok(Some(notification)) = subscription.next().await {
+        use rmcp::model::ServerNotification as N;
+        if matches!(
+            notification,
+            N::ToolListChangedNotification(_)
+                | N::PromptListChangedNotification(_)
+                | N::ResourceListChangedNotification(_)
+        ) {
+            tracing::debug!(server = %server_name, "list change received on subscriptions/listen");
+            if sender.send(server_name.clone()).is_err() {
+                return;
+            }
         }
     }
 }

@@ -87,8 +87,8 @@ async fn open(
     let deadline = started + timeout;
     let failed = |step, error| OpenError { step, error };
     let options = ConnectOptions {
-        handshake_timeout: timeout,
         tools_changed,
+        ..ConnectOptions::new(timeout)
     };
     let connection = match tokio::time::timeout(
         timeout + CONNECT_BACKSTOP,

@@ -13,10 +13,7 @@ use serde_json::json;
 const GENEROUS: Duration = Duration::from_secs(20);
 
 fn options(handshake_timeout: Duration) -> ConnectOptions {
-    ConnectOptions {
-        handshake_timeout,
-        tools_changed: None,
-    }
+    ConnectOptions::new(handshake_timeout)
 }
 
 fn arguments(value: serde_json::Value) -> serde_json::Map<String, serde_json::Value> {
@@ -303,8 +300,8 @@ async fn changed_tools_are_notified_and_relisted() {
     let connection = Connection::connect(
         &spec,
         ConnectOptions {
-            handshake_timeout: GENEROUS,
             tools_changed: Some(sender),
+            ..ConnectOptions::new(GENEROUS)
         },
     )
     .await

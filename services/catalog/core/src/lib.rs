@@ -8,11 +8,13 @@
 //! or an MCP transport: its manifest does not depend on them.
 //!
 //! Modules use only each other, in one direction:
-//! `prepare`, `call` → `request`, `pins`, `memory`, `events` → `tools` → `code`.
+//! `prepare`, `call` → `request`, `pins`, `memory`, `events` → `tools` → `code`;
+//! `hints` → `memory`.
 
 pub mod call;
 pub mod code;
 pub mod events;
+pub mod hints;
 pub mod memory;
 pub mod pins;
 pub mod prepare;

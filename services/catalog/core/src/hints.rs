@@ -1,0 +1,209 @@
+//! What a stateless caller is told about the pins it lists (MCP
+//! 2026-07-28): the pin handle it passes back, and how long the list stays
+//! true (`ttlMs`).
+//!
+//! * **A handle names pins, and pins never change.** A list answered from
+//!   the memory alone is pinned under a handle derived from what it pins
+//!   (the tenant and, per server in configured order, its id, its
+//!   configuration key and its catalog hash): every replica derives the same
+//!   handle from the same memory, so equal lists share one preparation. A
+//!   list that needed a live discovery gets a fresh handle (its outcome is
+//!   known only after). A call carrying a handle is checked against that
+//!   handle's pins, so a tool changed since answers `tool.withdrawn`.
+//! * **Freshness is the memory's.** A stdio server's list changes only when
+//!   its configuration does or a release restarts the catalog
+//!   ([`STDIO_FRESH_FOR`] caps it); a streamable-HTTP server's list is
+//!   reused until its reuse window ends, so it is fresh for what is left of
+//!   the window; a server without a reusable discovery makes the list stale
+//!   at once. A list is as fresh as its least fresh server.
+
+use std::time::{Duration, SystemTime};
+
+use crate::memory::{Discovery, Reuse, Transport};
+
+/// How long a list of stdio servers is said to be fresh: they change only
+/// with the configuration or a release, neither of which a clock predicts.
+pub const STDIO_FRESH_FOR: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Every handle starts so; anything else is not a handle.
+pub const PIN_HANDLE_PREFIX: &str = "pins-";
+
+/// The longest handle accepted (the prefix and a 32-byte digest in hex,
+/// with room).
+pub const MAX_PIN_HANDLE_BYTES: usize = 96;
+
+/// How long one server's remembered list stays true from `now`.
+pub fn fresh_for(discovery: &Discovery, reuse: Reuse, now: SystemTime) -> Duration {
+    match discovery.transport {
+        Transport::Stdio => STDIO_FRESH_FOR,
+        Transport::StreamableHttp => {
+            let age = now
+                .duration_since(discovery.discovered_at)
+                .unwrap_or_default();
+            reuse.http_window.saturating_sub(age)
+        }
+    }
+}
+
+/// How long a list of these servers stays true: its least fresh server's
+/// time, zero if one has no reusable discovery (`None`), [`STDIO_FRESH_FOR`]
+/// for no server at all.
+pub fn list_fresh_for(servers: impl IntoIterator<Item = Option<Duration>>) -> Duration {
+    servers
+        .into_iter()
+        .map(Option::unwrap_or_default)
+        .min()
+        .unwrap_or(STDIO_FRESH_FOR)
+}
+
+/// One pinned server as a handle derives from it.
+#[derive(Debug, Clone, Copy)]
+pub struct HandlePart<'a> {
+    pub server_id: &'a str,
+    pub server_key: &'a str,
+    pub catalog_hash: &'a str,
+}
+
+/// The text a handle is the digest of: unambiguous (every field is
+/// length-prefixed), so two different pin sets never share it.
+pub fn handle_material<'a>(
+    tenant: &str,
+    parts: impl IntoIterator<Item = HandlePart<'a>>,
+) -> String {
+    let mut text = String::new();
+    let mut field = |value: &str| {
+        text.push_str(&value.len().to_string());
+        text.push(':');
+        text.push_str(value);
+    };
+    field(tenant);
+    for part in parts {
+        field(part.server_id);
+        field(part.server_key);
+        field(part.catalog_hash);
+    }
+    text
+}
+
+/// Why a handle a caller sent is refused before any lookup.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HandleError {
+    #[error("the pin handle must be a string")]
+    NotAString,
+    #[error("the pin handle is longer than its limit of {MAX_PIN_HANDLE_BYTES} bytes")]
+    TooLong,
+    #[error(
+        "the pin handle is not one this catalog gave out (it starts with {PIN_HANDLE_PREFIX:?})"
+    )]
+    Malformed,
+}
+
+/// A handle as sent: a string of the catalog's shape, within its limit.
+pub fn valid_handle(value: &serde_json::Value) -> Result<&str, HandleError> {
+    let handle = value.as_str().ok_or(HandleError::NotAString)?;
+    if handle.len() > MAX_PIN_HANDLE_BYTES {
+        return Err(HandleError::TooLong);
+    }
+    let rest = handle
+        .strip_prefix(PIN_HANDLE_PREFIX)
+        .ok_or(HandleError::Malformed)?;
+    if rest.is_empty() || !rest.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
+        return Err(HandleError::Malformed);
+    }
+    Ok(handle)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::tools::Catalog;
+
+    fn discovery(transport: Transport, discovered_at: SystemTime) -> Discovery {
+        Discovery {
+            catalog: Arc::new(Catalog {
+                tools: Vec::new(),
+                prompts: Vec::new(),
+                resources: Vec::new(),
+                hash: "h".into(),
+            }),
+            transport,
+            discovered_at,
+            release: "test".into(),
+        }
+    }
+
+    const WINDOW: Reuse = Reuse {
+        http_window: Duration::from_secs(60),
+    };
+
+    #[test]
+    fn an_http_list_is_fresh_for_what_is_left_of_its_window() {
+        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+        let entry = discovery(Transport::StreamableHttp, at);
+        assert_eq!(fresh_for(&entry, WINDOW, at), Duration::from_secs(60));
+        let later = at + Duration::from_secs(45);
+        assert_eq!(fresh_for(&entry, WINDOW, later), Duration::from_secs(15));
+        let past = at + Duration::from_secs(90);
+        assert_eq!(fresh_for(&entry, WINDOW, past), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_stdio_list_is_fresh_for_the_cap_whatever_its_age() {
+        let at = SystemTime::UNIX_EPOCH;
+        let entry = discovery(Transport::Stdio, at);
+        let much_later = at + Duration::from_secs(10 * 24 * 3600);
+        assert_eq!(fresh_for(&entry, WINDOW, much_later), STDIO_FRESH_FOR);
+    }
+
+    #[test]
+    fn a_list_is_as_fresh_as_its_least_fresh_server() {
+        let ten = Some(Duration::from_secs(10));
+        assert_eq!(
+            list_fresh_for([Some(STDIO_FRESH_FOR), ten]),
+            Duration::from_secs(10)
+        );
+        assert_eq!(list_fresh_for([ten, None]), Duration::ZERO);
+        assert_eq!(list_fresh_for([]), STDIO_FRESH_FOR);
+    }
+
+    #[test]
+    fn handle_material_tells_apart_what_concatenation_would_not() {
+        let part = |server_id, server_key, catalog_hash| HandlePart {
+            server_id,
+            server_key,
+            catalog_hash,
+        };
+        let a = handle_material("t", [part("ab", "c", "h")]);
+        let b = handle_material("t", [part("a", "bc", "h")]);
+        assert_ne!(a, b);
+        assert_ne!(
+            handle_material("t1", [part("a", "k", "h")]),
+            handle_material("t2", [part("a", "k", "h")])
+        );
+    }
+
+    #[test]
+    fn only_handles_of_the_catalogs_shape_are_accepted() {
+        let ok = serde_json::json!("pins-0123abcd");
+        assert_eq!(valid_handle(&ok), Ok("pins-0123abcd"));
+        assert_eq!(
+            valid_handle(&serde_json::json!(7)),
+            Err(HandleError::NotAString)
+        );
+        assert_eq!(
+            valid_handle(&serde_json::json!("mcp-1234")),
+            Err(HandleError::Malformed)
+        );
+        assert_eq!(
+            valid_handle(&serde_json::json!("pins-'; drop")),
+            Err(HandleError::Malformed)
+        );
+        let long = format!("pins-{}", "a".repeat(MAX_PIN_HANDLE_BYTES));
+        assert_eq!(
+            valid_handle(&serde_json::json!(long)),
+            Err(HandleError::TooLong)
+        );
+    }
+}
