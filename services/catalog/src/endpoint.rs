@@ -843,18 +843,28 @@ async fn watch_changes(
             () = ended.cancelled() => break,
             changed = changes.changed() => if changed.is_err() { break },
         }
-        for server in session.servers_changed() {
-            endpoint
-                .commands
-                .call
-                .refresh(&session, &tenant, &session_id, &server)
-                .await;
-        }
+        refresh_changed(&endpoint, &session, &tenant, &session_id).await;
         let Some(state) = state.upgrade() else { break };
         let Some(bound) = state.bound.get() else {
             break;
         };
         notify_lists_changed(state.announce(withdrawn(&endpoint, bound).await), &peer);
+    }
+}
+
+/// Re-lists the session's open servers that said their lists changed.
+async fn refresh_changed(
+    endpoint: &Endpoint,
+    session: &crate::sessions::Session,
+    tenant: &str,
+    session_id: &str,
+) {
+    for server in session.servers_changed() {
+        endpoint
+            .commands
+            .call
+            .refresh(session, tenant, session_id, &server)
+            .await;
     }
 }
 
@@ -1028,30 +1038,82 @@ impl ServerHandler for McpSession {
 
     /// Until the client ends it: whenever the memory's lists for the
     /// caller's tenant change (a live discovery found them different, on any
-    /// replica), the lists that changed are announced.
+    /// replica), and, for a listen carrying a pin handle, whenever a server
+    /// this replica opened for those pins withdraws something, the lists
+    /// that changed are announced.
     async fn listen(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
         counted("subscriptions/listen");
-        let caller = caller_of(&context.request_context().extensions)?;
-        let prepare = &self.endpoint.commands.prepare;
-        let mut changes = prepare.memory_changes();
+        let request = context.request_context();
+        let caller = caller_of(&request.extensions)?;
+        let tenant = caller.tenant.as_str();
+        let commands = &self.endpoint.commands;
+        let mut memory_changes = commands.prepare.memory_changes();
         let lists_now = || {
-            prepare
-                .snapshot(&caller.tenant)
+            commands
+                .prepare
+                .snapshot(tenant)
                 .ok()
                 .and_then(|s| s.lists())
         };
         let mut last = lists_now();
+        let handle = request
+            .meta
+            .0
+            .0
+            .get(PIN_HANDLE_META)
+            .and_then(|value| catalog_core::hints::valid_handle(value).ok())
+            .map(str::to_owned);
+        let pinned = match &handle {
+            Some(handle) => commands
+                .sessions
+                .get_or_load(&commands.pool, tenant, handle)
+                .await
+                .ok()
+                .flatten(),
+            None => None,
+        };
+        let mut pin_changes = pinned.as_ref().map(|session| session.changes());
+        let mut announced = match &handle {
+            Some(handle) => commands.sessions.withdrawn(tenant, handle).await,
+            None => Withdrawn::default(),
+        };
         loop {
-            tokio::select! {
+            let pin_changed = async {
+                match &mut pin_changes {
+                    Some(changes) => changes.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            };
+            let changed = tokio::select! {
                 () = context.cancelled() => return Ok(()),
-                changed = changes.changed() => if changed.is_err() { return Ok(()) },
-            }
-            // While a server must be discovered its lists are not known yet.
-            let Some(now) = lists_now() else { continue };
-            let changed = last.as_ref().map_or(ListsChanged::default(), |before| {
-                lists_changed(before, &now)
-            });
-            last = Some(now);
+                changed = memory_changes.changed() => {
+                    if changed.is_err() {
+                        return Ok(());
+                    }
+                    // While a server must be discovered its lists are not known yet.
+                    let Some(now) = lists_now() else { continue };
+                    let changed = last
+                        .as_ref()
+                        .map_or(ListsChanged::default(), |before| lists_changed(before, &now));
+                    last = Some(now);
+                    changed
+                }
+                alive = pin_changed => {
+                    let (Some(session), Some(handle), true) = (&pinned, &handle, alive) else {
+                        pin_changes = None;
+                        continue;
+                    };
+                    refresh_changed(&self.endpoint, session, tenant, handle).await;
+                    let withdrawn = commands.sessions.withdrawn(tenant, handle).await;
+                    let changed = ListsChanged {
+                        tools: announced.tools != withdrawn.tools,
+                        prompts: announced.prompts != withdrawn.prompts,
+                        resources: announced.resources != withdrawn.resources,
+                    };
+                    announced = withdrawn;
+                    changed
+                }
+            };
             for (list, is_changed, notification) in [
                 (
                     "tools",

@@ -1568,3 +1568,139 @@ async fn an_http_servers_ttl_falls_as_its_discovery_ages() {
     assert_eq!(handle_of(&later), handle_of(&first), "the same discovery");
     endpoint.harness.stop().await;
 }
+
+/// An open `subscriptions/listen` stream, read message by message.
+struct Listening {
+    response: reqwest::Response,
+    buffered: String,
+}
+
+impl Listening {
+    /// Opens a listen for the three list changes (with `handle`, if any)
+    /// and waits for its acknowledgment.
+    async fn open(url: &str, key: &str, handle: Option<&str>) -> Self {
+        let mut meta = json!({
+            "io.modelcontextprotocol/protocolVersion": STATELESS,
+            "io.modelcontextprotocol/clientCapabilities": {},
+        });
+        if let Some(handle) = handle {
+            meta[HANDLE] = json!(handle);
+        }
+        let response = reqwest::Client::new()
+            .post(url)
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", STATELESS)
+            .header("mcp-method", "subscriptions/listen")
+            .bearer_auth(key)
+            .json(&json!({"jsonrpc": "2.0", "id": 7, "method": "subscriptions/listen", "params": {
+                "_meta": meta,
+                "notifications": {"toolsListChanged": true, "promptsListChanged": true, "resourcesListChanged": true},
+            }}))
+            .send()
+            .await
+            .expect("the endpoint answers");
+        assert_eq!(response.status().as_u16(), 200);
+        let mut listening = Self {
+            response,
+            buffered: String::new(),
+        };
+        let ack = listening.next(DEADLINE).await.expect("an acknowledgment");
+        assert_eq!(
+            ack["method"], "notifications/subscriptions/acknowledged",
+            "{ack}"
+        );
+        assert_eq!(
+            ack["params"]["notifications"]["toolsListChanged"], true,
+            "{ack}"
+        );
+        listening
+    }
+
+    /// The next message on the stream within `within`.
+    async fn next(&mut self, within: Duration) -> Option<Value> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            while let Some(end) = self.buffered.find('\n') {
+                let line: String = self.buffered.drain(..=end).collect();
+                if let Some(data) = line.trim().strip_prefix("data:")
+                    && let Ok(message) = serde_json::from_str::<Value>(data.trim())
+                {
+                    return Some(message);
+                }
+            }
+            let chunk = tokio::time::timeout_at(deadline, self.response.chunk())
+                .await
+                .ok()?
+                .ok()??;
+            self.buffered.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    }
+}
+
+/// `subscriptions/listen` says at once when a list changes: a live
+/// discovery that finds an HTTP server's tools different (the memory's
+/// change), and a server opened for a handle's pins that withdraws a tool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_list_is_announced_on_subscriptions_listen_within_a_second() {
+    let record = tempfile::tempdir().unwrap();
+    let web_tools = record.path().join("web-tools.json");
+    std::fs::write(&web_tools, TOOLS_BEFORE).unwrap();
+    let web_file = web_tools.display().to_string();
+    let web =
+        mcp_fixture::HttpFixture::start(&["--mode", "changing-tools", "--tools-file", &web_file])
+            .await;
+    let mut settings = settings();
+    settings.discovery_reuse = Duration::from_secs(2);
+    let endpoint = Endpoint::start(vec![http("web", web.url())], settings).await;
+    endpoint.gate_names().await;
+    let (url, key) = (endpoint.url.as_str(), endpoint.key.as_str());
+
+    // The memory: the web server's tools change, its window ends, and the
+    // next preparation's live discovery finds them different.
+    let mut listening = Listening::open(url, key, None).await;
+    std::fs::write(&web_tools, TOOLS_AFTER).unwrap();
+    let running = endpoint.harness.running();
+    assert!(eventually(DEADLINE, || !running.remembers("acme", "web")).await);
+    let reply = endpoint.harness.prepare("acme", "after-the-window").await;
+    assert_eq!(reply.error, None);
+    let discovered = std::time::Instant::now();
+    let told = listening
+        .next(Duration::from_secs(1))
+        .await
+        .expect("a notification within a second of the discovery");
+    println!(
+        "LISTEN-LATENCY memory change announced {} ms after the discovery returned",
+        discovered.elapsed().as_millis()
+    );
+    assert_eq!(told["method"], "notifications/tools/list_changed", "{told}");
+
+    // A handle's pins: a server opened by a call withdraws a tool.
+    let (_, list) = stateless_request(url, key, "tools/list", json!({})).await;
+    let handle = handle_of(&list);
+    let (_, called) = stateless_request(url, key, "tools/call", echo_by_handle(&handle)).await;
+    assert_eq!(called["result"]["content"][0]["text"], "hello", "{called}");
+    let mut listening = Listening::open(url, key, Some(&handle)).await;
+    std::fs::write(&endpoint.tools_file, TOOLS_AFTER).unwrap();
+    let written = std::time::Instant::now();
+    let told = listening
+        .next(DEADLINE)
+        .await
+        .expect("a notification of the withdrawal");
+    println!(
+        "LISTEN-LATENCY withdrawal announced {} ms after the server's tools changed",
+        written.elapsed().as_millis()
+    );
+    assert_eq!(told["method"], "notifications/tools/list_changed", "{told}");
+    assert!(
+        written.elapsed() < Duration::from_secs(1),
+        "within a second"
+    );
+    let (_, listed) =
+        stateless_request(url, key, "tools/list", json!({"_meta": {HANDLE: &handle}})).await;
+    let names = tool_names(&listed);
+    assert!(
+        !names.contains(&"notes__echo".to_owned()) && names.contains(&"notes__add".to_owned()),
+        "{listed}"
+    );
+    endpoint.harness.stop().await;
+}
