@@ -2,7 +2,8 @@
 # Installs the reference MCP servers the tests run against, and the official
 # MCP SDKs the catalog's MCP endpoint tests connect with, pinned:
 #   npm  @modelcontextprotocol/server-{everything,filesystem,memory}  (package.json + package-lock.json)
-#        @modelcontextprotocol/sdk                                    (TypeScript SDK)
+#        @modelcontextprotocol/sdk                                    (TypeScript SDK v1)
+#        @modelcontextprotocol/client                                 (TypeScript SDK v2 client, 2026-07-28)
 #   PyPI mcp-server-time, mcp (Python SDK)                            (requirements.txt, fully pinned)
 # into ${CTXSYNC_MCP_SERVERS_DIR:-$HOME/.cache/ctxsync/mcp-servers}.
 # Idempotent: a stamp holding the hash of the pin files makes a second run a no-op.
@@ -41,5 +42,6 @@ for bin in mcp-server-everything mcp-server-filesystem mcp-server-memory; do
 done
 [[ -x "$dest/venv/bin/mcp-server-time" ]] || { echo "missing $dest/venv/bin/mcp-server-time" >&2; exit 1; }
 [[ -f "$dest/node_modules/@modelcontextprotocol/sdk/package.json" ]] || { echo "missing the TypeScript MCP SDK in $dest/node_modules" >&2; exit 1; }
+[[ -f "$dest/node_modules/@modelcontextprotocol/client/package.json" ]] || { echo "missing the TypeScript MCP SDK v2 client in $dest/node_modules" >&2; exit 1; }
 "$dest/venv/bin/python" -c 'import mcp.client.streamable_http' || { echo "missing the Python MCP SDK in $dest/venv" >&2; exit 1; }
 echo "reference MCP servers ready in $dest" >&2

@@ -1704,3 +1704,87 @@ async fn a_changed_list_is_announced_on_subscriptions_listen_within_a_second() {
     );
     endpoint.harness.stop().await;
 }
+
+/// One official SDK client of the stateless revision: it discovers and
+/// speaks 2026-07-28, lists the pins (as the gate names them) with their
+/// handle and hints, calls lazily by the handle, hears on
+/// `subscriptions/listen` that a tool was withdrawn, lists without it and is
+/// answered `tool.withdrawn` for it; and opens no MCP session throughout.
+async fn stateless_sdk_scenario(program: PathBuf, script: &str) {
+    let endpoint = Endpoint::start(vec![], settings()).await;
+    let gate = endpoint.gate_names().await;
+    assert!(endpoint.no_fixture_running().await);
+    let warm = endpoint.starts();
+    let tools_file = endpoint.tools_file.display().to_string();
+    let out = run_client(
+        program,
+        script,
+        &[
+            "--url",
+            &endpoint.url,
+            "--key",
+            &endpoint.key,
+            "--call",
+            "notes__echo",
+            "--arguments",
+            r#"{"text":"hello"}"#,
+            "--listen-seconds",
+            "20",
+            "--change-file",
+            &tools_file,
+            "--change-to",
+            TOOLS_AFTER,
+            "--call-after",
+            "notes__echo",
+        ],
+    )
+    .await;
+
+    assert_eq!(out["protocol"], STATELESS, "{out}");
+    let listed: Vec<String> = out["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(listed, gate, "the gate's names in pin order: {out}");
+    assert_eq!(out["list_hints"]["ttlMs"], json!(24 * 3600 * 1000), "{out}");
+    assert_eq!(out["list_hints"]["cacheScope"], "private", "{out}");
+    let handle = out["list_hints"]["meta"][HANDLE]
+        .as_str()
+        .unwrap_or_default();
+    assert!(handle.starts_with("pins-"), "{out}");
+    assert_eq!(out["first_call"]["is_error"], false, "{out}");
+    assert_eq!(text_of(&out["first_call"]), "hello", "{out}");
+    assert_eq!(
+        endpoint.starts(),
+        warm + 1,
+        "the call started the server once"
+    );
+    assert_eq!(out["list_changed"], true, "{out}");
+    assert!(
+        !names(&out["tools_after"]).contains(&"notes__echo".to_owned()),
+        "{out}"
+    );
+    assert_eq!(out["second_call"]["is_error"], true, "{out}");
+    assert_eq!(
+        out["second_call"]["structured"]["error"]["code"], "tool.withdrawn",
+        "{out}"
+    );
+    assert_eq!(
+        endpoint.harness.running().mcp_sessions(),
+        0,
+        "a stateless client holds no MCP session"
+    );
+    endpoint.harness.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_sdk_2_speaks_2026_07_28_keeps_its_pins_and_hears_the_withdrawal() {
+    stateless_sdk_scenario(python(), "stateless_client.py").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_typescript_sdk_2_speaks_2026_07_28_keeps_its_pins_and_hears_the_withdrawal() {
+    stateless_sdk_scenario(node(), "stateless_client.mjs").await;
+}
