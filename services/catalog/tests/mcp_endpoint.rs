@@ -7,6 +7,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use catalog::config::{Processes, ServerConfig};
@@ -24,6 +25,8 @@ const TOOLS_AFTER: &str = r#"[{"name":"add","description":"Add"}]"#;
 
 struct Endpoint {
     harness: Harness,
+    /// The configuration it runs, for a replica.
+    config: catalog::CatalogConfig,
     url: String,
     key: String,
     record: tempfile::TempDir,
@@ -71,13 +74,13 @@ impl Endpoint {
         configure(&mut notes);
         let mut servers = vec![notes];
         servers.extend(extra);
-        let harness =
-            Harness::start_with_store(tenants(vec![("acme", servers), ("beta", beta)]), settings)
-                .await;
+        let config = tenants(vec![("acme", servers), ("beta", beta)]);
+        let harness = Harness::start_with_store(config.clone(), settings).await;
         let key = store(&harness).create_tenant_key("acme").await.0;
         let url = format!("http://{}/mcp", harness.running().http_addr());
         Self {
             harness,
+            config,
             url,
             key,
             record,
@@ -1787,4 +1790,150 @@ async fn the_python_sdk_2_speaks_2026_07_28_keeps_its_pins_and_hears_the_withdra
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_typescript_sdk_2_speaks_2026_07_28_keeps_its_pins_and_hears_the_withdrawal() {
     stateless_sdk_scenario(node(), "stateless_client.mjs").await;
+}
+
+/// One loopback address in front of catalog replicas: each connection goes
+/// to the next replica in turn (the next one after it when one refuses), as
+/// a plain round-robin load balancer does. Counts the connections each took.
+struct RoundRobin {
+    addr: std::net::SocketAddr,
+    taken: Arc<[std::sync::atomic::AtomicUsize]>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RoundRobin {
+    async fn start(replicas: Vec<std::net::SocketAddr>) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let taken: Arc<[std::sync::atomic::AtomicUsize]> =
+            replicas.iter().map(|_| Default::default()).collect();
+        let counts = taken.clone();
+        let task = tokio::spawn(async move {
+            let mut next = 0;
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    return;
+                };
+                let first = next;
+                next = (next + 1) % replicas.len();
+                let replicas = replicas.clone();
+                let counts = counts.clone();
+                tokio::spawn(async move {
+                    for turn in 0..replicas.len() {
+                        let index = (first + turn) % replicas.len();
+                        if let Ok(mut outbound) =
+                            tokio::net::TcpStream::connect(replicas[index]).await
+                        {
+                            counts[index].fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            let _ =
+                                tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Self { addr, taken, task }
+    }
+
+    fn taken(&self, replica: usize) -> usize {
+        self.taken[replica].load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for RoundRobin {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Two catalog replicas behind one address, each request on a new
+/// connection so they alternate: a 2026-07-28 client's lists, calls by
+/// handle and a withdrawn tool's call are answered alike by both; with one
+/// replica stopped mid-conversation, the other goes on with the same pins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_behind_one_address_answer_a_stateless_conversation_alike() {
+    let endpoint = Endpoint::start(vec![], settings()).await;
+    let mut replica = endpoint
+        .harness
+        .replica(
+            endpoint.harness.subjects.prefix(),
+            endpoint.config.clone(),
+            settings(),
+        )
+        .await;
+    let gate = endpoint.gate_names().await;
+    assert!(endpoint.no_fixture_running().await);
+    let warm = endpoint.starts();
+    let balancer = RoundRobin::start(vec![
+        replica.running().http_addr(),
+        endpoint.harness.running().http_addr(),
+    ])
+    .await;
+    let url = format!("http://{}/mcp", balancer.addr);
+    let key = endpoint.key.as_str();
+    // Replica 0 learns the memory through the bucket.
+    let shared = eventually(DEADLINE, || replica.running().remembers("acme", "notes")).await;
+    assert!(shared, "the replica shares the memory");
+
+    let mut handles = Vec::new();
+    for _ in 0..2 {
+        let (status, list) = stateless_request(&url, key, "tools/list", json!({})).await;
+        assert_eq!(status, 200, "{list}");
+        assert_eq!(tool_names(&list), gate, "{list}");
+        handles.push(handle_of(&list));
+    }
+    assert_eq!(
+        handles[0], handles[1],
+        "both replicas name the same pins alike"
+    );
+    assert_eq!((balancer.taken(0), balancer.taken(1)), (1, 1));
+    let handle = handles.remove(0);
+
+    for _ in 0..2 {
+        let (_, called) = stateless_request(&url, key, "tools/call", echo_by_handle(&handle)).await;
+        assert_eq!(called["result"]["content"][0]["text"], "hello", "{called}");
+    }
+    assert_eq!(
+        endpoint.starts(),
+        warm + 2,
+        "each replica started its own server on its first call"
+    );
+
+    // The tool changes under the handle: both replicas answer tool.withdrawn.
+    std::fs::write(&endpoint.tools_file, TOOLS_AFTER).unwrap();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let mut withdrawn_in_a_row = 0;
+    while withdrawn_in_a_row < 2 {
+        let (_, called) = stateless_request(&url, key, "tools/call", echo_by_handle(&handle)).await;
+        let code = &called["result"]["structuredContent"]["error"]["code"];
+        withdrawn_in_a_row = if code == "tool.withdrawn" {
+            withdrawn_in_a_row + 1
+        } else {
+            0
+        };
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "both replicas never withdrew the tool: {called}"
+        );
+    }
+
+    // Replica 0 stops mid-conversation: its requests go to the other, which
+    // answers the handle's pins as before.
+    replica.stop_catalog().await;
+    let before = balancer.taken(1);
+    for _ in 0..2 {
+        let (status, listed) =
+            stateless_request(&url, key, "tools/list", json!({"_meta": {HANDLE: &handle}})).await;
+        assert_eq!(status, 200, "{listed}");
+        assert_eq!(tool_names(&listed), ["notes__add"], "{listed}");
+        assert_eq!(handle_of(&listed), handle);
+    }
+    assert_eq!(
+        balancer.taken(1),
+        before + 2,
+        "the remaining replica answered both"
+    );
+    replica.stop().await;
+    endpoint.harness.stop().await;
 }
