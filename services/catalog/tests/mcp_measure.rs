@@ -99,6 +99,16 @@ impl Measured {
         (started.elapsed(), tools, client)
     }
 
+    /// The same in 2026-07-28: `server/discover` then every page of a
+    /// stateless tools/list (no session; the pins by the memory's handle).
+    async fn discover_and_list(&self) -> (Duration, usize, Connection) {
+        let started = Instant::now();
+        let options = ConnectOptions::new(Duration::from_secs(120));
+        let client = Connection::connect(&self.spec, options).await.unwrap();
+        let tools = client.list_tools().await.unwrap().len();
+        (started.elapsed(), tools, client)
+    }
+
     /// 10 sessions at once, each calling one tool of every server; returns
     /// the server processes running once all have called (every server is
     /// stdio: a session's transport is a process, and so is a shared one).
@@ -194,6 +204,23 @@ async fn mcp_clients_get_their_tool_list_warm_in_milliseconds_and_shared_servers
         warm.push(elapsed);
         client.close().await;
     }
+    // The stateless revision, warm: a new client's discover + full list,
+    // and a full list again on one client.
+    let mut stateless_new = Vec::new();
+    for _ in 0..10 {
+        let (elapsed, stateless_tools, client) = per_session.discover_and_list().await;
+        assert_eq!(stateless_tools, tools);
+        stateless_new.push(elapsed);
+        client.close().await;
+    }
+    let (_, _, client) = per_session.discover_and_list().await;
+    let mut stateless_again = Vec::new();
+    for _ in 0..10 {
+        let started = Instant::now();
+        assert_eq!(client.list_tools().await.unwrap().len(), tools);
+        stateless_again.push(started.elapsed());
+    }
+    client.close().await;
     // A warm tools/call through the catalog against the same call made
     // directly, on a warm stdio connection to the same upstream.
     let (_, _, client) = per_session.connect_and_list().await;
@@ -219,8 +246,10 @@ async fn mcp_clients_get_their_tool_list_warm_in_milliseconds_and_shared_servers
     println!(
         "MCP endpoint with 8 real servers (server-everything, server-filesystem, server-memory, mcp-server-time, 2 each), \
          {tools} tools, Rust rmcp client over streamable HTTP:\n  \
-         connect -> full tool list, first after the catalog started (live discovery): {:>8.1} ms\n  \
+         2025-11-25 session: connect (initialize) -> full tool list, first after the catalog started (live discovery): {:>8.1} ms\n  \
          connect -> full tool list, warm (from memory): {:>8.1} ms median, {:.1} ms max over {} clients\n  \
+         2026-07-28 stateless, warm: server/discover -> full tool list {:.1} ms median; \
+         full tool list again on one client {:.2} ms median (10 each)\n  \
          server processes for {SESSIONS} sessions calling every server: per-session {per_session_processes}, shared {shared_processes}\n  \
          warm tools/call of server-everything's echo, {ECHO_CALLS} in a row: through /mcp {:.2} ms median, \
          direct (stdio, warm connection) {:.2} ms median: {:.2}x (target <= 1.5x)",
@@ -228,6 +257,8 @@ async fn mcp_clients_get_their_tool_list_warm_in_milliseconds_and_shared_servers
         ms(median(warm.clone())),
         ms(*warm.iter().max().unwrap()),
         warm.len(),
+        ms(median(stateless_new)),
+        ms(median(stateless_again)),
         ms(median(through_catalog.clone())),
         ms(median(direct.clone())),
         median(through_catalog).as_secs_f64() / median(direct).as_secs_f64(),
