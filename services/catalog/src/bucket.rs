@@ -228,6 +228,8 @@ pub struct Entry {
     pub catalog: Catalog,
     pub discovered_at: SystemTime,
     pub release: String,
+    /// The server's own cache hint for its lists, if it gave one.
+    pub upstream_ttl: Option<Duration>,
 }
 
 /// A change of the memory bucket, in bucket order.
@@ -260,6 +262,9 @@ pub fn encode(entry: &Entry) -> Bytes {
         catalog_hash: entry.catalog.hash.clone(),
         discovered_at_unix_ms,
         release: entry.release.clone(),
+        upstream_ttl_ms: entry
+            .upstream_ttl
+            .map(|ttl| u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)),
         prompts: entry.catalog.prompts.iter().map(|p| p.to_proto()).collect(),
         resources: entry
             .catalog
@@ -322,9 +327,11 @@ pub fn decode(value: &[u8]) -> Result<Entry, String> {
             tools,
             prompts,
             resources,
+            ttl: None,
         }),
         discovered_at: UNIX_EPOCH + Duration::from_millis(stored.discovered_at_unix_ms),
         release: stored.release,
+        upstream_ttl: stored.upstream_ttl_ms.map(Duration::from_millis),
     })
 }
 
@@ -769,18 +776,21 @@ mod tests {
                 uri: "test://a".into(),
                 declaration_json: r#"{"uri":"test://a","name":"a"}"#.into(),
             }],
+            ttl: None,
         });
         let entry = Entry {
             transport: Transport::StreamableHttp,
             catalog: catalog.clone(),
             discovered_at: UNIX_EPOCH + Duration::from_millis(1_700_000_000_123),
             release: "9.9.9".into(),
+            upstream_ttl: Some(Duration::from_millis(1500)),
         };
         let decoded = decode(&encode(&entry)).unwrap();
         assert_eq!(decoded.catalog, catalog);
         assert_eq!(decoded.transport, Transport::StreamableHttp);
         assert_eq!(decoded.discovered_at, entry.discovered_at);
         assert_eq!(decoded.release, "9.9.9");
+        assert_eq!(decoded.upstream_ttl, Some(Duration::from_millis(1500)));
 
         let mut forged = CatalogMemoryEntry::decode(&*encode(&entry)).unwrap();
         forged.catalog_hash = "forged".into();

@@ -392,8 +392,10 @@ impl Call {
         let server_id = target.call.server_id;
         match tokio::time::timeout(self.connect_timeout, connection.list_all()).await {
             Ok(Ok(declared)) => {
+                let upstream_ttl = declared.ttl;
                 let catalog = Arc::new(mcp::catalog_of(declared));
-                self.discovery.relisted(&target.server, catalog.clone());
+                self.discovery
+                    .relisted(&target.server, catalog.clone(), upstream_ttl);
                 let diff = self.record_live_catalog(target, slot, &catalog, None).await;
                 if let Some(live) = slot.live() {
                     live.set_diff(diff);

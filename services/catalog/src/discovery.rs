@@ -136,10 +136,18 @@ impl Discoverer {
 
     /// An open server listed its tools again (after `tools/list_changed`):
     /// the list replaces the memory entry.
-    pub fn relisted(&self, server: &ConfiguredServer, catalog: Arc<Catalog>) {
+    pub fn relisted(
+        &self,
+        server: &ConfiguredServer,
+        catalog: Arc<Catalog>,
+        upstream_ttl: Option<Duration>,
+    ) {
         let transport = mcp::transport_of(server.transport_kind());
-        self.memory
-            .write(&server.key, transport, MemoryWrite::Remember(catalog));
+        self.memory.write(
+            &server.key,
+            transport,
+            MemoryWrite::Remember(catalog, upstream_ttl),
+        );
     }
 
     /// Waits until every server closing after a discovery has exited, at
@@ -177,6 +185,7 @@ impl Discoverer {
         )
         .record(duration.as_secs_f64());
         Live {
+            upstream_ttl: declared.ttl,
             catalog: Arc::new(mcp::catalog_of(declared)),
             duration,
         }

@@ -98,6 +98,7 @@ impl Local {
                         transport: entry.transport,
                         discovered_at: entry.discovered_at,
                         release: entry.release.into(),
+                        upstream_ttl: entry.upstream_ttl,
                     },
                     size,
                 );
@@ -180,25 +181,35 @@ impl Memory {
     /// What a live attempt decided ([`catalog_core::memory::after_live`]).
     pub fn write(&self, key: &ServerKey, transport: Transport, write: MemoryWrite) {
         match write {
-            MemoryWrite::Remember(catalog) => self.remember(key, transport, catalog),
+            MemoryWrite::Remember(catalog, upstream_ttl) => {
+                self.remember(key, transport, catalog, upstream_ttl);
+            }
             MemoryWrite::Forget => self.forget(key),
         }
     }
 
     /// A live discovery succeeded: it replaces whatever was remembered, here
     /// and in the bucket (unless the map is full: then in neither).
-    fn remember(&self, key: &ServerKey, transport: Transport, catalog: Arc<Catalog>) {
+    fn remember(
+        &self,
+        key: &ServerKey,
+        transport: Transport,
+        catalog: Arc<Catalog>,
+        upstream_ttl: Option<Duration>,
+    ) {
         let entry = Entry {
             transport,
             catalog: (*catalog).clone(),
             discovered_at: SystemTime::now(),
             release: RELEASE.to_owned(),
+            upstream_ttl,
         };
         let remembered = Discovery {
             catalog,
             transport,
             discovered_at: entry.discovered_at,
             release: RELEASE.into(),
+            upstream_ttl,
         };
         let size = crate::bucket::sealed_len(&entry);
         if self.local.put(key.clone(), remembered, size) {

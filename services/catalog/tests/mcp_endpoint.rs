@@ -1937,3 +1937,39 @@ async fn two_replicas_behind_one_address_answer_a_stateless_conversation_alike()
     replica.stop().await;
     endpoint.harness.stop().await;
 }
+
+/// An HTTP server's own `ttlMs`, when shorter than the operator's reuse
+/// window, is how long its discovery is reused (and what the catalog's own
+/// hint says); past it, the next preparation discovers it live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_servers_own_shorter_ttl_bounds_the_reuse_of_its_discovery() {
+    let web = mcp_fixture::HttpFixture::start(&["--ttl-ms", "1500"]).await;
+    let endpoint = Endpoint::start(vec![http("web", web.url())], settings()).await;
+    endpoint.gate_names().await;
+    let (url, key) = (endpoint.url.as_str(), endpoint.key.as_str());
+    let (_, list) = stateless_request(url, key, "tools/list", json!({})).await;
+    let ttl = list["result"]["ttlMs"].as_u64().unwrap_or(u64::MAX);
+    assert!(
+        ttl <= 1500,
+        "the server's hint, not the hour's window: {list}"
+    );
+
+    let running = endpoint.harness.running();
+    let started = std::time::Instant::now();
+    assert!(eventually(DEADLINE, || !running.remembers("acme", "web")).await);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "reused for the server's 1.5 s, not the operator's hour"
+    );
+    let reply = endpoint.harness.prepare("acme", "after-the-hint").await;
+    let web_source = sources(&reply)
+        .into_iter()
+        .find(|(server, _)| server == "web")
+        .map(|(_, source)| source);
+    assert_eq!(
+        web_source,
+        Some(Source::Connected as i32),
+        "discovered live again"
+    );
+    endpoint.harness.stop().await;
+}

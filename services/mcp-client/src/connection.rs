@@ -274,21 +274,38 @@ impl Connection {
 
     /// Every tool the server offers, following `nextCursor` pagination.
     pub async fn list_tools(&self) -> Result<Vec<ToolDecl>, McpError> {
-        let tools = self
-            .service
-            .peer()
-            .list_all_tools()
-            .await
-            .map_err(|error| self.service_error(error))?;
-        Ok(tools.into_iter().map(tool_decl).collect())
+        Ok(self.list_tools_hinted().await?.0)
     }
 
-    /// Tools, prompts and resources, one list after the other.
+    async fn list_tools_hinted(&self) -> Result<(Vec<ToolDecl>, Option<u64>), McpError> {
+        let listed = self
+            .service
+            .peer()
+            .list_all_tools_with_cache_hint()
+            .await
+            .map_err(|error| self.service_error(error))?;
+        Ok((
+            listed.items.into_iter().map(tool_decl).collect(),
+            listed.ttl_ms,
+        ))
+    }
+
+    /// Tools, prompts and resources, one list after the other, and the
+    /// shortest cache hint among them.
     pub async fn list_all(&self) -> Result<Declarations, McpError> {
+        let (tools, tools_ttl) = self.list_tools_hinted().await?;
+        let (prompts, prompts_ttl) = self.list_prompts_hinted().await?;
+        let (resources, resources_ttl) = self.list_resources_hinted().await?;
+        let ttl = [tools_ttl, prompts_ttl, resources_ttl]
+            .into_iter()
+            .flatten()
+            .min()
+            .map(Duration::from_millis);
         Ok(Declarations {
-            tools: self.list_tools().await?,
-            prompts: self.list_prompts().await?,
-            resources: self.list_resources().await?,
+            tools,
+            prompts,
+            resources,
+            ttl,
         })
     }
 
@@ -296,29 +313,35 @@ impl Connection {
     /// does not advertise prompts or answers `prompts/list` with an error
     /// (a server's tools stay usable whatever its prompts do).
     pub async fn list_prompts(&self) -> Result<Vec<PromptDecl>, McpError> {
+        Ok(self.list_prompts_hinted().await?.0)
+    }
+
+    async fn list_prompts_hinted(&self) -> Result<(Vec<PromptDecl>, Option<u64>), McpError> {
         if !self.offers(|c| c.prompts.is_some()) {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), None));
         }
-        let listed = self.service.peer().list_all_prompts().await;
-        Ok(self
-            .or_none("prompts/list", listed)?
-            .into_iter()
-            .map(prompt_decl)
-            .collect())
+        let listed = self.service.peer().list_all_prompts_with_cache_hint().await;
+        let (items, ttl) = self.or_none("prompts/list", listed)?;
+        Ok((items.into_iter().map(prompt_decl).collect(), ttl))
     }
 
     /// Every resource the server offers (following pagination); none when it
     /// does not advertise resources or answers `resources/list` with an error.
     pub async fn list_resources(&self) -> Result<Vec<ResourceDecl>, McpError> {
+        Ok(self.list_resources_hinted().await?.0)
+    }
+
+    async fn list_resources_hinted(&self) -> Result<(Vec<ResourceDecl>, Option<u64>), McpError> {
         if !self.offers(|c| c.resources.is_some()) {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), None));
         }
-        let listed = self.service.peer().list_all_resources().await;
-        Ok(self
-            .or_none("resources/list", listed)?
-            .into_iter()
-            .map(resource_decl)
-            .collect())
+        let listed = self
+            .service
+            .peer()
+            .list_all_resources_with_cache_hint()
+            .await;
+        let (items, ttl) = self.or_none("resources/list", listed)?;
+        Ok((items.into_iter().map(resource_decl).collect(), ttl))
     }
 
     fn offers(&self, capability: impl Fn(&rmcp::model::ServerCapabilities) -> bool) -> bool {
@@ -332,13 +355,13 @@ impl Connection {
     fn or_none<T>(
         &self,
         method: &str,
-        listed: Result<Vec<T>, ServiceError>,
-    ) -> Result<Vec<T>, McpError> {
+        listed: Result<rmcp::service::MergedList<T>, ServiceError>,
+    ) -> Result<(Vec<T>, Option<u64>), McpError> {
         match listed {
-            Ok(items) => Ok(items),
+            Ok(listed) => Ok((listed.items, listed.ttl_ms)),
             Err(ServiceError::McpError(data)) => {
                 tracing::debug!(server = %self.server_name, method, code = data.code.0, "list refused: taken as empty");
-                Ok(Vec::new())
+                Ok((Vec::new(), None))
             }
             Err(error) => Err(self.service_error(error)),
         }

@@ -163,6 +163,9 @@ pub struct Declarations {
     pub tools: Vec<ToolDecl>,
     pub prompts: Vec<PromptDecl>,
     pub resources: Vec<ResourceDecl>,
+    /// The shortest `ttlMs` (a cache hint of 2026-07-28) the server's lists
+    /// carried; `None` when none did.
+    pub ttl: Option<std::time::Duration>,
 }
 
 /// What the server said about itself in the handshake.

@@ -109,6 +109,10 @@ struct Args {
     /// `server/discover`, as a server written before 2026 answers).
     #[arg(long, env = "MCP_FIXTURE_PROTOCOLS", value_enum, default_value = "all")]
     protocols: Protocols,
+    /// The `ttlMs` cache hint on every list (an hour by default: a server
+    /// that says its lists hold; a shorter one shortens the catalog's reuse).
+    #[arg(long, env = "MCP_FIXTURE_TTL_MS", default_value_t = 3_600_000)]
+    ttl_ms: u64,
     /// Ignored positional arguments (echoed by secret-error).
     #[arg(trailing_var_arg = true)]
     rest: Vec<String>,
@@ -370,7 +374,7 @@ impl ServerHandler for Fixture {
         let tools = self.tools()?;
         let page_size = self.args.page_size;
         if page_size == 0 {
-            return Ok(ListToolsResult::with_all_items(tools));
+            return Ok(ListToolsResult::with_all_items(tools).with_ttl_ms(self.args.ttl_ms));
         }
         let start: usize = match request.and_then(|r| r.cursor) {
             Some(cursor) => cursor
@@ -379,7 +383,8 @@ impl ServerHandler for Fixture {
             None => 0,
         };
         let end = (start + page_size).min(tools.len());
-        let mut page = ListToolsResult::with_all_items(tools[start.min(end)..end].to_vec());
+        let mut page = ListToolsResult::with_all_items(tools[start.min(end)..end].to_vec())
+            .with_ttl_ms(self.args.ttl_ms);
         if end < tools.len() {
             page.next_cursor = Some(end.to_string());
         }
@@ -441,7 +446,8 @@ impl ServerHandler for Fixture {
                     Prompt::new(p.name, Some(p.description), Some(arguments))
                 })
                 .collect(),
-        ))
+        )
+        .with_ttl_ms(self.args.ttl_ms))
     }
 
     /// One user message naming the prompt and its arguments.
@@ -477,7 +483,8 @@ impl ServerHandler for Fixture {
                 .into_iter()
                 .map(|r| Resource::new(r.uri, r.name).with_mime_type("text/plain"))
                 .collect(),
-        ))
+        )
+        .with_ttl_ms(self.args.ttl_ms))
     }
 
     async fn read_resource(

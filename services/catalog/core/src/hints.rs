@@ -13,8 +13,8 @@
 //! * **Freshness is the memory's.** A stdio server's list changes only when
 //!   its configuration does or a release restarts the catalog
 //!   ([`STDIO_FRESH_FOR`] caps it); a streamable-HTTP server's list is
-//!   reused until its reuse window ends, so it is fresh for what is left of
-//!   the window; a server without a reusable discovery makes the list stale
+//!   reused until its reuse window ends (the operator's, or the server's
+//!   own `ttlMs` when shorter), so it is fresh for what is left of it; a server without a reusable discovery makes the list stale
 //!   at once. A list is as fresh as its least fresh server.
 
 use std::time::{Duration, SystemTime};
@@ -40,7 +40,7 @@ pub fn fresh_for(discovery: &Discovery, reuse: Reuse, now: SystemTime) -> Durati
             let age = now
                 .duration_since(discovery.discovered_at)
                 .unwrap_or_default();
-            reuse.http_window.saturating_sub(age)
+            discovery.http_reuse(reuse).saturating_sub(age)
         }
     }
 }
@@ -131,6 +131,7 @@ mod tests {
             transport,
             discovered_at,
             release: "test".into(),
+            upstream_ttl: None,
         }
     }
 
@@ -147,6 +148,20 @@ mod tests {
         assert_eq!(fresh_for(&entry, WINDOW, later), Duration::from_secs(15));
         let past = at + Duration::from_secs(90);
         assert_eq!(fresh_for(&entry, WINDOW, past), Duration::ZERO);
+    }
+
+    #[test]
+    fn an_http_servers_own_shorter_hint_shortens_its_window() {
+        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+        let mut entry = discovery(Transport::StreamableHttp, at);
+        entry.upstream_ttl = Some(Duration::from_secs(20));
+        let later = at + Duration::from_secs(5);
+        assert_eq!(fresh_for(&entry, WINDOW, later), Duration::from_secs(15));
+        assert!(!WINDOW.allows(&entry, at + Duration::from_secs(21)));
+        // Never longer than the operator's window.
+        entry.upstream_ttl = Some(Duration::from_secs(600));
+        assert_eq!(fresh_for(&entry, WINDOW, at), Duration::from_secs(60));
+        assert!(!WINDOW.allows(&entry, at + Duration::from_secs(61)));
     }
 
     #[test]

@@ -64,9 +64,19 @@ pub struct Discovery {
     pub discovered_at: SystemTime,
     /// The release of the catalog that discovered it.
     pub release: Arc<str>,
+    /// How long the server itself said its lists stay fresh (the shortest
+    /// `ttlMs` they carried), if it said.
+    pub upstream_ttl: Option<Duration>,
 }
 
 impl Discovery {
+    /// How long after the discovery its lists may be reused: the server's
+    /// own hint when shorter than the operator's window, else the window.
+    pub fn http_reuse(&self, reuse: Reuse) -> Duration {
+        self.upstream_ttl
+            .map_or(reuse.http_window, |ttl| ttl.min(reuse.http_window))
+    }
+
     /// Written by another release than `release`: pinnable, but the warm-up
     /// re-discovers it first.
     pub fn is_foreign(&self, release: &str) -> bool {
@@ -89,7 +99,7 @@ impl Reuse {
                 let age = now
                     .duration_since(discovery.discovered_at)
                     .unwrap_or_default();
-                age <= self.http_window
+                age <= discovery.http_reuse(*self)
             }
         }
     }
@@ -101,6 +111,8 @@ pub struct Live {
     pub catalog: Arc<Catalog>,
     /// Connect and discovery.
     pub duration: Duration,
+    /// The server's own cache hint for its lists, if it gave one.
+    pub upstream_ttl: Option<Duration>,
 }
 
 /// A failed live attempt, safe to log, store and send.
@@ -116,8 +128,8 @@ pub struct Failure {
 /// What a live attempt does to the server's entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MemoryWrite {
-    /// Replaces whatever was remembered.
-    Remember(Arc<Catalog>),
+    /// Replaces whatever was remembered (with the server's own cache hint).
+    Remember(Arc<Catalog>, Option<Duration>),
     /// Leaves the server to live discovery next time.
     Forget,
 }
@@ -125,7 +137,7 @@ pub enum MemoryWrite {
 /// Every live discovery replaces the entry; a failed live attempt forgets it.
 pub fn after_live(result: &Result<Live, Failure>) -> MemoryWrite {
     match result {
-        Ok(live) => MemoryWrite::Remember(live.catalog.clone()),
+        Ok(live) => MemoryWrite::Remember(live.catalog.clone(), live.upstream_ttl),
         Err(_) => MemoryWrite::Forget,
     }
 }

@@ -120,12 +120,13 @@ impl World {
     /// What a live attempt teaches the memory, as discovery applies it.
     fn learn(&mut self, server: ServerRef<'_>, result: &Result<Live, Failure>) {
         match after_live(result) {
-            MemoryWrite::Remember(catalog) => {
+            MemoryWrite::Remember(catalog, _) => {
                 let discovery = Discovery {
                     catalog,
                     transport: server.transport,
                     discovered_at: self.clock.now(),
                     release: RELEASE.into(),
+                    upstream_ttl: None,
                 };
                 assert_eq!(
                     self.memory.put(server.key.to_owned(), discovery, 100),
@@ -164,6 +165,7 @@ impl World {
             let result = live(servers[i].id).map(|catalog| Live {
                 catalog,
                 duration: started.elapsed(),
+                upstream_ttl: None,
             });
             self.learn(servers[i], &result);
             results.push(result);
@@ -287,6 +289,7 @@ async fn an_http_entry_is_reused_within_the_window_after_its_discovery_only() {
         transport: Transport::StreamableHttp,
         discovered_at: world.clock.now() - Duration::from_secs(59 * 60),
         release: RELEASE.into(),
+        upstream_ttl: None,
     };
     world.memory.put("web".into(), discovery, 100);
     assert_eq!(world.pins(&servers), [true]);
@@ -351,6 +354,7 @@ fn pins_and_events_follow_the_configured_order_then_the_session_event() {
         Outcome::Connected(Live {
             catalog: catalog(&[("b", "B")]),
             duration: Duration::from_millis(7),
+            upstream_ttl: None,
         }),
     ];
     let writes = prepare::writes(TENANT, "s1", &servers, &outcomes);
@@ -422,6 +426,7 @@ async fn an_entry_of_another_release_is_pinned_but_warmed_first() {
         transport: Transport::Stdio,
         discovered_at: since,
         release: "0.0.0-previous".into(),
+        upstream_ttl: None,
     };
     world.memory.put("old".into(), foreign, 100);
     world
@@ -501,6 +506,7 @@ async fn every_live_discovery_replaces_the_entry() {
         &Ok(Live {
             catalog: relisted.clone(),
             duration: Duration::ZERO,
+            upstream_ttl: None,
         }),
     );
     let outcomes = world
@@ -521,6 +527,7 @@ fn the_memory_past_its_bounds_refuses_new_keys_and_still_replaces_or_forgets_hel
         transport: Transport::Stdio,
         discovered_at: SystemTime::UNIX_EPOCH,
         release: RELEASE.into(),
+        upstream_ttl: None,
     };
     assert_eq!(memory.put("a", entry(&[("x", "X")]), 300), Put::Stored);
     assert_eq!(memory.put("b", entry(&[("x", "X")]), 300), Put::Stored);
