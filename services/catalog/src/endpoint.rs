@@ -5,7 +5,7 @@
 //!   verified through the store like chat-gate's ([`TenantKeys`]); no key, a
 //!   malformed or an unknown one is answered 401 before MCP sees it, and a
 //!   key over its rate limit 429.
-//! * One MCP session is one catalog session, driven in-process: `initialize`
+//! * One MCP session (2025-11-25 and before) is one catalog session, driven in-process: `initialize`
 //!   prepares it ([`Prepare`]: pins from memory, live discovery where there
 //!   is none), `tools/list` answers its pins as `server__tool` (the gate's
 //!   names) less the tools withdrawn since, `tools/call` goes through [`Call`]
@@ -26,6 +26,11 @@
 //!   creation on (`mcp_sessions`): a request naming it with another
 //!   tenant's key is 404 like an unknown session, whatever it is and
 //!   whether or not the session is initialized (and refused inside MCP too).
+//! * A 2026-07-28 request has no session: it is answered from a pin handle
+//!   (`_meta["ctxsync.dev/pins"]`), the one it carries or the memory's now
+//!   (`Endpoint::stateless`), and its lists carry `ttlMs`/`cacheScope`
+//!   from the memory (`catalog_core::hints`); `subscriptions/listen`
+//!   announces list changes.
 //! * Every per-key resource is bounded: requests (a token bucket per key),
 //!   open sessions per key and per tenant (429 past them; one key or tenant
 //!   at its bound leaves the others theirs), idle sessions expire, and the

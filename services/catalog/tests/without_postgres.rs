@@ -3,7 +3,8 @@
 //! background, off the answers: calls are answered while it is down, their
 //! events land once it is back (each with the time of its call), a full
 //! queue drops and counts rather than delays, and a shutdown writes what is
-//! queued. A warm `/mcp` session's `tools/list` is answered from memory.
+//! queued. A warm `/mcp` list, of a 2025 session or by a 2026-07-28 pin
+//! handle, is answered from memory.
 
 mod common;
 
