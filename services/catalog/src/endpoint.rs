@@ -192,13 +192,6 @@ impl Endpoint {
                     uuid::Uuid::new_v4()
                 )
             });
-        // Pins older than the memory's are still served, but stale at once:
-        // a list without the handle gives the current ones.
-        let fresh_for = if current.as_deref() == Some(handle.as_str()) {
-            snapshot.fresh_for()
-        } else {
-            std::time::Duration::ZERO
-        };
         let kept = self
             .pinned
             .lock()
@@ -208,6 +201,8 @@ impl Endpoint {
             Some(bound) => bound,
             None => {
                 let pins = if wanted.is_some() && wanted != current {
+                    // Its own preparation, or another's (a chat's, the gate
+                    // gave out): never prepared by this request.
                     self.commands
                         .prepare
                         .pins_of(tenant, &handle)
@@ -223,7 +218,7 @@ impl Endpoint {
                     let reply = self
                         .commands
                         .prepare
-                        .handle_snapshot(tenant, &handle, snapshot)
+                        .handle_snapshot(tenant, &handle, snapshot.clone())
                         .await;
                     if let Some(error) = reply.error {
                         return Err(prepare_failed(&error));
@@ -235,6 +230,9 @@ impl Endpoint {
                 bound
             }
         };
+        // Pins older than the memory's are still served, but stale at once:
+        // a list without the handle gives the current ones.
+        let fresh_for = snapshot.fresh_for_pinned(&bound.pinned);
         Ok(Stateless { bound, fresh_for })
     }
 
@@ -417,6 +415,8 @@ struct Bound {
     session_id: String,
     /// Pinned for stateless requests: shared, so no request's end ends it.
     stateless: bool,
+    /// Each pinned server's id and catalog hash (the failed left out).
+    pinned: Vec<(String, String)>,
     tools: Vec<Offered>,
     prompts: Vec<OfferedPrompt>,
     resources: Vec<OfferedResource>,
@@ -437,6 +437,7 @@ impl Bound {
         pins: &[ctxsync_proto::v1::CatalogPin],
         stateless: bool,
     ) -> Self {
+        let pins_all = pins;
         let pins: Vec<_> = pins
             .iter()
             .filter(|pin| pin.source() != Source::Failed)
@@ -487,6 +488,7 @@ impl Bound {
             tenant: tenant.to_owned(),
             session_id: session_id.to_owned(),
             stateless,
+            pinned: crate::prepare::pinned_hashes(&pins_all),
             tools,
             prompts,
             resources,

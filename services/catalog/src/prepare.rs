@@ -48,8 +48,16 @@ impl Prepare {
 
     pub async fn handle(&self, request: CatalogPrepareRequest) -> CatalogPrepareReply {
         let started = Instant::now();
-        let reply = self.prepare(&request, started).await;
+        let mut reply = self.prepare(&request, started).await;
         measured(&reply, started);
+        if reply.error.is_none() {
+            // The session is its pins' handle on the MCP endpoint too.
+            reply.pin_handle.clone_from(&request.session_id);
+            reply.ttl_ms = self.snapshot(&request.tenant).map_or(0, |now| {
+                let pinned = pinned_hashes(&reply.pins);
+                u32::try_from(now.fresh_for_pinned(&pinned).as_millis()).unwrap_or(u32::MAX)
+            });
+        }
         reply
     }
 
@@ -172,6 +180,7 @@ impl Prepare {
             error: None,
             follow_up: false,
             duration_ms: ms(started.elapsed()),
+            ..Default::default()
         }
     }
 
@@ -287,12 +296,14 @@ impl Prepare {
             error: None,
             follow_up: true,
             duration_ms: ms(started.elapsed()),
+            ..Default::default()
         }
     }
 }
 
 /// A tenant's enabled servers and what the memory held for each, read at
 /// one moment: what a stateless list pins and names its handle after.
+#[derive(Clone)]
 pub(crate) struct Snapshot {
     tenant: String,
     servers: Vec<ConfiguredServer>,
@@ -338,6 +349,30 @@ impl Snapshot {
             .collect()
     }
 
+    /// How long `pinned` (server id and catalog hash, the failed left out)
+    /// stays true: as long as the memory's lists when they are what it
+    /// holds for every server, else not at all (the memory has newer ones,
+    /// or a server none).
+    pub fn fresh_for_pinned(&self, pinned: &[(String, String)]) -> Duration {
+        let current = self.servers.len() == pinned.len()
+            && self
+                .servers
+                .iter()
+                .zip(&self.remembered)
+                .all(|(server, remembered)| {
+                    remembered.as_ref().is_some_and(|d| {
+                        pinned
+                            .iter()
+                            .any(|(id, hash)| id == server.id() && *hash == d.catalog.hash)
+                    })
+                });
+        if current {
+            self.fresh_for()
+        } else {
+            Duration::ZERO
+        }
+    }
+
     /// How long a list of these pins stays true from now.
     pub fn fresh_for(&self) -> Duration {
         let now = SystemTime::now();
@@ -358,6 +393,15 @@ fn measured(reply: &CatalogPrepareReply, started: Instant) {
     metrics::counter!("ctxsync_catalog_preparations_total", "outcome" => outcome).increment(1);
     metrics::histogram!("ctxsync_catalog_preparation_seconds", "outcome" => outcome)
         .record(started.elapsed().as_secs_f64());
+}
+
+/// The server id and catalog hash of every pin that is not a failure.
+pub(crate) fn pinned_hashes(pins: &[ctxsync_proto::v1::CatalogPin]) -> Vec<(String, String)> {
+    use ctxsync_proto::v1::catalog_pin::Source;
+    pins.iter()
+        .filter(|pin| pin.source() != Source::Failed)
+        .map(|pin| (pin.server_id.clone(), pin.catalog_hash.clone()))
+        .collect()
 }
 
 /// What the core needs of a configured server.

@@ -1488,12 +1488,9 @@ async fn a_2026_client_discovers_lists_with_a_handle_and_hints_and_calls_by_hand
     assert!(!refused.to_string().contains("hello"), "{refused}");
 
     for (bad, says) in [
-        (json!("mcp-1234"), "not one this catalog gave out"),
+        (json!("pins-never-given"), "names no pins of this tenant"),
         (json!(7), "must be a string"),
-        (
-            json!(format!("pins-{}", "a".repeat(200))),
-            "longer than its limit of 96 bytes",
-        ),
+        (json!("a".repeat(300)), "over the limit of 256"),
     ] {
         let (_, refused) =
             stateless_request(url, key, "tools/list", json!({"_meta": {HANDLE: bad}})).await;
@@ -1971,5 +1968,44 @@ async fn an_http_servers_own_shorter_ttl_bounds_the_reuse_of_its_discovery() {
         Some(Source::Connected as i32),
         "discovered live again"
     );
+    endpoint.harness.stop().await;
+}
+
+/// A preparation over NATS (the gate's, for a chat) answers its pin handle
+/// and hint; the MCP endpoint, given that handle, answers the same pins with
+/// the same hint: a chat backend that asked the gate and then calls over
+/// MCP sees one catalog. Once the memory has newer lists, the handle's say 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chats_preparation_is_a_pin_handle_the_endpoint_answers_alike() {
+    let endpoint = Endpoint::start(vec![], settings()).await;
+    let reply = endpoint.harness.prepare("acme", "chat-9").await;
+    assert_eq!(reply.error, None);
+    assert_eq!(reply.pin_handle, "chat-9");
+    assert_eq!(reply.ttl_ms, 24 * 3600 * 1000);
+    let gate: Vec<String> = reply.pins[0]
+        .tools
+        .iter()
+        .map(|tool| format!("notes{}{}", catalog::TOOL_NAME_SEPARATOR, tool.name))
+        .collect();
+
+    let (url, key) = (endpoint.url.as_str(), endpoint.key.as_str());
+    let (_, list) =
+        stateless_request(url, key, "tools/list", json!({"_meta": {HANDLE: "chat-9"}})).await;
+    assert_eq!(tool_names(&list), gate, "{list}");
+    assert_eq!(handle_of(&list), "chat-9");
+    assert_eq!(list["result"]["ttlMs"], json!(reply.ttl_ms), "{list}");
+    let call =
+        json!({"name": "notes__echo", "arguments": {"text": "hello"}, "_meta": {HANDLE: "chat-9"}});
+    let (_, called) = stateless_request(url, key, "tools/call", call).await;
+    assert_eq!(called["result"]["content"][0]["text"], "hello", "{called}");
+
+    // A configuration change: the memory's lists are other ones now.
+    let mut changed = endpoint.config.clone();
+    changed.tenants[0].servers[0].classification = Some("internal".into());
+    endpoint.harness.running().reload(changed);
+    let (_, stale) =
+        stateless_request(url, key, "tools/list", json!({"_meta": {HANDLE: "chat-9"}})).await;
+    assert_eq!(stale["result"]["ttlMs"], json!(0), "{stale}");
+    assert_eq!(tool_names(&stale), gate, "the chat keeps its pins");
     endpoint.harness.stop().await;
 }

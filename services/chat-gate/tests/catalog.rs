@@ -38,6 +38,11 @@ async fn a_first_turn_carries_the_tenants_catalog_pins_next_to_the_workspace_pro
     let mut tools: Vec<_> = pin.tools.iter().map(|t| t.name.as_str()).collect();
     tools.sort();
     assert_eq!(tools, ["add", "echo"]);
+    // The handle a chat backend passes to the catalog's MCP endpoint for
+    // these same pins, and how long they are the catalog's current ones (a
+    // stdio server's: until its configuration or the release changes).
+    assert_eq!(section.pin_handle, "chat-1");
+    assert_eq!(section.ttl_ms, 24 * 3600 * 1000);
     assert!(
         projection
             .summary

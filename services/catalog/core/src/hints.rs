@@ -8,29 +8,31 @@
 //!   configuration key and its catalog hash): every replica derives the same
 //!   handle from the same memory, so equal lists share one preparation. A
 //!   list that needed a live discovery gets a fresh handle (its outcome is
-//!   known only after). A call carrying a handle is checked against that
-//!   handle's pins, so a tool changed since answers `tool.withdrawn`.
+//!   known only after). Any prepared session of the tenant is a handle too
+//!   (a chat's, which the gate's answer gives out). A call carrying a
+//!   handle is checked against that handle's pins, so a tool changed since
+//!   answers `tool.withdrawn`.
 //! * **Freshness is the memory's.** A stdio server's list changes only when
 //!   its configuration does or a release restarts the catalog
 //!   ([`STDIO_FRESH_FOR`] caps it); a streamable-HTTP server's list is
 //!   reused until its reuse window ends (the operator's, or the server's
-//!   own `ttlMs` when shorter), so it is fresh for what is left of it; a server without a reusable discovery makes the list stale
-//!   at once. A list is as fresh as its least fresh server.
+//!   own `ttlMs` when shorter), so it is fresh for what is left of it; a
+//!   server without a reusable discovery makes the list stale at once. A
+//!   list is as fresh as its least fresh server, and pins that are no
+//!   longer the memory's lists are stale.
 
 use std::time::{Duration, SystemTime};
 
 use crate::memory::{Discovery, Reuse, Transport};
+use crate::request::valid_request_id;
 
 /// How long a list of stdio servers is said to be fresh: they change only
 /// with the configuration or a release, neither of which a clock predicts.
 pub const STDIO_FRESH_FOR: Duration = Duration::from_secs(24 * 60 * 60);
 
-/// Every handle starts so; anything else is not a handle.
+/// The handles the catalog derives start so (any prepared session of the
+/// tenant is a handle too: a chat's, given out by the gate).
 pub const PIN_HANDLE_PREFIX: &str = "pins-";
-
-/// The longest handle accepted (the prefix and a 32-byte digest in hex,
-/// with room).
-pub const MAX_PIN_HANDLE_BYTES: usize = 96;
 
 /// How long one server's remembered list stays true from `now`.
 pub fn fresh_for(discovery: &Discovery, reuse: Reuse, now: SystemTime) -> Duration {
@@ -90,26 +92,15 @@ pub fn handle_material<'a>(
 pub enum HandleError {
     #[error("the pin handle must be a string")]
     NotAString,
-    #[error("the pin handle is longer than its limit of {MAX_PIN_HANDLE_BYTES} bytes")]
-    TooLong,
-    #[error(
-        "the pin handle is not one this catalog gave out (it starts with {PIN_HANDLE_PREFIX:?})"
-    )]
-    Malformed,
+    #[error("{0}")]
+    Invalid(String),
 }
 
-/// A handle as sent: a string of the catalog's shape, within its limit.
+/// A handle as sent: a string that can name a session (present, without
+/// NUL, within [`MAX_REQUEST_ID_BYTES`]).
 pub fn valid_handle(value: &serde_json::Value) -> Result<&str, HandleError> {
     let handle = value.as_str().ok_or(HandleError::NotAString)?;
-    if handle.len() > MAX_PIN_HANDLE_BYTES {
-        return Err(HandleError::TooLong);
-    }
-    let rest = handle
-        .strip_prefix(PIN_HANDLE_PREFIX)
-        .ok_or(HandleError::Malformed)?;
-    if rest.is_empty() || !rest.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
-        return Err(HandleError::Malformed);
-    }
+    valid_request_id("the pin handle", handle).map_err(HandleError::Invalid)?;
     Ok(handle)
 }
 
@@ -118,6 +109,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::request::MAX_REQUEST_ID_BYTES;
     use crate::tools::Catalog;
 
     fn discovery(transport: Transport, discovered_at: SystemTime) -> Discovery {
@@ -200,25 +192,19 @@ mod tests {
     }
 
     #[test]
-    fn only_handles_of_the_catalogs_shape_are_accepted() {
+    fn a_handle_is_a_string_that_can_name_a_session() {
         let ok = serde_json::json!("pins-0123abcd");
         assert_eq!(valid_handle(&ok), Ok("pins-0123abcd"));
+        assert_eq!(valid_handle(&serde_json::json!("chat-7")), Ok("chat-7"));
         assert_eq!(
             valid_handle(&serde_json::json!(7)),
             Err(HandleError::NotAString)
         );
-        assert_eq!(
-            valid_handle(&serde_json::json!("mcp-1234")),
-            Err(HandleError::Malformed)
-        );
-        assert_eq!(
-            valid_handle(&serde_json::json!("pins-'; drop")),
-            Err(HandleError::Malformed)
-        );
-        let long = format!("pins-{}", "a".repeat(MAX_PIN_HANDLE_BYTES));
-        assert_eq!(
-            valid_handle(&serde_json::json!(long)),
-            Err(HandleError::TooLong)
-        );
+        let long = "a".repeat(MAX_REQUEST_ID_BYTES + 1);
+        let Err(HandleError::Invalid(message)) = valid_handle(&serde_json::json!(long)) else {
+            panic!("a handle over the limit is refused");
+        };
+        assert!(message.contains("over the limit of 256"), "{message}");
+        assert!(valid_handle(&serde_json::json!("a\u{0}b")).is_err());
     }
 }

@@ -9,7 +9,7 @@
 //!
 //! Modules use only each other, in one direction:
 //! `prepare`, `call` → `request`, `pins`, `memory`, `events` → `tools` → `code`;
-//! `hints` → `memory`.
+//! `hints` → `memory`, `request`.
 
 pub mod call;
 pub mod code;

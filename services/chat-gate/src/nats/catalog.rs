@@ -52,6 +52,8 @@ impl CatalogClient {
                 status: Status::Ready as i32,
                 pins: reply.pins,
                 error: String::new(),
+                pin_handle: reply.pin_handle,
+                ttl_ms: reply.ttl_ms,
             },
             // The catalog answered: its name of the failure, for the chat.
             Err(rpc::RpcError::Service {
@@ -101,5 +103,6 @@ fn failed(error: String) -> CatalogSection {
         status: Status::Failed as i32,
         pins: Vec::new(),
         error,
+        ..Default::default()
     }
 }
