@@ -1414,6 +1414,7 @@ async fn a_2026_client_discovers_lists_with_a_handle_and_hints_and_calls_by_hand
 
     let (status, discover) = stateless_request(url, key, "server/discover", json!({})).await;
     assert_eq!(status, 200, "{discover}");
+    println!("CONVERSATION server/discover -> {discover}");
     let versions: Vec<&str> = discover["result"]["supportedVersions"]
         .as_array()
         .unwrap_or_else(|| panic!("supported versions: {discover}"))
@@ -1428,6 +1429,7 @@ async fn a_2026_client_discovers_lists_with_a_handle_and_hints_and_calls_by_hand
 
     let (status, list) = stateless_request(url, key, "tools/list", json!({})).await;
     assert_eq!(status, 200, "{list}");
+    println!("CONVERSATION tools/list -> {list}");
     assert_eq!(tool_names(&list), gate, "the gate's names, in pin order");
     assert_eq!(list["result"]["cacheScope"], "private", "{list}");
     assert_eq!(
@@ -1443,6 +1445,10 @@ async fn a_2026_client_discovers_lists_with_a_handle_and_hints_and_calls_by_hand
 
     let (status, called) = stateless_request(url, key, "tools/call", echo_by_handle(&handle)).await;
     assert_eq!(status, 200, "{called}");
+    println!(
+        "CONVERSATION tools/call {} -> {called}",
+        echo_by_handle(&handle)
+    );
     assert_eq!(called["result"]["isError"], json!(false), "{called}");
     assert_eq!(called["result"]["content"][0]["text"], "hello", "{called}");
     assert_eq!(
