@@ -102,6 +102,14 @@ pub(crate) struct Commands {
     pub pool: sqlx::PgPool,
 }
 
+/// Where the endpoint keeps its sessions for the other replicas.
+pub(crate) struct StoredSettings {
+    pub client: async_nats::Client,
+    pub bucket: String,
+    pub replicas: usize,
+    pub seal: crate::bucket::MemoryKey,
+}
+
 /// The endpoint: the commands, the key check and its limits.
 pub(crate) struct Endpoint {
     commands: Commands,
@@ -148,10 +156,24 @@ impl Endpoint {
         page_size: usize,
         rate_limit: Option<RateLimit>,
         session_limits: SessionLimits,
+        stored: Option<StoredSettings>,
+        stopping: CancellationToken,
     ) -> Self {
+        let store = stored.map(|stored| {
+            move |sessions| {
+                crate::mcp_store::StoredSessions::new(
+                    stored.client,
+                    stored.bucket,
+                    stored.replicas,
+                    session_limits.idle,
+                    stored.seal,
+                    sessions,
+                )
+            }
+        });
         Self {
             commands,
-            mcp_sessions: McpSessions::new(keys.clone(), session_limits),
+            mcp_sessions: McpSessions::new(keys.clone(), session_limits, store, stopping),
             keys,
             page_size: page_size.max(1),
             limiter: Limiter::new(rate_limit),
@@ -245,13 +267,17 @@ impl Endpoint {
 /// `/mcp`, behind the tenant-key check, until `stop`.
 pub(crate) fn routes(endpoint: Arc<Endpoint>, stop: CancellationToken) -> axum::Router {
     let factory = endpoint.clone();
+    // Callers are authenticated by key, not by the Host they name.
+    let mut config = StreamableHttpServerConfig::default()
+        .disable_allowed_hosts()
+        .with_cancellation_token(stop);
+    config.session_store = endpoint.mcp_sessions.stored().map(|stored| {
+        stored as Arc<dyn rmcp::transport::streamable_http_server::session::SessionStore>
+    });
     let service: StreamableHttpService<McpSession, McpSessions> = StreamableHttpService::new(
         move || Ok(McpSession::new(factory.clone())),
         endpoint.mcp_sessions.clone(),
-        // Callers are authenticated by key, not by the Host they name.
-        StreamableHttpServerConfig::default()
-            .disable_allowed_hosts()
-            .with_cancellation_token(stop),
+        config,
     );
     axum::Router::new()
         .nest_service("/mcp", service)
@@ -309,26 +335,9 @@ async fn authenticate(
             return next.run(request).await;
         }
         let key = tenant_keys::bearer(header).unwrap_or_default().to_owned();
-        let reservation = match endpoint.mcp_sessions.reserve(&caller, &key) {
+        let reservation = match reserve(&endpoint, &caller, &key) {
             Ok(reservation) => reservation,
-            Err(full) => {
-                refused(full.reason());
-                tracing::info!(
-                    tenant = %caller.tenant, key_id = %caller.key_id, limit = %full.limit(),
-                    "mcp session refused: the bound is reached"
-                );
-                let mut response = http_error(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "too_many",
-                    full.message(),
-                    full.limit(),
-                );
-                response.headers_mut().insert(
-                    header::RETRY_AFTER,
-                    axum::http::HeaderValue::from_static("1"),
-                );
-                return response;
-            }
+            Err(response) => return response,
         };
         request.extensions_mut().insert(caller);
         return crate::mcp_sessions::creating(reservation, next.run(request)).await;
@@ -341,10 +350,27 @@ async fn authenticate(
             refused("other_tenant");
             return session_not_found();
         }
-        None => {
-            refused("unknown_session");
-            return session_not_found();
-        }
+        // Another replica's session, if it stored it: restored here, for
+        // its own tenant, under this replica's bounds.
+        None => match endpoint.mcp_sessions.stored_owner(&session).await {
+            Some(stored) if stored.tenant == caller.tenant => {
+                let key = tenant_keys::bearer(header).unwrap_or_default().to_owned();
+                let reservation = match reserve(&endpoint, &caller, &key) {
+                    Ok(reservation) => reservation,
+                    Err(response) => return response,
+                };
+                request.extensions_mut().insert(caller);
+                return crate::mcp_sessions::creating(reservation, next.run(request)).await;
+            }
+            Some(_) => {
+                refused("other_tenant");
+                return session_not_found();
+            }
+            None => {
+                refused("unknown_session");
+                return session_not_found();
+            }
+        },
     };
     request.extensions_mut().insert(caller);
     let response = next.run(request).await;
@@ -355,6 +381,33 @@ async fn authenticate(
             body.into_data_stream()
                 .take_until(async move { ended.cancelled_owned().await }),
         )
+    })
+}
+
+/// A place for a session of `caller` (created or restored), or the 429
+/// naming the bound that refuses it.
+fn reserve(
+    endpoint: &Arc<Endpoint>,
+    caller: &Caller,
+    key: &str,
+) -> Result<crate::mcp_sessions::Reservation, Response> {
+    endpoint.mcp_sessions.reserve(caller, key).map_err(|full| {
+        refused(full.reason());
+        tracing::info!(
+            tenant = %caller.tenant, key_id = %caller.key_id, limit = %full.limit(),
+            "mcp session refused: the bound is reached"
+        );
+        let mut response = http_error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too_many",
+            full.message(),
+            full.limit(),
+        );
+        response.headers_mut().insert(
+            header::RETRY_AFTER,
+            axum::http::HeaderValue::from_static("1"),
+        );
+        response
     })
 }
 
@@ -655,8 +708,13 @@ impl McpSession {
         Ok(Listed { items, next, hints })
     }
 
-    async fn prepare(&self, caller: Caller) -> Result<(), ErrorData> {
-        let session_id = format!("mcp-{}", uuid::Uuid::new_v4());
+    /// Binds the catalog session named after the MCP session (`mcp-<id>`):
+    /// a restore's replay on another replica finds the same pins.
+    async fn prepare(&self, caller: Caller, mcp_session: Option<&str>) -> Result<(), ErrorData> {
+        let session_id = match mcp_session {
+            Some(id) => format!("mcp-{id}"),
+            None => format!("mcp-{}", uuid::Uuid::new_v4()),
+        };
         let reply = self
             .endpoint
             .commands
@@ -1008,7 +1066,11 @@ impl ServerHandler for McpSession {
         counted("initialize");
         let caller = caller_of(&context.extensions)?;
         let started = Instant::now();
-        self.prepare(caller).await?;
+        let mcp_session = context
+            .extensions
+            .get::<crate::mcp_sessions::McpSessionId>()
+            .map(|id| id.0.to_string());
+        self.prepare(caller, mcp_session.as_deref()).await?;
         metrics::histogram!("ctxsync_catalog_mcp_initialize_seconds")
             .record(started.elapsed().as_secs_f64());
         context.peer.set_peer_info(request.clone());

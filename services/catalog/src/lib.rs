@@ -39,6 +39,7 @@ mod gate_waits;
 pub mod latency;
 mod mcp;
 mod mcp_sessions;
+mod mcp_store;
 pub mod memory;
 mod prepare;
 mod processes;

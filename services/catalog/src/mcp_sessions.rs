@@ -12,6 +12,10 @@
 //! * **Revocation ends it.** Each session follows its key
 //!   ([`TenantKeys::until_revoked`]) and is closed the moment the key is
 //!   revoked; its streams end with it (`ended`).
+//! * **Restorable.** With a [`StoredSessions`] bucket, a session another
+//!   replica started is restored here under a reservation like a created
+//!   one (`restore_session`); an end on purpose forgets it there too, a
+//!   shutdown does not.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -24,9 +28,17 @@ use rmcp::transport::streamable_http_server::session::local::{
     LocalSessionManager, LocalSessionManagerError,
 };
 use rmcp::transport::streamable_http_server::session::{
-    ServerSseMessage, SessionId, SessionManager,
+    RestoreOutcome, ServerSseMessage, SessionId, SessionManager,
 };
 use tokio_util::sync::CancellationToken;
+
+use crate::mcp_store::StoredSessions;
+
+/// The MCP session id, put into the `initialize` request's extensions (the
+/// client's and a restore's replay alike): the catalog session is named
+/// after it, so a restore on another replica finds the same pins.
+#[derive(Debug, Clone)]
+pub(crate) struct McpSessionId(pub SessionId);
 
 /// How many MCP sessions a key and a tenant may hold, and their idle expiry
 /// (the defaults are the catalog's flags': `Settings::default().mcp_sessions`).
@@ -130,6 +142,15 @@ tokio::task_local! {
     static CREATING: Mutex<Option<Reservation>>;
 }
 
+/// The reservation of the request creating or restoring a session.
+fn admitted() -> Result<Reservation, McpSessionsError> {
+    CREATING
+        .try_with(|slot| slot.lock().expect("reservation lock").take())
+        .ok()
+        .flatten()
+        .ok_or(McpSessionsError::NotAdmitted)
+}
+
 /// Serves `request` with `reservation` available to the session it creates.
 pub(crate) async fn creating<F: Future>(reservation: Reservation, request: F) -> F::Output {
     CREATING.scope(Mutex::new(Some(reservation)), request).await
@@ -151,10 +172,19 @@ pub(crate) struct McpSessions {
     registry: Mutex<Registry>,
     /// This manager, for the tasks that follow a session's key.
     me: Weak<McpSessions>,
+    /// Where sessions are kept for other replicas (`None`: this one only).
+    stored: Option<Arc<StoredSessions>>,
+    /// Cancelled at shutdown: sessions closed then stay stored.
+    stopping: CancellationToken,
 }
 
 impl McpSessions {
-    pub fn new(keys: TenantKeys, limits: SessionLimits) -> Arc<Self> {
+    pub fn new(
+        keys: TenantKeys,
+        limits: SessionLimits,
+        store: Option<impl FnOnce(crate::mcp_store::Owners) -> StoredSessions>,
+        stopping: CancellationToken,
+    ) -> Arc<Self> {
         let mut inner = LocalSessionManager::default();
         inner.session_config.keep_alive = Some(limits.idle);
         Arc::new_cyclic(|me| Self {
@@ -163,7 +193,24 @@ impl McpSessions {
             limits,
             registry: Mutex::default(),
             me: me.clone(),
+            stored: store.map(|store| {
+                let me = me.clone();
+                Arc::new(store(Box::new(move |id: &str| {
+                    me.upgrade()?.owner(id).map(|owner| owner.caller)
+                })))
+            }),
+            stopping,
         })
+    }
+
+    /// The bucket sessions are kept in for other replicas, if any.
+    pub fn stored(&self) -> Option<Arc<StoredSessions>> {
+        self.stored.clone()
+    }
+
+    /// The owner of a session another replica stored.
+    pub async fn stored_owner(&self, id: &str) -> Option<Caller> {
+        self.stored.as_ref()?.owner_of(id).await
     }
 
     fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
@@ -264,21 +311,32 @@ impl SessionManager for McpSessions {
     type Transport = <LocalSessionManager as SessionManager>::Transport;
 
     async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
-        let reservation = CREATING
-            .try_with(|slot| slot.lock().expect("reservation lock").take())
-            .ok()
-            .flatten()
-            .ok_or(McpSessionsError::NotAdmitted)?;
+        let reservation = admitted()?;
         let (id, transport) = self.inner.create_session().await?;
         self.register(&id, reservation);
         Ok((id, transport))
     }
 
+    /// A session another replica started, under the request's reservation.
+    async fn restore_session(
+        &self,
+        id: SessionId,
+    ) -> Result<RestoreOutcome<Self::Transport>, Self::Error> {
+        let reservation = admitted()?;
+        let outcome = self.inner.restore_session(id.clone()).await?;
+        if matches!(outcome, RestoreOutcome::Restored(_)) {
+            metrics::counter!("ctxsync_catalog_mcp_sessions_restored_total").increment(1);
+            self.register(&id, reservation);
+        }
+        Ok(outcome)
+    }
+
     async fn initialize_session(
         &self,
         id: &SessionId,
-        message: ClientJsonRpcMessage,
+        mut message: ClientJsonRpcMessage,
     ) -> Result<ServerJsonRpcMessage, Self::Error> {
+        message.insert_extension(McpSessionId(id.clone()));
         Ok(self.inner.initialize_session(id, message).await?)
     }
 
@@ -290,6 +348,11 @@ impl SessionManager for McpSessions {
     /// expiry, shutdown) and a revocation.
     async fn close_session(&self, id: &SessionId) -> Result<(), Self::Error> {
         self.forget(id);
+        if let Some(stored) = &self.stored
+            && !self.stopping.is_cancelled()
+        {
+            stored.forget(id).await;
+        }
         Ok(self.inner.close_session(id).await?)
     }
 

@@ -163,6 +163,14 @@ pub const SERIES: &[Series] = &[
         "MCP sessions ended because their tenant key was revoked.",
     ),
     Series::counter(
+        "ctxsync_catalog_mcp_sessions_restored_total",
+        "MCP sessions another replica started, restored here from the sessions bucket.",
+    ),
+    Series::counter(
+        "ctxsync_catalog_mcp_sessions_unsealed_total",
+        "Values of the MCP sessions bucket not sealed by a replica, ignored.",
+    ),
+    Series::counter(
         "ctxsync_catalog_mcp_list_changed_total",
         "List-changed notifications (tools, prompts, resources) sent to MCP sessions.",
     ),

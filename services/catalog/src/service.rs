@@ -24,7 +24,7 @@ use crate::memory::Memory;
 use crate::prepare::Prepare;
 use crate::request::tenant_of;
 use crate::sessions::{self, Sessions};
-use crate::settings::{Config, memory_bucket_name};
+use crate::settings::{Config, mcp_sessions_bucket_name, memory_bucket_name};
 use crate::shared::SharedServers;
 use crate::status::Status;
 use crate::store;
@@ -276,14 +276,16 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
         );
         crate::bucket::MemoryKey::random()
     });
+    let memory_bucket = settings
+        .memory
+        .bucket
+        .clone()
+        .unwrap_or_else(|| memory_bucket_name(subjects.prefix()));
+    let memory_key_for_sessions = memory_key.clone();
     let bucket = Bucket::new(
         connection.client.clone(),
         BucketSettings {
-            name: settings
-                .memory
-                .bucket
-                .clone()
-                .unwrap_or_else(|| memory_bucket_name(subjects.prefix())),
+            name: memory_bucket.clone(),
             replicas: settings.memory.replicas,
             max_age: settings.memory.max_age,
             claim_ttl: settings.warmup.connect_timeout + CLAIM_MARGIN,
@@ -352,6 +354,13 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
         settings.mcp_page_size,
         settings.mcp_rate_limit,
         settings.mcp_sessions,
+        Some(crate::endpoint::StoredSettings {
+            client: connection.client.clone(),
+            bucket: mcp_sessions_bucket_name(&memory_bucket),
+            replicas: settings.memory.replicas,
+            seal: memory_key_for_sessions,
+        }),
+        shutdown.clone(),
     ));
     let end_session = Arc::new(EndSession::new(sessions.clone()));
     let (warmup_tx, warmup) = watch::channel(WarmupStatus::default());

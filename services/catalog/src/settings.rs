@@ -77,6 +77,12 @@ pub const MIN_MEMORY_MAX_AGE: Duration = Duration::from_secs(60);
 /// The memory bucket of the subject prefix `prefix`: its characters outside
 /// `[A-Za-z0-9_-]` (the only ones a bucket name allows) become `_`, and then
 /// a short hash of the prefix keeps two prefixes apart.
+/// The bucket of the MCP sessions other replicas may restore, beside the
+/// memory's `memory_bucket`.
+pub fn mcp_sessions_bucket_name(memory_bucket: &str) -> String {
+    format!("{memory_bucket}_mcp_sessions")
+}
+
 pub fn memory_bucket_name(prefix: &str) -> String {
     let sanitized: String = prefix
         .chars()

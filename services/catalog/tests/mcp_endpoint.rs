@@ -7,7 +7,6 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use catalog::config::{Processes, ServerConfig};
@@ -1795,61 +1794,6 @@ async fn the_typescript_sdk_2_speaks_2026_07_28_keeps_its_pins_and_hears_the_wit
     stateless_sdk_scenario(node(), "stateless_client.mjs").await;
 }
 
-/// One loopback address in front of catalog replicas: each connection goes
-/// to the next replica in turn (the next one after it when one refuses), as
-/// a plain round-robin load balancer does. Counts the connections each took.
-struct RoundRobin {
-    addr: std::net::SocketAddr,
-    taken: Arc<[std::sync::atomic::AtomicUsize]>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl RoundRobin {
-    async fn start(replicas: Vec<std::net::SocketAddr>) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let taken: Arc<[std::sync::atomic::AtomicUsize]> =
-            replicas.iter().map(|_| Default::default()).collect();
-        let counts = taken.clone();
-        let task = tokio::spawn(async move {
-            let mut next = 0;
-            loop {
-                let Ok((mut inbound, _)) = listener.accept().await else {
-                    return;
-                };
-                let first = next;
-                next = (next + 1) % replicas.len();
-                let replicas = replicas.clone();
-                let counts = counts.clone();
-                tokio::spawn(async move {
-                    for turn in 0..replicas.len() {
-                        let index = (first + turn) % replicas.len();
-                        if let Ok(mut outbound) =
-                            tokio::net::TcpStream::connect(replicas[index]).await
-                        {
-                            counts[index].fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                            let _ =
-                                tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                            return;
-                        }
-                    }
-                });
-            }
-        });
-        Self { addr, taken, task }
-    }
-
-    fn taken(&self, replica: usize) -> usize {
-        self.taken[replica].load(std::sync::atomic::Ordering::SeqCst)
-    }
-}
-
-impl Drop for RoundRobin {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
 /// Two catalog replicas behind one address, each request on a new
 /// connection so they alternate: a 2026-07-28 client's lists, calls by
 /// handle and a withdrawn tool's call are answered alike by both; with one
@@ -1868,7 +1812,7 @@ async fn two_replicas_behind_one_address_answer_a_stateless_conversation_alike()
     let gate = endpoint.gate_names().await;
     assert!(endpoint.no_fixture_running().await);
     let warm = endpoint.starts();
-    let balancer = RoundRobin::start(vec![
+    let balancer = testkit::RoundRobin::start(vec![
         replica.running().http_addr(),
         endpoint.harness.running().http_addr(),
     ])
@@ -2013,5 +1957,85 @@ async fn a_chats_preparation_is_a_pin_handle_the_endpoint_answers_alike() {
         stateless_request(url, key, "tools/list", json!({"_meta": {HANDLE: "chat-9"}})).await;
     assert_eq!(stale["result"]["ttlMs"], json!(0), "{stale}");
     assert_eq!(tool_names(&stale), gate, "the chat keeps its pins");
+    endpoint.harness.stop().await;
+}
+
+/// A 2025 session started on one replica goes on through the other: each
+/// request on a new connection through one round-robin address, so they
+/// alternate (the second replica restores the session from the bucket,
+/// with the same pins); another tenant's key reaches it on neither; with
+/// the replica it started on stopped, it goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2025_session_goes_on_through_either_replica() {
+    let endpoint = Endpoint::start(vec![], settings()).await;
+    let mut replica = endpoint
+        .harness
+        .replica(
+            endpoint.harness.subjects.prefix(),
+            endpoint.config.clone(),
+            settings(),
+        )
+        .await;
+    endpoint.gate_names().await;
+    let balancer = testkit::RoundRobin::start(vec![
+        replica.running().http_addr(),
+        endpoint.harness.running().http_addr(),
+    ])
+    .await;
+    let url = format!("http://{}/mcp", balancer.addr);
+    let key = endpoint.key.as_str();
+    let beta = store(&endpoint.harness).create_tenant_key("beta").await.0;
+
+    let (status, session, body) = raw_initialize(&url, Some(key)).await;
+    assert_eq!(status, 200, "{body}");
+    let session = session.expect("a session id");
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let (status, body) = raw_post(&url, key, &session, initialized).await;
+    assert_eq!(
+        status, 202,
+        "the other replica restored the session: {body}"
+    );
+    let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
+    for _ in 0..2 {
+        let (status, body) = raw_post(&url, key, &session, list.clone()).await;
+        assert_eq!(status, 200, "{body}");
+        assert!(
+            body.contains("notes__echo") && body.contains("notes__add"),
+            "{body}"
+        );
+        let (status, body) = raw_post(&url, &beta, &session, list.clone()).await;
+        assert_eq!(status, 404, "{body}");
+        assert!(!body.contains("notes__"), "{body}");
+    }
+    for id in [3, 4] {
+        let (status, body) = raw_post(&url, key, &session, echo_call(id)).await;
+        assert_eq!(status, 200, "{body}");
+        assert!(body.contains(r#""isError":false"#), "{body}");
+    }
+    assert!(
+        balancer.taken(0) >= 4 && balancer.taken(1) >= 4,
+        "both replicas served the session: {} and {}",
+        balancer.taken(0),
+        balancer.taken(1)
+    );
+    // Both replicas run in this process: one recorder counts for both.
+    let restored = metric(
+        endpoint.harness.running(),
+        "ctxsync_catalog_mcp_sessions_restored_total",
+    )
+    .await;
+    assert_eq!(
+        restored, 1.0,
+        "restored once, by the replica it did not start on"
+    );
+
+    // The replica it started on stops: the other one goes on with it.
+    replica.stop_catalog().await;
+    for _ in 0..2 {
+        let (status, body) = raw_post(&url, key, &session, list.clone()).await;
+        assert_eq!(status, 200, "{body}");
+        assert!(body.contains("notes__echo"), "{body}");
+    }
+    replica.stop().await;
     endpoint.harness.stop().await;
 }

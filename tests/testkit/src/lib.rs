@@ -30,6 +30,7 @@ mod postgres;
 mod private_postgres;
 mod process;
 pub mod report;
+mod round_robin;
 pub mod stack;
 pub mod store;
 pub mod tls;
@@ -40,6 +41,7 @@ pub use nats::{NatsCluster, NatsServer};
 pub use postgres::TestDatabase;
 pub use private_postgres::{POSTGRES_BIN_DIR_ENV, PrivatePostgres};
 pub use process::{Process, ProcessBuilder};
+pub use round_robin::RoundRobin;
 
 /// Subscribes to `subject` and confirms it with a round trip, so it is in place on
 /// the server before the test makes anything publish.

@@ -6,6 +6,7 @@
 //! even for passing cases (and go to `$CTXSYNC_FAULT_SUMMARY_FILE` when set).
 
 mod catalog_kill;
+mod catalog_replicas;
 mod cluster_failover;
 mod gate_shutdown;
 mod nats_restart;
