@@ -2039,3 +2039,34 @@ async fn a_2025_session_goes_on_through_either_replica() {
     replica.stop().await;
     endpoint.harness.stop().await;
 }
+
+/// The catalog discovers HTTP servers of either protocol era: one that
+/// speaks only 2026-07-28 and one written before it; both are pinned with
+/// their tools and called through `/mcp`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_servers_of_either_protocol_era_are_pinned_and_called() {
+    let modern = mcp_fixture::HttpFixture::start(&["--protocols", "stateless"]).await;
+    let older = mcp_fixture::HttpFixture::start(&["--protocols", "sessions"]).await;
+    let endpoint = Endpoint::start(
+        vec![http("modern", modern.url()), http("older", older.url())],
+        settings(),
+    )
+    .await;
+    let reply = endpoint.harness.prepare("acme", "eras").await;
+    for server in ["modern", "older"] {
+        let pin = reply
+            .pins
+            .iter()
+            .find(|pin| pin.server_id == server)
+            .unwrap_or_else(|| panic!("{server} pinned: {reply:?}"));
+        assert_eq!(pin.source(), Source::Connected, "{server}: {pin:?}");
+        assert!(pin.tools.iter().any(|tool| tool.name == "echo"), "{server}");
+    }
+    let (url, key) = (endpoint.url.as_str(), endpoint.key.as_str());
+    for server in ["modern", "older"] {
+        let call = json!({"name": format!("{server}__echo"), "arguments": {"text": server}});
+        let (_, called) = stateless_request(url, key, "tools/call", call).await;
+        assert_eq!(called["result"]["content"][0]["text"], server, "{called}");
+    }
+    endpoint.harness.stop().await;
+}

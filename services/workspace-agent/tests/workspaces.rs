@@ -311,6 +311,27 @@ async fn roo_disabled_servers_are_not_started_and_reported_disabled() {
     assert_eq!(config(&push, &path)["status"], "RESOURCE_STATUS_OK");
 }
 
+/// HTTP servers of either protocol era: one that speaks only 2026-07-28
+/// (stateless, `server/discover`), one written before it (sessions only,
+/// no `server/discover`); both are discovered with their tools.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_servers_of_either_protocol_era_are_discovered() {
+    let ws = Workspace::new();
+    let stateless = mcp_fixture::HttpFixture::start(&["--protocols", "stateless"]).await;
+    let sessions = mcp_fixture::HttpFixture::start(&["--protocols", "sessions"]).await;
+    write(
+        &ws.mcp_json(),
+        &json!({"mcpServers": {
+            "modern": {"type": "http", "url": stateless.url()},
+            "older": {"type": "http", "url": sessions.url()}
+        }})
+        .to_string(),
+    );
+    let (push, _) = inspect(&ws, &[]);
+    assert_ok(server(&push, "modern"), FIXTURE_TOOLS);
+    assert_ok(server(&push, "older"), FIXTURE_TOOLS);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn legacy_sse_servers_typed_or_found_by_fallback() {
     let ws = Workspace::new();
