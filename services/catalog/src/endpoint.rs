@@ -335,12 +335,7 @@ async fn authenticate(
             return next.run(request).await;
         }
         let key = tenant_keys::bearer(header).unwrap_or_default().to_owned();
-        let reservation = match reserve(&endpoint, &caller, &key) {
-            Ok(reservation) => reservation,
-            Err(response) => return response,
-        };
-        request.extensions_mut().insert(caller);
-        return crate::mcp_sessions::creating(reservation, next.run(request)).await;
+        return with_session_place(&endpoint, caller, key, request, next).await;
     };
     // Another tenant's session is answered like one that does not exist,
     // whatever the request (POST of any message, GET, DELETE).
@@ -355,12 +350,7 @@ async fn authenticate(
         None => match endpoint.mcp_sessions.stored_owner(&session).await {
             Some(stored) if stored.tenant == caller.tenant => {
                 let key = tenant_keys::bearer(header).unwrap_or_default().to_owned();
-                let reservation = match reserve(&endpoint, &caller, &key) {
-                    Ok(reservation) => reservation,
-                    Err(response) => return response,
-                };
-                request.extensions_mut().insert(caller);
-                return crate::mcp_sessions::creating(reservation, next.run(request)).await;
+                return with_session_place(&endpoint, caller, key, request, next).await;
             }
             Some(_) => {
                 refused("other_tenant");
@@ -384,13 +374,30 @@ async fn authenticate(
     })
 }
 
+/// Serves a request that may create or restore a session with a place
+/// for it under the caller's bounds (or the 429 that refuses one).
+async fn with_session_place(
+    endpoint: &Arc<Endpoint>,
+    caller: Caller,
+    key: String,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let reservation = match reserve(endpoint, &caller, &key) {
+        Ok(reservation) => reservation,
+        Err(response) => return *response,
+    };
+    request.extensions_mut().insert(caller);
+    crate::mcp_sessions::creating(reservation, next.run(request)).await
+}
+
 /// A place for a session of `caller` (created or restored), or the 429
 /// naming the bound that refuses it.
 fn reserve(
     endpoint: &Arc<Endpoint>,
     caller: &Caller,
     key: &str,
-) -> Result<crate::mcp_sessions::Reservation, Response> {
+) -> Result<crate::mcp_sessions::Reservation, Box<Response>> {
     endpoint.mcp_sessions.reserve(caller, key).map_err(|full| {
         refused(full.reason());
         tracing::info!(
@@ -407,7 +414,7 @@ fn reserve(
             header::RETRY_AFTER,
             axum::http::HeaderValue::from_static("1"),
         );
-        response
+        Box::new(response)
     })
 }
 
@@ -541,7 +548,7 @@ impl Bound {
             tenant: tenant.to_owned(),
             session_id: session_id.to_owned(),
             stateless,
-            pinned: crate::prepare::pinned_hashes(&pins_all),
+            pinned: crate::prepare::pinned_hashes(pins_all),
             tools,
             prompts,
             resources,

@@ -276,23 +276,7 @@ async fn sdk_scenario(program: PathBuf, script: &str) {
         "{out}"
     );
     assert_eq!(out["read_uri"], document.as_str(), "{out}");
-    assert_eq!(out["first_call"]["is_error"], false, "{out}");
-    assert_eq!(text_of(&out["first_call"]), "hello", "{out}");
-    assert_eq!(
-        endpoint.starts(),
-        warm_starts + 1,
-        "the call started the server once: initialize and the lists pinned from memory"
-    );
-    assert_eq!(out["list_changed"], true, "{out}");
-    assert!(
-        !names(&out["tools_after"]).contains(&"notes__echo".to_owned()),
-        "{out}"
-    );
-    assert_eq!(out["second_call"]["is_error"], true, "{out}");
-    assert_eq!(
-        out["second_call"]["structured"]["error"]["code"], "tool.withdrawn",
-        "{out}"
-    );
+    assert_called_then_withdrawn(&out, &endpoint, warm_starts);
     assert!(
         text_of(&out["second_call"]).starts_with("tool.withdrawn: "),
         "{out}"
@@ -306,6 +290,29 @@ async fn sdk_scenario(program: PathBuf, script: &str) {
     let closed = eventually(DEADLINE, || running.open_transports() == 0).await;
     assert!(closed, "no transport stays open");
     endpoint.harness.stop().await;
+}
+
+/// An SDK client's output: its first call of `notes__echo` answered (the
+/// server's one start since `warm`), told the list changed, the tool left
+/// out after, and its second call `tool.withdrawn`.
+fn assert_called_then_withdrawn(out: &Value, endpoint: &Endpoint, warm: usize) {
+    assert_eq!(out["first_call"]["is_error"], false, "{out}");
+    assert_eq!(text_of(&out["first_call"]), "hello", "{out}");
+    assert_eq!(
+        endpoint.starts(),
+        warm + 1,
+        "the call started the server once: the lists were pinned from memory"
+    );
+    assert_eq!(out["list_changed"], true, "{out}");
+    assert!(
+        !names(&out["tools_after"]).contains(&"notes__echo".to_owned()),
+        "{out}"
+    );
+    assert_eq!(out["second_call"]["is_error"], true, "{out}");
+    assert_eq!(
+        out["second_call"]["structured"]["error"]["code"], "tool.withdrawn",
+        "{out}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1759,23 +1766,7 @@ async fn stateless_sdk_scenario(program: PathBuf, script: &str) {
         .as_str()
         .unwrap_or_default();
     assert!(handle.starts_with("pins-"), "{out}");
-    assert_eq!(out["first_call"]["is_error"], false, "{out}");
-    assert_eq!(text_of(&out["first_call"]), "hello", "{out}");
-    assert_eq!(
-        endpoint.starts(),
-        warm + 1,
-        "the call started the server once"
-    );
-    assert_eq!(out["list_changed"], true, "{out}");
-    assert!(
-        !names(&out["tools_after"]).contains(&"notes__echo".to_owned()),
-        "{out}"
-    );
-    assert_eq!(out["second_call"]["is_error"], true, "{out}");
-    assert_eq!(
-        out["second_call"]["structured"]["error"]["code"], "tool.withdrawn",
-        "{out}"
-    );
+    assert_called_then_withdrawn(&out, &endpoint, warm);
     assert_eq!(
         endpoint.harness.running().mcp_sessions(),
         0,
