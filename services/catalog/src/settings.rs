@@ -103,7 +103,8 @@ pub fn memory_bucket_name(prefix: &str) -> String {
     }
 }
 
-/// A bucket name the catalog can use (its claims bucket adds `_claims`).
+/// A bucket name the catalog can use (its claims bucket adds `_claims`,
+/// its sessions bucket `_mcp_sessions`).
 pub fn valid_memory_bucket(name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > 200 {
         return Err("must be 1 to 200 characters".into());

@@ -1540,12 +1540,13 @@ async fn a_2026_request_without_its_version_or_with_an_unknown_one_is_refused() 
 }
 
 /// An HTTP server's pins are fresh for what is left of its reuse window:
-/// `ttlMs` falls as the entry ages. A stateless list opens no MCP session,
-/// so no session bound applies to it.
+/// `ttlMs` falls as the entry ages and is 0 by the handle once the window
+/// ended. A stateless list opens no MCP session, so no session bound
+/// applies to it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_http_servers_ttl_falls_as_its_discovery_ages() {
+async fn an_http_servers_ttl_falls_as_its_discovery_ages_to_0_at_the_windows_end() {
     let web = mcp_fixture::HttpFixture::start(&[]).await;
-    let window = Duration::from_secs(30);
+    let window = Duration::from_secs(3);
     let mut settings = settings();
     settings.discovery_reuse = window;
     settings.mcp_sessions.per_key = 1;
@@ -1578,6 +1579,15 @@ async fn an_http_servers_ttl_falls_as_its_discovery_ages() {
         "{first_ttl} ms, then {later_ttl} ms"
     );
     assert_eq!(handle_of(&later), handle_of(&first), "the same discovery");
+
+    // The window ends: the handle's pins are no longer a list the memory
+    // may reuse, so they are stale at once.
+    let running = endpoint.harness.running();
+    assert!(eventually(DEADLINE, || !running.remembers("acme", "web")).await);
+    let by_handle = json!({"_meta": {HANDLE: handle_of(&first)}});
+    let (_, ended) = stateless_request(url, key, "tools/list", by_handle).await;
+    assert_eq!(ttl(&ended), 0, "{ended}");
+    assert_eq!(tool_names(&ended), tool_names(&first), "the pins kept");
     endpoint.harness.stop().await;
 }
 

@@ -75,14 +75,16 @@ const RUNTIME_CLIENTS: [&str; 7] = [
 /// could name besides.
 const ANSWERING_USERS: [&str; 3] = ["snapshot-store", "chat-gate-rpc", "catalog-rpc"];
 
-/// What the catalog's key-value buckets (its shared memory and warm-up
-/// claims) publish through async-nats: the JetStream API of their streams,
-/// flow control of its watch, and the buckets' own subjects.
+/// What the catalog's key-value buckets (its shared memory, warm-up
+/// claims and restorable MCP sessions) publish through async-nats: the
+/// JetStream API of their streams, flow control of its watch, and the
+/// buckets' own subjects.
 fn catalog_bucket_subjects(s: &Subjects) -> Vec<String> {
     let memory = catalog::settings::memory_bucket_name(s.prefix());
     let claims = format!("{memory}_claims");
+    let sessions = catalog::settings::mcp_sessions_bucket_name(&memory);
     let mut subjects = Vec::new();
-    for bucket in [&memory, &claims] {
+    for bucket in [&memory, &claims, &sessions] {
         subjects.push(format!("$JS.API.STREAM.INFO.KV_{bucket}"));
         subjects.push(format!("$JS.API.STREAM.CREATE.KV_{bucket}"));
         subjects.push(format!("$KV.{bucket}.0123abcd"));
@@ -96,6 +98,8 @@ fn catalog_bucket_subjects(s: &Subjects) -> Vec<String> {
         format!("$JS.FC.KV_{memory}.w.1.2.3"),
         // A refused claim reads who holds it.
         format!("$JS.API.DIRECT.GET.KV_{claims}.$KV.{claims}.0123abcd"),
+        // A replica restoring a session reads it.
+        format!("$JS.API.DIRECT.GET.KV_{sessions}.$KV.{sessions}.0123abcd"),
     ]);
     subjects
 }
