@@ -706,41 +706,71 @@ impl Bucket {
 
     /// The bucket `name`, created with `max_age` when missing.
     async fn open(&self, name: &str, max_age: Duration) -> Result<kv::Store, String> {
-        match self.js.get_key_value(name).await {
-            Ok(store) => return Ok(store),
-            Err(error) if error.kind() == jetstream::context::KeyValueErrorKind::GetBucket => {}
-            Err(error) => return Err(error.to_string()),
-        }
-        // The bucket's stream, made directly: `create_key_value` first asks
-        // for the account's info, which async-nats cannot parse from
-        // nats-server 2.9. The stream is what a key-value bucket is: one
-        // subject per key, the last value kept, rollups allowed.
-        let config = jetstream::stream::Config {
-            name: format!("KV_{name}"),
-            subjects: vec![format!("$KV.{name}.>")],
-            max_messages_per_subject: 1,
-            max_age,
-            duplicate_window: max_age.min(Duration::from_secs(120)),
-            num_replicas: self.settings.replicas,
-            storage: jetstream::stream::StorageType::File,
-            discard: jetstream::stream::DiscardPolicy::New,
-            // The memory is bounded where it is kept; claims are one per server.
-            max_messages: i64::try_from(self.settings.max_entries).unwrap_or(i64::MAX),
-            max_bytes: i64::try_from(self.settings.max_bytes).unwrap_or(i64::MAX),
-            // Headers and subject besides the value.
-            max_message_size: (MAX_VALUE_BYTES + 4096) as i32,
-            allow_rollup: true,
-            deny_delete: true,
-            allow_direct: true,
-            ..Default::default()
-        };
-        match self.js.create_stream(config).await {
-            Ok(_) => {}
-            // Another replica created it meanwhile: the get below finds it.
-            Err(error) => tracing::debug!(bucket = name, %error, "bucket not created"),
-        }
-        self.js.get_key_value(name).await.map_err(|e| e.to_string())
+        open_bucket(
+            &self.js,
+            &BucketShape {
+                name,
+                max_age,
+                replicas: self.settings.replicas,
+                // The memory is bounded where it is kept; claims are one per server.
+                max_messages: i64::try_from(self.settings.max_entries).unwrap_or(i64::MAX),
+                max_bytes: i64::try_from(self.settings.max_bytes).unwrap_or(i64::MAX),
+                max_value_bytes: MAX_VALUE_BYTES,
+            },
+        )
+        .await
     }
+}
+
+/// How a key-value bucket of the catalog is made.
+pub(crate) struct BucketShape<'a> {
+    pub name: &'a str,
+    pub max_age: Duration,
+    pub replicas: usize,
+    pub max_messages: i64,
+    pub max_bytes: i64,
+    pub max_value_bytes: usize,
+}
+
+/// The bucket `shape.name`, created as `shape` says when missing.
+pub(crate) async fn open_bucket(
+    js: &jetstream::Context,
+    shape: &BucketShape<'_>,
+) -> Result<kv::Store, String> {
+    let name = shape.name;
+    match js.get_key_value(name).await {
+        Ok(store) => return Ok(store),
+        Err(error) if error.kind() == jetstream::context::KeyValueErrorKind::GetBucket => {}
+        Err(error) => return Err(error.to_string()),
+    }
+    // The bucket's stream, made directly: `create_key_value` first asks
+    // for the account's info, which async-nats cannot parse from
+    // nats-server 2.9. The stream is what a key-value bucket is: one
+    // subject per key, the last value kept, rollups allowed.
+    let config = jetstream::stream::Config {
+        name: format!("KV_{name}"),
+        subjects: vec![format!("$KV.{name}.>")],
+        max_messages_per_subject: 1,
+        max_age: shape.max_age,
+        duplicate_window: shape.max_age.min(Duration::from_secs(120)),
+        num_replicas: shape.replicas,
+        storage: jetstream::stream::StorageType::File,
+        discard: jetstream::stream::DiscardPolicy::New,
+        max_messages: shape.max_messages,
+        max_bytes: shape.max_bytes,
+        // Headers and subject besides the value.
+        max_message_size: i32::try_from(shape.max_value_bytes + 4096).unwrap_or(i32::MAX),
+        allow_rollup: true,
+        deny_delete: true,
+        allow_direct: true,
+        ..Default::default()
+    };
+    match js.create_stream(config).await {
+        Ok(_) => {}
+        // Another replica created it meanwhile: the get below finds it.
+        Err(error) => tracing::debug!(bucket = name, %error, "bucket not created"),
+    }
+    js.get_key_value(name).await.map_err(|e| e.to_string())
 }
 
 /// Whether a put failed for the bucket's discard-new limits (full).

@@ -33,7 +33,7 @@ pub(crate) type Owners = Box<dyn Fn(&str) -> Option<Caller> + Send + Sync>;
 /// Sessions stored at most (the bucket refuses more: those stay local).
 const MAX_STORED_SESSIONS: i64 = 100_000;
 /// A stored session's size bound (its `initialize` parameters).
-const MAX_STORED_BYTES: i32 = 64 * 1024;
+const MAX_STORED_BYTES: usize = 64 * 1024;
 
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Stored {
@@ -79,33 +79,16 @@ impl StoredSessions {
     async fn bucket(&self) -> Result<&kv::Store, String> {
         self.store
             .get_or_try_init(|| async {
-                if let Ok(store) = self.js.get_key_value(&self.name).await {
-                    return Ok(store);
-                }
-                // Made as the memory's bucket is (see `Bucket::open`).
-                let config = async_nats::jetstream::stream::Config {
-                    name: format!("KV_{}", self.name),
-                    subjects: vec![format!("$KV.{}.>", self.name)],
-                    max_messages_per_subject: 1,
+                let shape = crate::bucket::BucketShape {
+                    name: &self.name,
                     max_age: self.max_age,
-                    duplicate_window: self.max_age.min(Duration::from_secs(120)),
-                    num_replicas: self.replicas,
-                    storage: async_nats::jetstream::stream::StorageType::File,
-                    discard: async_nats::jetstream::stream::DiscardPolicy::New,
+                    replicas: self.replicas,
                     max_messages: MAX_STORED_SESSIONS,
-                    max_message_size: MAX_STORED_BYTES + 4096,
-                    allow_rollup: true,
-                    deny_delete: true,
-                    allow_direct: true,
-                    ..Default::default()
+                    // Bounded by its count and value size.
+                    max_bytes: async_nats::jetstream::stream::Config::default().max_bytes,
+                    max_value_bytes: MAX_STORED_BYTES,
                 };
-                if let Err(error) = self.js.create_stream(config).await {
-                    tracing::debug!(bucket = %self.name, %error, "sessions bucket not created");
-                }
-                self.js
-                    .get_key_value(&self.name)
-                    .await
-                    .map_err(|e| e.to_string())
+                crate::bucket::open_bucket(&self.js, &shape).await
             })
             .await
     }
@@ -166,7 +149,7 @@ impl SessionStore for StoredSessions {
             initialize: state.initialize_params.clone(),
         };
         let value = serde_json::to_vec(&stored)?;
-        if value.len() > MAX_STORED_BYTES as usize {
+        if value.len() > MAX_STORED_BYTES {
             return Err(
                 "the session's initialize parameters are over 64 KiB: kept on this replica only"
                     .into(),
