@@ -69,6 +69,9 @@ fn stdio(
         enabled: true,
         processes: Default::default(),
         shared_pool: 1,
+        naming: None,
+        prefix: None,
+        aliases: Default::default(),
     }
 }
 
@@ -220,6 +223,7 @@ async fn run_catalog(
     let servers = CatalogConfig {
         tenants: vec![TenantConfig {
             id: TENANT.into(),
+            naming: Default::default(),
             servers,
         }],
     };

@@ -19,6 +19,7 @@ use catalog_core::call::{self as core, Answer, CallRef, Open, Setup, Step};
 use catalog_core::request::{Arguments, Refusal, valid_call};
 use catalog_core::tools::{Catalog, CatalogDiff, Item};
 use catalog_core::{ErrorCode, Failure, Transport};
+use ctxsync_mcp::relay::Relay;
 use ctxsync_mcp::{CallOutcome, Connection};
 use ctxsync_proto::v1::{CatalogCallReply, CatalogCallRequest};
 use tokio::sync::Mutex;
@@ -42,6 +43,30 @@ pub(crate) struct Call {
     connect_timeout: Duration,
     processes: Option<Arc<ProcessBound>>,
     shared: Arc<SharedServers>,
+}
+
+/// A pinned server's connection, as a request other than a call uses it.
+pub(crate) struct Used {
+    pub connection: Arc<Connection>,
+    /// For sanitizing what its errors say.
+    pub spec: ctxsync_mcp::ServerSpec,
+    /// The server's call timeout bounds the request.
+    pub timeout: Duration,
+}
+
+impl Used {
+    /// The server's failure as a JSON-RPC error, sanitized of the secrets
+    /// its configuration holds.
+    pub fn error(&self, error: ctxsync_mcp::McpError) -> rmcp::model::ErrorData {
+        let message = match mcp::call_failure(&self.spec, error) {
+            core::CallFailure::Timeout { after } => format!("no answer within {after:?}"),
+            core::CallFailure::Cancelled => "the client cancelled the request".to_owned(),
+            core::CallFailure::Protocol { message } | core::CallFailure::Transport { message } => {
+                message
+            }
+        };
+        rmcp::model::ErrorData::internal_error(message, None)
+    }
 }
 
 /// The pin and the configured server a call is for.
@@ -84,8 +109,18 @@ impl Call {
     }
 
     pub async fn handle(&self, request: CatalogCallRequest) -> CatalogCallReply {
+        self.handle_relayed(request, None).await
+    }
+
+    /// [`Call::handle`] for an MCP client of `/mcp`: what the server sends
+    /// during the call reaches the client through `relay`.
+    pub async fn handle_relayed(
+        &self,
+        request: CatalogCallRequest,
+        relay: Option<Relay>,
+    ) -> CatalogCallReply {
         let started = Instant::now();
-        let reply = self.call(&request).await;
+        let reply = self.call(&request, relay.as_ref()).await;
         let outcome = match &reply.error {
             Some(e) => e.reason.clone(),
             None => "ok".to_owned(),
@@ -95,32 +130,100 @@ impl Call {
         reply
     }
 
-    async fn call(&self, request: &CatalogCallRequest) -> CatalogCallReply {
+    async fn call(&self, request: &CatalogCallRequest, relay: Option<&Relay>) -> CatalogCallReply {
         let arguments = match valid_call(request) {
             Ok(arguments) => arguments,
             Err(refusal) => return core::refused(&refusal),
         };
-        let (tenant, session_id) = (request.tenant.as_str(), request.session_id.as_str());
-        let session = match self
+        let session = match self.session(&request.tenant, &request.session_id).await {
+            Ok(session) => session,
+            Err(reply) => return reply,
+        };
+        session
+            .in_flight(self.call_in_session(&session, request, arguments, relay))
+            .await
+    }
+
+    async fn session(
+        &self,
+        tenant: &str,
+        session_id: &str,
+    ) -> Result<Arc<Session>, CatalogCallReply> {
+        match self
             .sessions
             .get_or_load(self.events.pool(), tenant, session_id)
             .await
         {
-            Ok(Some(session)) => session,
-            Ok(None) => return core::refused(&core::session_not_prepared(tenant, session_id)),
-            Err(e) => {
-                return call_error(
-                    ErrorCode::Internal,
-                    format!(
-                        "cannot read the session's pins: {}",
-                        ctxsync_runtime::db::describe(&e)
-                    ),
-                );
+            Ok(Some(session)) => Ok(session),
+            Ok(None) => Err(core::refused(&core::session_not_prepared(
+                tenant, session_id,
+            ))),
+            Err(e) => Err(call_error(
+                ErrorCode::Internal,
+                format!(
+                    "cannot read the session's pins: {}",
+                    ctxsync_runtime::db::describe(&e)
+                ),
+            )),
+        }
+    }
+
+    /// The session's connection to a pinned server, which starts (or
+    /// opens) on this first use like a call's: what a completion, a
+    /// resource subscription or a log level is sent on.
+    pub async fn connection(
+        &self,
+        tenant: &str,
+        session_id: &str,
+        server_id: &str,
+    ) -> Result<Used, CatalogCallReply> {
+        let session = self.session(tenant, session_id).await?;
+        let call = CallRef {
+            tenant,
+            session_id,
+            server_id,
+            // About the server, not one of its items.
+            item: Item::Tool(""),
+        };
+        let (pin, server) = match (session.pin(server_id), self.configured(tenant, server_id)) {
+            (Some(pin), Some(server)) => (pin, server),
+            (pin, server) => {
+                let refusal = core::target(&call, pin, server).err();
+                let refusal =
+                    refusal.unwrap_or_else(|| core::session_not_prepared(tenant, session_id));
+                return Err(core::refused(&refusal));
             }
         };
-        session
-            .in_flight(self.call_in_session(&session, request, arguments))
-            .await
+        let target = Target {
+            call,
+            pin,
+            transport: transport_of(server.transport_kind()),
+            server,
+            changes: session.change_signal(),
+        };
+        let slot = session.slot(server_id);
+        let ready = session.in_flight(self.ready(&target, &slot)).await?;
+        Ok(Used {
+            connection: ready.connection,
+            spec: target.server.spec(),
+            timeout: Duration::from_secs(target.server.config.limits.call_timeout_seconds),
+        })
+    }
+
+    /// The session's connections that are open now (nothing is started).
+    pub async fn open_connections(&self, tenant: &str, session_id: &str) -> Vec<Arc<Connection>> {
+        let Ok(session) = self.session(tenant, session_id).await else {
+            return Vec::new();
+        };
+        let mut open = Vec::new();
+        for server_id in session.opened_servers() {
+            let slot = session.slot(&server_id);
+            let mut slot = slot.lock().await;
+            if let Some(live) = slot.live().filter(|live| !live.is_closed()) {
+                open.push(live.connection());
+            }
+        }
+        open
     }
 
     async fn call_in_session(
@@ -128,6 +231,7 @@ impl Call {
         session: &Session,
         request: &CatalogCallRequest,
         arguments: Arguments,
+        relay: Option<&Relay>,
     ) -> CatalogCallReply {
         let target = match self.target(session, request) {
             Ok(target) => target,
@@ -147,7 +251,9 @@ impl Call {
             first_call,
             ..
         } = ready;
-        let (reply, outcome, duration) = self.invoke(&target, &slot, connection, arguments).await;
+        let (reply, outcome, duration) = self
+            .invoke(&target, &slot, connection, arguments, relay)
+            .await;
         self.record(vec![called_event(
             &target, first_call, outcome, duration, &setup,
         )]);
@@ -435,17 +541,28 @@ impl Call {
         slot: &Mutex<Slot>,
         connection: Arc<Connection>,
         arguments: Arguments,
+        relay: Option<&Relay>,
     ) -> (CatalogCallReply, &'static str, Duration) {
         let limits = &target.server.config.limits;
         let timeout = Duration::from_secs(limits.call_timeout_seconds);
         let started = Instant::now();
-        let result = match target.call.item {
-            Item::Tool(name) => connection.call_tool(name, arguments, timeout).await,
-            Item::Prompt(name) => connection
+        // A tool call registers itself (with its progress token); a prompt
+        // or resource read only routes the server's questions meanwhile.
+        let _relaying = relay
+            .filter(|_| !matches!(target.call.item, Item::Tool(_)))
+            .map(|relay| connection.relaying(relay));
+        let result = match (target.call.item, relay) {
+            (Item::Tool(name), Some(relay)) => {
+                connection
+                    .call_tool_relayed(name, arguments, timeout, relay)
+                    .await
+            }
+            (Item::Tool(name), None) => connection.call_tool(name, arguments, timeout).await,
+            (Item::Prompt(name), _) => connection
                 .get_prompt(name, arguments, timeout)
                 .await
                 .map(whole_result),
-            Item::Resource(uri) => connection
+            (Item::Resource(uri), _) => connection
                 .read_resource(uri, timeout)
                 .await
                 .map(whole_result),
@@ -459,6 +576,9 @@ impl Call {
             })
             .map_err(|e| mcp::call_failure(&spec, e));
         let classified = core::classify(&target.call, result, limits.max_content_bytes);
+        if classified.outcome == "cancelled" {
+            crate::relay::relayed("cancellation");
+        }
         if classified.transport_broke {
             slot.lock().await.broken(connection).await;
         }

@@ -16,6 +16,13 @@ use ctxsync_mcp::{ServerSpec, TransportKind};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use catalog_core::naming::{self, Declared, NameRule, Named};
+use catalog_core::tools::Catalog;
+
+/// Longest alias: MCP clients commonly cap tool names at 64 bytes; 128
+/// leaves room and still bounds what a config can ask for.
+const MAX_ALIAS_BYTES: usize = 128;
+
 /// The whole file.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -27,8 +34,22 @@ pub struct CatalogConfig {
 #[serde(deny_unknown_fields)]
 pub struct TenantConfig {
     pub id: String,
+    /// How MCP clients see the servers' tool and prompt names.
+    #[serde(default)]
+    pub naming: Naming,
     #[serde(default)]
     pub servers: Vec<ServerConfig>,
+}
+
+/// A naming strategy: the tenant's, or a server's override of it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Naming {
+    /// `server__tool` (the server's `prefix` if set, else its id).
+    #[default]
+    Prefix,
+    /// The server's own names; two servers offering one is a config error.
+    Bare,
 }
 
 /// One operator-configured MCP server.
@@ -59,6 +80,16 @@ pub struct ServerConfig {
     /// Processes of a shared server at most (1 to [`MAX_SHARED_POOL`]).
     #[serde(default = "shared_pool_default", skip_serializing)]
     pub shared_pool: usize,
+    /// Overrides the tenant's naming strategy for this server. Names are
+    /// not part of the key: they do not change what the server offers.
+    #[serde(default, skip_serializing)]
+    pub naming: Option<Naming>,
+    /// The prefix of its names instead of its id (`prefix` naming).
+    #[serde(default, skip_serializing)]
+    pub prefix: Option<String>,
+    /// Names chosen for single tools or prompts: its own name → offered.
+    #[serde(default, skip_serializing)]
+    pub aliases: std::collections::BTreeMap<String, String>,
 }
 
 fn enabled_default() -> bool {
@@ -169,6 +200,8 @@ pub struct ConfiguredServer {
     pub tenant: String,
     pub key: ServerKey,
     pub config: ServerConfig,
+    /// Its names, by the tenant's strategy and its own overrides.
+    pub naming: NameRule,
 }
 
 impl ConfiguredServer {
@@ -270,6 +303,24 @@ impl CatalogConfig {
                     }
                     _ => {}
                 }
+                if let Some(prefix) = &server.prefix {
+                    ctxsync_proto::ids::name("prefix", prefix)
+                        .map_err(|e| format!("tenant {:?}: server {id:?}: {e}", tenant.id))?;
+                    if prefix.contains(naming::SEPARATOR) {
+                        return Err(format!(
+                            "tenant {:?}: server {id:?}: prefix {prefix:?} contains \"__\", which ends the prefix",
+                            tenant.id
+                        ));
+                    }
+                }
+                for (own, offered) in &server.aliases {
+                    if own.is_empty() || offered.is_empty() || offered.len() > MAX_ALIAS_BYTES {
+                        return Err(format!(
+                            "tenant {:?}: server {id:?}: alias {own:?} -> {offered:?} must name 1 to {MAX_ALIAS_BYTES} bytes",
+                            tenant.id
+                        ));
+                    }
+                }
                 if server.limits.call_timeout_seconds == 0 {
                     return Err(format!(
                         "tenant {:?}: server {id:?}: limits.call_timeout_seconds must be at least 1",
@@ -277,6 +328,11 @@ impl CatalogConfig {
                     ));
                 }
             }
+        }
+        // Prefixes and aliases are known now; the servers' own names when
+        // the memory is (`Running::reload`, the start).
+        if let Some(collision) = self.collisions(|_| None).into_iter().next() {
+            return Err(collision);
         }
         Ok(())
     }
@@ -292,10 +348,36 @@ impl CatalogConfig {
                 .map(|s| ConfiguredServer {
                     tenant: tenant.id.clone(),
                     key: ServerKey::of(&tenant.id, s),
+                    naming: name_rule(tenant.naming, s),
                     config: s.clone(),
                 })
                 .collect(),
         )
+    }
+
+    /// The name collisions of every tenant's enabled servers, their
+    /// catalogs taken from `known` where it has one (the memory).
+    pub fn collisions(&self, known: impl Fn(&ServerKey) -> Option<Arc<Catalog>>) -> Vec<String> {
+        let mut found = Vec::new();
+        for tenant in &self.tenants {
+            let servers = self.enabled_servers(&tenant.id).unwrap_or_default();
+            let catalogs: Vec<_> = servers.iter().map(|s| known(&s.key)).collect();
+            let named: Vec<Named<'_>> = servers
+                .iter()
+                .zip(&catalogs)
+                .map(|(s, catalog)| Named {
+                    server_id: s.id(),
+                    rule: &s.naming,
+                    declared: catalog.as_deref().map(Declared::of_catalog),
+                })
+                .collect();
+            found.extend(
+                naming::collisions(&named)
+                    .into_iter()
+                    .map(|c| format!("tenant {:?}: {c}", tenant.id)),
+            );
+        }
+        found
     }
 
     /// Every enabled server of every tenant, tenants and servers in configured order.
@@ -304,6 +386,18 @@ impl CatalogConfig {
             .iter()
             .flat_map(|t| self.enabled_servers(&t.id).unwrap_or_default())
             .collect()
+    }
+}
+
+/// A server's rule: its own strategy if set, else the tenant's.
+fn name_rule(tenant: Naming, server: &ServerConfig) -> NameRule {
+    let prefix = match server.naming.unwrap_or(tenant) {
+        Naming::Bare => None,
+        Naming::Prefix => Some(server.prefix.clone().unwrap_or_else(|| server.id.clone())),
+    };
+    NameRule {
+        prefix,
+        aliases: server.aliases.clone(),
     }
 }
 

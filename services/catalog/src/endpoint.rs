@@ -7,12 +7,13 @@
 //!   key over its rate limit 429.
 //! * One MCP session (2025-11-25 and before) is one catalog session, driven in-process: `initialize`
 //!   prepares it ([`Prepare`]: pins from memory, live discovery where there
-//!   is none), `tools/list` answers its pins as `server__tool` (the gate's
-//!   names) less the tools withdrawn since, `tools/call` goes through [`Call`]
+//!   is none), `tools/list` answers its pins named by each pin's rule
+//!   (`catalog_core::naming`: `server__tool` by default, the tenant's
+//!   `bare`, a server's prefix or aliases) less the tools withdrawn since, `tools/call` goes through [`Call`]
 //!   (lazy start, withdrawal rules, the server's call timeout), and the end
 //!   of the MCP session (DELETE, idle expiry, shutdown) ends the catalog
 //!   session, which stops its servers.
-//! * Prompts are served the same way (`prompts/list` as `server__prompt`,
+//! * Prompts are served the same way (`prompts/list` named like tools,
 //!   `prompts/get` through [`Call`]); resources by their own URIs
 //!   (`resources/read` goes to the server that declared the URI, the first
 //!   in configured order when two did).
@@ -45,6 +46,9 @@ use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::Response;
+use catalog_core::naming::NameRule;
+use catalog_core::uri_template;
+use ctxsync_mcp::relay::Relay;
 use ctxsync_proto::v1::catalog_pin::Source;
 use ctxsync_proto::v1::{
     CatalogCallReply, CatalogCallRequest, CatalogPrepareRequest, ServiceError,
@@ -52,13 +56,18 @@ use ctxsync_proto::v1::{
 use ctxsync_runtime::tenant_keys::{self, Caller, TenantKeys};
 use futures::StreamExt as _;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, DiscoverResult,
-    ErrorCode, ErrorData, Extensions, GetPromptRequestParams, GetPromptResponse, GetPromptResult,
-    Implementation, InitializeRequestParams, InitializeResult, JsonObject, ListPromptsResult,
-    ListResourcesResult, ListToolsResult, PaginatedRequestParams, Prompt, ProtocolVersion,
-    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource,
-    ServerCapabilities, ServerConfig, ServerNotification, SubscriptionFilter, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CompleteRequestParams, CompleteResult,
+    ContentBlock, DiscoverResult, ErrorCode, ErrorData, Extensions, GetPromptRequestParams,
+    GetPromptResponse, GetPromptResult, Implementation, InitializeRequestParams, InitializeResult,
+    JsonObject, ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult,
+    ListToolsResult, PaginatedRequestParams, Prompt, ProtocolVersion, ReadResourceRequestParams,
+    ReadResourceResponse, ReadResourceResult, Reference, Resource, ResourceTemplate,
+    ServerCapabilities, ServerConfig, ServerNotification, SubscribeRequestParams,
+    SubscriptionFilter, Tool, UnsubscribeRequestParams,
 };
+// Logging is deprecated for 2026-07-28 (SEP-2577); 2025 clients set levels.
+#[allow(deprecated)]
+use rmcp::model::SetLevelRequestParams;
 use rmcp::service::{NotificationContext, RequestContext, SubscriptionContext};
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{Peer, RoleServer, ServerHandler};
@@ -71,10 +80,11 @@ pub use crate::mcp_sessions::SessionLimits;
 use crate::prepare::Prepare;
 use crate::rate_limit::Limiter;
 pub use crate::rate_limit::RateLimit;
+use crate::relay;
 use crate::sessions::{Sessions, Withdrawn};
 
 /// Separates a server's id from its tool's name, as the gate does.
-pub const TOOL_NAME_SEPARATOR: &str = "__";
+pub const TOOL_NAME_SEPARATOR: &str = catalog_core::naming::SEPARATOR;
 
 /// The header carrying the MCP session id.
 const SESSION_HEADER: &str = "mcp-session-id";
@@ -468,6 +478,12 @@ struct OfferedResource {
     resource: Resource,
 }
 
+/// A pinned resource template as offered (its own URI template).
+struct OfferedTemplate {
+    server: String,
+    template: ResourceTemplate,
+}
+
 /// The catalog session an MCP session is bound to at `initialize`, or a
 /// stateless request to by its pin handle (then `session_id` is the handle).
 struct Bound {
@@ -480,6 +496,7 @@ struct Bound {
     tools: Vec<Offered>,
     prompts: Vec<OfferedPrompt>,
     resources: Vec<OfferedResource>,
+    templates: Vec<OfferedTemplate>,
 }
 
 /// What a stateless request is answered from.
@@ -502,37 +519,59 @@ impl Bound {
             .iter()
             .filter(|pin| pin.source() != Source::Failed)
             .collect();
-        let tools = pins
-            .iter()
-            .flat_map(|pin| {
-                pin.tools.iter().map(|tool| Offered {
+        // A name two pins offer (a collision a live discovery brought) is
+        // served by the first in configured order, like a resource URI.
+        let mut tools: Vec<Offered> = Vec::new();
+        let mut prompts: Vec<OfferedPrompt> = Vec::new();
+        for pin in &pins {
+            let rule = NameRule::of_pin(pin.naming.as_ref(), &pin.server_id);
+            for tool in &pin.tools {
+                let offered = rule.offered(&tool.name);
+                if tools.iter().any(|t| t.tool.name == offered) {
+                    tracing::debug!(server = %pin.server_id, name = %offered, "tool name offered by an earlier server");
+                    continue;
+                }
+                tools.push(Offered {
                     server: pin.server_id.clone(),
                     name: tool.name.clone(),
                     tool: Tool::new(
-                        offered_name(&pin.server_id, &tool.name),
+                        offered,
                         tool.description.clone(),
                         schema_of(&tool.input_schema_json),
                     ),
-                })
-            })
-            .collect();
-        let prompts = pins
-            .iter()
-            .flat_map(|pin| {
-                pin.prompts.iter().map(|prompt| {
-                    let mut offered = declared_prompt(prompt);
-                    offered.name = offered_name(&pin.server_id, &prompt.name);
-                    OfferedPrompt {
-                        server: pin.server_id.clone(),
-                        name: prompt.name.clone(),
-                        prompt: offered,
-                    }
-                })
-            })
-            .collect();
+                });
+            }
+            for prompt in &pin.prompts {
+                let mut declared = declared_prompt(prompt);
+                declared.name = rule.offered(&prompt.name);
+                if prompts.iter().any(|p| p.prompt.name == declared.name) {
+                    tracing::debug!(server = %pin.server_id, name = %declared.name, "prompt name offered by an earlier server");
+                    continue;
+                }
+                prompts.push(OfferedPrompt {
+                    server: pin.server_id.clone(),
+                    name: prompt.name.clone(),
+                    prompt: declared,
+                });
+            }
+        }
         let mut resources: Vec<OfferedResource> = Vec::new();
+        let mut templates: Vec<OfferedTemplate> = Vec::new();
         for pin in &pins {
             for resource in &pin.resources {
+                if resource.template {
+                    if templates
+                        .iter()
+                        .any(|t| t.template.uri_template == resource.uri)
+                    {
+                        continue;
+                    }
+                    templates.push(OfferedTemplate {
+                        server: pin.server_id.clone(),
+                        template: declared_template(resource),
+                    });
+                    continue;
+                }
                 // Two servers declaring one URI: the first in configured order serves it.
                 if resources.iter().any(|r| r.resource.uri == resource.uri) {
                     tracing::debug!(server = %pin.server_id, uri = %resource.uri, "resource uri offered by an earlier server");
@@ -552,6 +591,22 @@ impl Bound {
             tools,
             prompts,
             resources,
+            templates,
+        }
+    }
+
+    /// The server a read of `uri` goes to: the resource's, else the first
+    /// template's that `uri` expands.
+    fn resource_server(&self, uri: &str) -> Option<&str> {
+        let exact = self.resources.iter().find(|o| o.resource.uri == uri);
+        let templated = || {
+            self.templates
+                .iter()
+                .find(|o| uri_template::matches(&o.template.uri_template, uri))
+        };
+        match exact {
+            Some(offered) => Some(&offered.server),
+            None => templated().map(|o| o.server.as_str()),
         }
     }
 
@@ -592,6 +647,9 @@ struct SessionState {
     announced: Mutex<Withdrawn>,
     /// Cancelled when the session ends: stops its watcher.
     ended: CancellationToken,
+    /// The client, as upstreams reach it (held here: the connections it
+    /// follows hold it weakly, so it goes with the session).
+    client: OnceLock<Arc<relay::Client>>,
 }
 
 impl SessionState {
@@ -645,6 +703,7 @@ impl McpSession {
                 watching: std::sync::atomic::AtomicBool::new(false),
                 announced: Mutex::default(),
                 ended: CancellationToken::new(),
+                client: OnceLock::new(),
             }),
             endpoint,
         }
@@ -684,13 +743,53 @@ impl McpSession {
         &self,
         bound: &Bound,
         call: CatalogCallRequest,
-        peer: &Peer<RoleServer>,
+        context: &RequestContext<RoleServer>,
     ) -> CatalogCallReply {
-        let reply = self.endpoint.commands.call.handle(call).await;
+        let relay = self.relay_for(context);
+        let reply = self
+            .endpoint
+            .commands
+            .call
+            .handle_relayed(call, Some(relay))
+            .await;
         if !bound.stateless {
-            notify_lists_changed(self.state.announce(self.withdrawn(bound).await), peer);
+            notify_lists_changed(
+                self.state.announce(self.withdrawn(bound).await),
+                &context.peer,
+            );
         }
         reply
+    }
+
+    /// The client behind the session (or the stateless request).
+    fn client(&self, context: &RequestContext<RoleServer>) -> Arc<relay::Client> {
+        self.state
+            .client
+            .get_or_init(|| Arc::new(relay::Client::of(&context.peer, is_stateless(context))))
+            .clone()
+    }
+
+    /// What the upstream sends during `context`'s request reaches its client.
+    fn relay_for(&self, context: &RequestContext<RoleServer>) -> Relay {
+        Relay {
+            downstream: self.client(context),
+            origin: Some(context.id.clone()),
+            progress_token: context.meta.get_progress_token(),
+            cancelled: context.ct.clone(),
+        }
+    }
+
+    /// The session's connection to `server`, started on this first use.
+    async fn used(&self, bound: &Bound, server: &str) -> Result<crate::call::Used, ErrorData> {
+        self.endpoint
+            .commands
+            .call
+            .connection(&bound.tenant, &bound.session_id, server)
+            .await
+            .map_err(|reply| match reply.error {
+                Some(error) => rpc_error(&error),
+                None => ErrorData::internal_error("the server cannot be used", None),
+            })
     }
 
     /// One page of what `pick` keeps of the session's pins (less the
@@ -829,11 +928,6 @@ async fn withdrawn(endpoint: &Endpoint, bound: &Bound) -> Withdrawn {
         .await
 }
 
-/// `server__name`, as the gate names pinned tools.
-fn offered_name(server: &str, name: &str) -> String {
-    format!("{server}{TOOL_NAME_SEPARATOR}{name}")
-}
-
 /// A pinned prompt's declaration as the server gave it (its name, description
 /// and nothing else if the stored text is not a prompt).
 fn declared_prompt(pinned: &ctxsync_proto::v1::McpPrompt) -> Prompt {
@@ -851,6 +945,13 @@ fn declared_resource(pinned: &ctxsync_proto::v1::McpResource) -> Resource {
     let mut declared: Resource = serde_json::from_str(&pinned.declaration_json)
         .unwrap_or_else(|_| Resource::new(pinned.uri.clone(), pinned.name.clone()));
     declared.uri.clone_from(&pinned.uri);
+    declared
+}
+
+fn declared_template(pinned: &ctxsync_proto::v1::McpResource) -> ResourceTemplate {
+    let mut declared: ResourceTemplate = serde_json::from_str(&pinned.declaration_json)
+        .unwrap_or_else(|_| ResourceTemplate::new(pinned.uri.clone(), pinned.name.clone()));
+    declared.uri_template.clone_from(&pinned.uri);
     declared
 }
 
@@ -1036,11 +1137,15 @@ fn counted(method: &'static str) {
 
 impl ServerHandler for McpSession {
     fn get_info(&self) -> ServerConfig {
+        #[allow(deprecated)] // Logging: relayed for 2025 clients (see the import).
         let capabilities = ServerCapabilities::builder()
+            .enable_completions()
+            .enable_logging()
             .enable_prompts()
             .enable_prompts_list_changed()
             .enable_resources()
             .enable_resources_list_changed()
+            .enable_resources_subscribe()
             .enable_tools()
             .enable_tool_list_changed()
             .build();
@@ -1267,7 +1372,7 @@ impl ServerHandler for McpSession {
             arguments_json: serde_json::Value::Object(arguments).to_string(),
             ..bound.call(&offered.server)
         };
-        Ok(result_of(self.relay(bound, call, &context.peer).await).into())
+        Ok(result_of(self.relay(bound, call, &context).await).into())
     }
 
     async fn list_prompts(
@@ -1314,7 +1419,7 @@ impl ServerHandler for McpSession {
             arguments_json: serde_json::Value::Object(arguments).to_string(),
             ..bound.call(&offered.server)
         };
-        let reply = self.relay(bound, call, &context.peer).await;
+        let reply = self.relay(bound, call, &context).await;
         relayed::<GetPromptResult>(reply).map(GetPromptResponse::from)
     }
 
@@ -1353,21 +1458,161 @@ impl ServerHandler for McpSession {
     ) -> Result<ReadResourceResponse, ErrorData> {
         counted("resources/read");
         let bound = self.bound(&context).await?;
-        let Some(offered) = bound
-            .resources
-            .iter()
-            .find(|o| o.resource.uri == request.uri)
-        else {
+        let Some(server) = bound.resource_server(&request.uri) else {
             return Err(not_pinned(
                 catalog_core::ItemKind::Resource,
                 format!("resource {:?} is not in this session's pins", request.uri),
             ));
         };
         let call = CatalogCallRequest {
-            resource_uri: offered.resource.uri.clone(),
-            ..bound.call(&offered.server)
+            resource_uri: request.uri.clone(),
+            ..bound.call(server)
         };
-        let reply = self.relay(bound, call, &context.peer).await;
+        let reply = self.relay(bound, call, &context).await;
         relayed::<ReadResourceResult>(reply).map(ReadResourceResponse::from)
+    }
+
+    async fn list_resource_templates(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        counted("resources/templates/list");
+        let listed = self
+            .listed(request, &context, |bound, withdrawn| {
+                let offered = bound.templates.iter();
+                let kept = offered.filter(|o| {
+                    !withdrawn
+                        .resources
+                        .contains(&key(&o.server, &o.template.uri_template))
+                });
+                kept.map(|o| o.template.clone()).collect()
+            })
+            .await?;
+        let mut result = ListResourceTemplatesResult::with_all_items(listed.items);
+        result.next_cursor = listed.next;
+        Hints::apply(
+            listed.hints,
+            &mut result.meta,
+            &mut result.ttl_ms,
+            &mut result.cache_scope,
+        );
+        Ok(result)
+    }
+
+    /// A prompt's argument by its offered name, or a resource template's,
+    /// completed by the server that declared it (started if needed).
+    async fn complete(
+        &self,
+        mut request: CompleteRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CompleteResult, ErrorData> {
+        counted("completion/complete");
+        let bound = self.bound(&context).await?;
+        let server = match &mut request.r#ref {
+            Reference::Prompt(prompt) => {
+                let offered = bound.prompts.iter().find(|o| o.prompt.name == prompt.name);
+                let Some(offered) = offered else {
+                    return Err(not_pinned(
+                        catalog_core::ItemKind::Prompt,
+                        format!("prompt {:?} is not in this session's pins", prompt.name),
+                    ));
+                };
+                prompt.name.clone_from(&offered.name);
+                offered.server.clone()
+            }
+            Reference::Resource(template) => {
+                let offered = bound
+                    .templates
+                    .iter()
+                    .find(|o| o.template.uri_template == template.uri);
+                let Some(offered) = offered else {
+                    return Err(not_pinned(
+                        catalog_core::ItemKind::Resource,
+                        format!(
+                            "resource template {:?} is not in this session's pins",
+                            template.uri
+                        ),
+                    ));
+                };
+                offered.server.clone()
+            }
+            _ => {
+                return Err(ErrorData::invalid_params(
+                    "unknown completion reference",
+                    None,
+                ));
+            }
+        };
+        let used = self.used(bound, &server).await?;
+        relay::relayed("completion");
+        let _relaying = used.connection.relaying(&self.relay_for(&context));
+        used.connection
+            .complete(request, used.timeout)
+            .await
+            .map_err(|error| used.error(error))
+    }
+
+    /// Subscribes the client to a pinned resource (or a URI a template
+    /// expands) at its server, started if needed; its updates reach it.
+    async fn subscribe(
+        &self,
+        request: SubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        counted("resources/subscribe");
+        let bound = self.bound(&context).await?;
+        let Some(server) = bound.resource_server(&request.uri) else {
+            return Err(not_pinned(
+                catalog_core::ItemKind::Resource,
+                format!("resource {:?} is not in this session's pins", request.uri),
+            ));
+        };
+        let used = self.used(bound, server).await?;
+        self.client(&context).subscribe(&request.uri);
+        used.connection
+            .subscribe(&request.uri, &self.relay_for(&context), used.timeout)
+            .await
+            .map_err(|error| used.error(error))
+    }
+
+    async fn unsubscribe(
+        &self,
+        request: UnsubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        counted("resources/unsubscribe");
+        let bound = self.bound(&context).await?;
+        self.client(&context).unsubscribe(&request.uri);
+        let Some(server) = bound.resource_server(&request.uri) else {
+            return Ok(());
+        };
+        let used = self.used(bound, server).await?;
+        used.connection
+            .unsubscribe(&request.uri, used.timeout)
+            .await
+            .map_err(|error| used.error(error))
+    }
+
+    /// The client's level, applied to the servers it has open now and to
+    /// each it opens later (before its first call).
+    #[allow(deprecated)] // Logging: see the import.
+    async fn set_level(
+        &self,
+        request: SetLevelRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        counted("logging/setLevel");
+        let bound = self.bound(&context).await?;
+        self.client(&context).set_level(request.level);
+        let relay = self.relay_for(&context);
+        let call = &self.endpoint.commands.call;
+        for connection in call
+            .open_connections(&bound.tenant, &bound.session_id)
+            .await
+        {
+            connection.relay_level(&relay).await;
+        }
+        Ok(())
     }
 }

@@ -56,7 +56,11 @@ async fn reload_on_sighup(path: std::path::PathBuf, reloader: catalog::Reloader)
     };
     while hangups.recv().await.is_some() {
         match catalog::CatalogConfig::load(&path) {
-            Ok(servers) => reloader.reload(servers),
+            Ok(servers) => {
+                if let Err(error) = reloader.reload(servers) {
+                    tracing::error!(%error, "config not reloaded; the running config stays");
+                }
+            }
             Err(error) => tracing::error!(%error, "config not reloaded; the running config stays"),
         }
     }

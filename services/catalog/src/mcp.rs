@@ -56,6 +56,7 @@ pub fn transport_of(kind: TransportKind) -> Transport {
 pub fn call_failure(spec: &ServerSpec, error: McpError) -> CallFailure {
     match error {
         McpError::Timeout { after } => CallFailure::Timeout { after },
+        McpError::Cancelled => CallFailure::Cancelled,
         e @ McpError::Protocol { .. } => CallFailure::Protocol {
             message: failure(spec, &e, Duration::ZERO).message,
         },

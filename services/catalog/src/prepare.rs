@@ -13,14 +13,15 @@ use catalog_core::prepare::{self as core, Outcome, Plan, ServerRef, Timings};
 use catalog_core::request::{Refusal, valid_preparation};
 use catalog_core::{Discovery, hints};
 use catalog_core::{ErrorCode, Failure, Live};
-use ctxsync_proto::v1::{CatalogPrepareReply, CatalogPrepareRequest};
+use ctxsync_proto::v1::catalog_pin::Source;
+use ctxsync_proto::v1::{CatalogPin, CatalogPrepareReply, CatalogPrepareRequest};
 use sha2::Digest as _;
 
 use crate::config::{ConfiguredServer, Current};
 use crate::discovery::{Cause, Discoverer};
 use crate::events::Events;
 use crate::mcp::transport_of;
-use crate::store::{self, GenerationRef, StoredEvent};
+use crate::store::{self, GenerationRef, StoredEvent, StoredPin};
 
 /// The `prepare` command.
 pub(crate) struct Prepare {
@@ -176,7 +177,7 @@ impl Prepare {
         }
         self.events.publish(&written).await;
         CatalogPrepareReply {
-            pins: core::reply_pins(&refs, outcomes),
+            pins: answered(core::reply_pins(&refs, outcomes), tenant),
             error: None,
             follow_up: false,
             duration_ms: ms(started.elapsed()),
@@ -265,7 +266,7 @@ impl Prepare {
         session_id: &str,
     ) -> Result<Option<Vec<ctxsync_proto::v1::CatalogPin>>, String> {
         match store::load_pins(self.events.pool(), tenant, session_id).await {
-            Ok(pins) => Ok(pins.map(|pins| pins.iter().map(|pin| pin.to_proto()).collect())),
+            Ok(pins) => Ok(pins.map(|pins| stored(&pins))),
             Err(e) => Err(format!(
                 "cannot read the session's pins: {}",
                 ctxsync_runtime::db::describe(&e)
@@ -292,7 +293,7 @@ impl Prepare {
         let event = core::follow_up_event(tenant, session_id, pins.len(), started.elapsed());
         self.events.queue(vec![event]);
         CatalogPrepareReply {
-            pins: pins.iter().map(|pin| pin.to_proto()).collect(),
+            pins: stored(&pins),
             error: None,
             follow_up: true,
             duration_ms: ms(started.elapsed()),
@@ -324,6 +325,7 @@ impl Snapshot {
                     server_id: server.id(),
                     server_key: server.key.as_str(),
                     catalog_hash: &d.catalog.hash,
+                    naming: &server.naming,
                 })
             })
             .collect::<Option<Vec<_>>>()?;
@@ -405,11 +407,39 @@ pub(crate) fn pinned_hashes(pins: &[ctxsync_proto::v1::CatalogPin]) -> Vec<(Stri
 }
 
 /// What the core needs of a configured server.
+/// A new preparation's pins as answered, each marked with the names it
+/// loses to an earlier pin. A collision that a live discovery brought (the
+/// configuration was checked against the memory's names) is logged and
+/// counted; the sessions pinned before keep their pins.
+fn answered(mut pins: Vec<CatalogPin>, tenant: &str) -> Vec<CatalogPin> {
+    let collisions = catalog_core::naming::mark_pins(&mut pins);
+    let live = |server: &str| {
+        pins.iter()
+            .any(|p| p.server_id == server && p.source() == Source::Connected)
+    };
+    for collision in collisions {
+        if live(&collision.first) || live(&collision.second) {
+            metrics::counter!("ctxsync_catalog_name_collisions_total", "found" => "discovery")
+                .increment(1);
+            tracing::warn!(%tenant, first = %collision.first, second = %collision.second, name = %collision.name, "a live discovery brought a name collision: {collision}; the first server keeps the name");
+        }
+    }
+    pins
+}
+
+/// A stored session's pins as answered, marked like a new preparation's.
+fn stored(pins: &[StoredPin]) -> Vec<CatalogPin> {
+    let mut answered: Vec<CatalogPin> = pins.iter().map(StoredPin::to_proto).collect();
+    catalog_core::naming::mark_pins(&mut answered);
+    answered
+}
+
 fn server_ref(server: &ConfiguredServer) -> ServerRef<'_> {
     ServerRef {
         id: server.id(),
         key: server.key.as_str(),
         transport: transport_of(server.transport_kind()),
+        naming: &server.naming,
     }
 }
 

@@ -174,6 +174,24 @@ pub const SERIES: &[Series] = &[
         "ctxsync_catalog_mcp_list_changed_total",
         "List-changed notifications (tools, prompts, resources) sent to MCP sessions.",
     ),
+    Series::counter(
+        "ctxsync_catalog_mcp_relayed_total",
+        "Messages relayed between MCP clients of /mcp and upstream servers, by kind.",
+    )
+    .zeroed(&[
+        &[("kind", "progress")],
+        &[("kind", "cancellation")],
+        &[("kind", "logging")],
+        &[("kind", "completion")],
+        &[("kind", "resource_updated")],
+        &[("kind", "elicitation")],
+        &[("kind", "sampling")],
+    ]),
+    Series::counter(
+        "ctxsync_catalog_name_collisions_total",
+        "Tool, prompt or resource names two servers of a tenant offer, by where found (config: a config refused; discovery: a live discovery brought it).",
+    )
+    .zeroed(&[&[("found", "config")], &[("found", "discovery")]]),
     Series::gauge(
         "ctxsync_catalog_shared_processes",
         "Shared server processes running now (servers configured processes: shared).",

@@ -51,6 +51,8 @@ pub enum Error {
     Bind(#[from] http::BindError),
     #[error(transparent)]
     Settings(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    Names(#[from] ReloadError),
 }
 
 /// A warm-up claim outlives its attempt's handshake bound by this much
@@ -119,13 +121,42 @@ where
 
 /// Replaces a running catalog's server configuration.
 #[derive(Clone)]
-pub struct Reloader(Arc<Current>);
+pub struct Reloader {
+    config: Arc<Current>,
+    discovery: Arc<Discoverer>,
+}
+
+/// A configuration the running catalog refused; the one in force stays.
+#[derive(Debug, thiserror::Error)]
+#[error("catalog config refused: {}", .collisions.join("; "))]
+pub struct ReloadError {
+    /// Each name two servers would offer, naming both.
+    pub collisions: Vec<String>,
+}
 
 impl Reloader {
-    pub fn reload(&self, servers: CatalogConfig) {
+    /// Replaces the configuration unless, with the names the memory knows,
+    /// two servers of a tenant would offer one name.
+    pub fn reload(&self, servers: CatalogConfig) -> Result<(), ReloadError> {
+        refuse_collisions(&servers, &self.discovery)?;
         let count = servers.all_enabled_servers().len();
-        self.0.replace(servers);
+        self.config.replace(servers);
         tracing::info!(servers = count, "catalog config reloaded");
+        Ok(())
+    }
+}
+
+/// The configuration's name collisions given what the memory knows of each
+/// server's tools and prompts.
+fn refuse_collisions(config: &CatalogConfig, discovery: &Discoverer) -> Result<(), ReloadError> {
+    let memory = discovery.memory();
+    let collisions = config.collisions(|key| memory.reusable(key).map(|d| d.catalog));
+    if collisions.is_empty() {
+        Ok(())
+    } else {
+        metrics::counter!("ctxsync_catalog_name_collisions_total", "found" => "config")
+            .increment(collisions.len() as u64);
+        Err(ReloadError { collisions })
     }
 }
 
@@ -186,13 +217,16 @@ impl Running {
     /// Replaces the server configuration (e.g. on SIGHUP). Sessions keep
     /// their pins; a changed server is a different memory entry, and entries
     /// of the old configuration stay (a change back finds them again).
-    pub fn reload(&self, servers: CatalogConfig) {
-        self.reloader().reload(servers);
+    pub fn reload(&self, servers: CatalogConfig) -> Result<(), ReloadError> {
+        self.reloader().reload(servers)
     }
 
     /// A handle that reloads the configuration while `join` runs.
     pub fn reloader(&self) -> Reloader {
-        Reloader(self.config.clone())
+        Reloader {
+            config: self.config.clone(),
+            discovery: self.discovery.clone(),
+        }
     }
 
     /// Transports open for sessions.
@@ -305,6 +339,8 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
     let sharing = memory.start_sharing(shutdown.clone()).await;
     tracing::info!(remembered = memory.len(), "catalog memory loaded");
     let discovery = Arc::new(Discoverer::new(memory, settings.max_concurrent_starts));
+    // Names collide only where the memory knows both servers' items.
+    refuse_collisions(&current.get(), &discovery)?;
     let (events, queued_events) = Events::new(
         pool.clone(),
         connection.client.clone(),

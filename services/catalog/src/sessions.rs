@@ -228,6 +228,16 @@ impl Session {
         self.pins.get(server_id)
     }
 
+    /// The ids of the servers with a slot (opened at least once).
+    pub fn opened_servers(&self) -> Vec<String> {
+        self.servers
+            .lock()
+            .expect("servers lock")
+            .keys()
+            .cloned()
+            .collect()
+    }
+
     /// Runs `call` as a call in flight: the session is not idle meanwhile.
     pub async fn in_flight<T>(&self, call: impl Future<Output = T>) -> T {
         self.in_flight.fetch_add(1, Ordering::SeqCst);

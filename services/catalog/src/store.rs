@@ -17,6 +17,7 @@ use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::{PgConnection, PgPool, Row, SqlSafeStr};
 
 pub use catalog_core::events::{NewEvent, PAYLOAD_VERSION, kinds};
+use catalog_core::naming::NameRule;
 pub use catalog_core::pins::{NewPin, PinSource, StoredPin};
 
 pub fn migrator() -> Migrator {
@@ -33,6 +34,13 @@ pub fn migrator() -> Migrator {
             Cow::Borrowed("prompts and resources"),
             MigrationType::Simple,
             include_str!("../migrations/0002_prompts_resources.sql").into_sql_str(),
+            false,
+        ),
+        Migration::new(
+            3,
+            Cow::Borrowed("a pin's naming rule"),
+            MigrationType::Simple,
+            include_str!("../migrations/0003_pin_naming.sql").into_sql_str(),
             false,
         ),
     ]);
@@ -279,12 +287,13 @@ pub async fn insert_pins(
     let hashes: Vec<&str> = pins.iter().map(|p| p.catalog.hash.as_str()).collect();
     let transports: Vec<&str> = pins.iter().map(|p| p.transport.as_str()).collect();
     let sources: Vec<&str> = pins.iter().map(|p| p.source.as_str()).collect();
+    let namings: Vec<String> = pins.iter().map(|p| p.naming.to_json()).collect();
     sqlx::query(
         "INSERT INTO catalog.pins
-             (tenant, session_id, position, server_id, server_key, catalog_hash, transport, source)
-         SELECT $1, $2, (p.ord - 1)::integer, p.server_id, p.server_key, p.catalog_hash, p.transport, p.source
-         FROM UNNEST($3::text[], $4::text[], $5::text[], $6::text[], $7::text[])
-              WITH ORDINALITY AS p(server_id, server_key, catalog_hash, transport, source, ord)
+             (tenant, session_id, position, server_id, server_key, catalog_hash, transport, source, naming_json)
+         SELECT $1, $2, (p.ord - 1)::integer, p.server_id, p.server_key, p.catalog_hash, p.transport, p.source, p.naming_json
+         FROM UNNEST($3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[])
+              WITH ORDINALITY AS p(server_id, server_key, catalog_hash, transport, source, naming_json, ord)
          ORDER BY p.ord",
     )
     .bind(tenant)
@@ -294,6 +303,7 @@ pub async fn insert_pins(
     .bind(&hashes)
     .bind(&transports)
     .bind(&sources)
+    .bind(&namings)
     .execute(&mut *conn)
     .await?;
     Ok(())
@@ -316,7 +326,7 @@ pub async fn load_pins(
         return Ok(None);
     }
     let rows = sqlx::query(
-        "SELECT p.server_id, p.server_key, p.catalog_hash, p.transport, p.source,
+        "SELECT p.server_id, p.server_key, p.catalog_hash, p.transport, p.source, p.naming_json,
                 t.name, t.description, t.input_schema_json
          FROM catalog.pins p
          LEFT JOIN catalog.generation_tools t
@@ -332,7 +342,9 @@ pub async fn load_pins(
     for row in rows {
         let server_id: String = row.try_get("server_id")?;
         if pins.last().is_none_or(|p| p.server_id != server_id) {
+            let naming: Option<String> = row.try_get("naming_json")?;
             pins.push(StoredPin {
+                naming: NameRule::from_json(naming.as_deref(), &server_id),
                 server_id,
                 server_key: row.try_get("server_key")?,
                 transport: row.try_get("transport")?,

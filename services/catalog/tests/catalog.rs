@@ -73,7 +73,7 @@ async fn a_config_change_is_a_different_entry() {
         [("fx".to_owned(), PINNED)]
     );
 
-    harness.running().reload(changed());
+    harness.running().reload(changed()).unwrap();
     assert_eq!(
         sources(&harness.prepare("acme", "s3").await),
         [("fx".to_owned(), CONNECTED)],
@@ -81,7 +81,7 @@ async fn a_config_change_is_a_different_entry() {
     );
     assert_eq!(mcp_fixture::read_starts(record.path()).len(), 2);
 
-    harness.running().reload(original());
+    harness.running().reload(original()).unwrap();
     assert_eq!(
         sources(&harness.prepare("acme", "s4").await),
         [("fx".to_owned(), PINNED)],

@@ -232,7 +232,13 @@ async fn sdk_scenario(program: PathBuf, script: &str) {
         .iter()
         .map(|p| format!("everything{}{}", catalog::TOOL_NAME_SEPARATOR, p.name))
         .collect();
-    let gate_uris: Vec<String> = everything.resources.iter().map(|r| r.uri.clone()).collect();
+    // Its resource templates are pinned too, listed apart (`relays.rs`).
+    let gate_uris: Vec<String> = everything
+        .resources
+        .iter()
+        .filter(|r| !r.template)
+        .map(|r| r.uri.clone())
+        .collect();
     let document = gate_uris
         .first()
         .expect("server-everything declares resources");
@@ -1953,7 +1959,7 @@ async fn a_chats_preparation_is_a_pin_handle_the_endpoint_answers_alike() {
     // A configuration change: the memory's lists are other ones now.
     let mut changed = endpoint.config.clone();
     changed.tenants[0].servers[0].classification = Some("internal".into());
-    endpoint.harness.running().reload(changed);
+    endpoint.harness.running().reload(changed).unwrap();
     let (_, stale) =
         stateless_request(url, key, "tools/list", json!({"_meta": {HANDLE: "chat-9"}})).await;
     assert_eq!(stale["result"]["ttlMs"], json!(0), "{stale}");

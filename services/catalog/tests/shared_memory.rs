@@ -155,8 +155,8 @@ async fn two_replicas_share_discoveries_configuration_changes_and_failures() {
     assert_eq!(starts(record.path()), 1, "B started no server");
 
     // A configuration change discovered on A is a new entry on both.
-    a.running().reload(changed());
-    b.running().reload(changed());
+    a.running().reload(changed()).unwrap();
+    b.running().reload(changed()).unwrap();
     assert!(!a.running().remembers("acme", "fx") && !b.running().remembers("acme", "fx"));
     assert_eq!(
         sources(&a.prepare("acme", "a2").await),

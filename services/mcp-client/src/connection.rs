@@ -1,3 +1,7 @@
+// Logging and sampling are deprecated for 2026-07-28 (SEP-2577); the 2025
+// servers and clients this module relays between still speak them.
+#![allow(deprecated)]
+
 use std::collections::HashMap;
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
@@ -6,13 +10,20 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use rmcp::model::{
-    CallToolRequestParams, ClientCapabilities, ClientConfig, GetPromptRequestParams,
-    Implementation, JsonObject, Prompt, ProtocolVersion, ReadResourceRequestParams, Resource, Tool,
+    CallToolRequest, CallToolRequestParams, CancelledNotificationParam, ClientCapabilities,
+    ClientConfig, ClientRequest, CompleteRequestParams, CompleteResult, CreateMessageRequestMethod,
+    CreateMessageRequestParams, CreateMessageResult, ElicitRequestParams, ElicitResult,
+    ElicitationCapability, ElicitationCreateRequestMethod, ErrorData, FormElicitationCapability,
+    GetPromptRequestParams, Implementation, InputRequest, InputResponses, JsonObject,
+    LoggingMessageNotificationParam, Prompt, ProtocolVersion, ReadResourceRequestParams, Resource,
+    ResourceTemplate, ResourceUpdatedNotificationParam, SamplingCapability, ServerResult,
+    SetLevelRequestParams, SubscribeRequestParams, Tool, UnsubscribeRequestParams,
 };
 use rmcp::service::{
     ClientInitializeError, ClientLifecycleMode, ClientServiceExt as _, NotificationContext,
     RunningService, ServiceError,
 };
+use rmcp::service::{PeerRequestOptions, RequestContext};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
@@ -23,6 +34,7 @@ use tokio::task::JoinHandle;
 
 use crate::error::McpError;
 use crate::error::chain;
+use crate::relay::{InOrder, Relay, Routes};
 use crate::spec::{
     Declarations, PromptDecl, ResourceDecl, ServerInfo, ServerSpec, ToolDecl, TransportSpec,
 };
@@ -53,6 +65,10 @@ pub struct ConnectOptions {
     /// Speak only the revisions with `initialize` (an MCP session) to an
     /// HTTP server, even one offering 2026-07-28.
     pub sessions_only: bool,
+    /// Declare elicitation and sampling, and relay what the server sends
+    /// to the clients of its calls ([`crate::relay`]). Discovery and calls
+    /// of one server must agree: servers offer tools by what a client declares.
+    pub relays: bool,
 }
 
 impl ConnectOptions {
@@ -62,6 +78,7 @@ impl ConnectOptions {
             handshake_timeout,
             tools_changed: None,
             sessions_only: false,
+            relays: false,
         }
     }
 }
@@ -77,11 +94,15 @@ pub struct CallOutcome {
     pub structured_content_json: Option<String>,
 }
 
-/// Our side of the MCP session: reports `tools/list_changed` and advertises no
-/// optional client capabilities (so servers offer the same tools every time).
+/// Our side of the MCP session: reports `tools/list_changed`; advertises
+/// elicitation and sampling only when it relays them (the same every time, so
+/// servers offer the same tools every time).
+#[derive(Clone)]
 struct ClientSide {
     server_name: String,
     tools_changed: Option<UnboundedSender<String>>,
+    relays: bool,
+    routes: Arc<Routes>,
 }
 
 impl ClientSide {
@@ -110,10 +131,58 @@ impl ClientHandler for ClientSide {
     }
 
     fn get_info(&self) -> ClientConfig {
+        let mut capabilities = ClientCapabilities::default();
+        if self.relays {
+            capabilities.elicitation =
+                Some(ElicitationCapability::new().with_form(FormElicitationCapability::default()));
+            capabilities.sampling = Some(SamplingCapability::default());
+        }
         ClientConfig::new(
-            ClientCapabilities::default(),
+            capabilities,
             Implementation::new("ctxsync", env!("CARGO_PKG_VERSION")),
         )
+    }
+
+    async fn create_elicitation(
+        &self,
+        request: ElicitRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, ErrorData> {
+        match self.routes.asker(|d| d.can_elicit()) {
+            Some(relay) => relay.downstream.elicit(relay.origin, request).await,
+            None => Err(ErrorData::method_not_found::<ElicitationCreateRequestMethod>()),
+        }
+    }
+
+    async fn create_message(
+        &self,
+        request: CreateMessageRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<CreateMessageResult, ErrorData> {
+        match self.routes.asker(|d| d.can_sample()) {
+            Some(relay) => relay.downstream.sample(relay.origin, request).await,
+            None => Err(ErrorData::method_not_found::<CreateMessageRequestMethod>()),
+        }
+    }
+
+    async fn on_logging_message(
+        &self,
+        message: LoggingMessageNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        for downstream in self.routes.followers() {
+            downstream.log(&self.server_name, message.clone());
+        }
+    }
+
+    async fn on_resource_updated(
+        &self,
+        updated: ResourceUpdatedNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        for downstream in self.routes.followers() {
+            downstream.resource_updated(&self.server_name, &updated.uri);
+        }
     }
 }
 
@@ -123,6 +192,7 @@ pub struct Connection {
     service: RunningService<RoleClient, ClientSide>,
     process: Option<ServerProcess>,
     server_info: ServerInfo,
+    routes: Arc<Routes>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -143,9 +213,12 @@ impl Connection {
         spec: &ServerSpec,
         options: ConnectOptions,
     ) -> Result<Connection, McpError> {
+        let routes = Arc::new(Routes::default());
         let handler = ClientSide {
             server_name: spec.name.clone(),
             tools_changed: options.tools_changed.clone(),
+            relays: options.relays,
+            routes: routes.clone(),
         };
         let timeout = options.handshake_timeout;
         let (service, process) = match &spec.transport {
@@ -184,7 +257,11 @@ impl Connection {
                     child.stderr.take().expect("stderr is piped"),
                 );
                 let mut process = ServerProcess::new(child, stderr);
-                match tokio::time::timeout(timeout, handler.serve((stdout, stdin))).await {
+                let transport = InOrder::new(
+                    rmcp::transport::async_rw::AsyncRwTransport::new_client(stdout, stdin),
+                    routes.clone(),
+                );
+                match tokio::time::timeout(timeout, handler.clone().serve(transport)).await {
                     Ok(Ok(service)) => (service, Some(process)),
                     Ok(Err(error)) => return Err(process.handshake_failure(error).await),
                     Err(_) => {
@@ -200,10 +277,7 @@ impl Connection {
                 let client = crate::https::http_client()?;
                 let started = Instant::now();
                 let handshake = connect_streamable(
-                    || ClientSide {
-                        server_name: spec.name.clone(),
-                        tools_changed: options.tools_changed.clone(),
-                    },
+                    || handler.clone(),
                     &client,
                     url,
                     &custom_headers,
@@ -220,10 +294,7 @@ impl Connection {
                     // the first POST may be a legacy HTTP+SSE server.
                     Err(error) if is_legacy_hint(&error) => {
                         let first = http_handshake_error(error);
-                        let handler = ClientSide {
-                            server_name: spec.name.clone(),
-                            tools_changed: options.tools_changed.clone(),
-                        };
+                        let handler = handler.clone();
                         let left = timeout.saturating_sub(started.elapsed());
                         match connect_sse(handler, client, url, custom_headers, left).await {
                             Ok(service) => (service, None),
@@ -269,6 +340,7 @@ impl Connection {
             service,
             process,
             server_info,
+            routes,
         })
     }
 
@@ -295,7 +367,15 @@ impl Connection {
     pub async fn list_all(&self) -> Result<Declarations, McpError> {
         let (tools, tools_ttl) = self.list_tools_hinted().await?;
         let (prompts, prompts_ttl) = self.list_prompts_hinted().await?;
-        let (resources, resources_ttl) = self.list_resources_hinted().await?;
+        let (mut resources, resources_ttl) = self.list_resources_hinted().await?;
+        // Templates are pinned as resources keyed by their URI template
+        // (see `ResourceDecl`).
+        resources.extend(
+            self.list_resource_templates()
+                .await?
+                .into_iter()
+                .map(template_decl),
+        );
         let ttl = [tools_ttl, prompts_ttl, resources_ttl]
             .into_iter()
             .flatten()
@@ -409,15 +489,156 @@ impl Connection {
             .await
             .map_err(|_| McpError::Timeout { after: timeout })?
             .map_err(|error| self.service_error(error))?;
-        Ok(CallOutcome {
-            is_error: result.is_error.unwrap_or(false),
-            content_json: serde_json::to_string(&result.content)
-                .expect("tool content serializes to JSON"),
-            structured_content_json: result
-                .structured_content
-                .as_ref()
-                .map(|value| value.to_string()),
+        Ok(outcome_of(result))
+    }
+
+    /// [`Connection::call_tool`] for a client: the call's progress reaches
+    /// it, the server's questions during the call (2025 requests, or
+    /// 2026-07-28 input rounds) go to it, and its cancellation reaches the
+    /// server as `notifications/cancelled`.
+    pub async fn call_tool_relayed(
+        &self,
+        name: &str,
+        arguments: serde_json::Map<String, serde_json::Value>,
+        timeout: Duration,
+        relay: &Relay,
+    ) -> Result<CallOutcome, McpError> {
+        self.apply_level(relay).await;
+        let mut in_flight = self.routes.begin(relay);
+        let mut params = CallToolRequestParams::new(name.to_string()).with_arguments(arguments);
+        let deadline = tokio::time::Instant::now() + timeout;
+        for _round in 0..MAX_INPUT_ROUNDS {
+            let request = ClientRequest::CallToolRequest(CallToolRequest::new(params.clone()));
+            let handle = self
+                .service
+                .peer()
+                .send_request_with_option(request, PeerRequestOptions::no_options())
+                .await
+                .map_err(|error| self.service_error(error))?;
+            self.routes
+                .route_progress(&mut in_flight, handle.progress_token.clone());
+            let id = handle.id.clone();
+            let response = tokio::select! {
+                response = handle.await_response() => response,
+                () = relay.cancelled.cancelled() => {
+                    self.cancel(id, "the client cancelled the call").await;
+                    return Err(McpError::Cancelled);
+                }
+                () = tokio::time::sleep_until(deadline) => {
+                    self.cancel(id, "request timeout").await;
+                    return Err(McpError::Timeout { after: timeout });
+                }
+            };
+            match response.map_err(|error| self.service_error(error))? {
+                ServerResult::CallToolResult(result) => return Ok(outcome_of(result)),
+                ServerResult::InputRequiredResult(required) => {
+                    let requests = required.input_requests.unwrap_or_default();
+                    params.input_responses = Some(fulfil(requests, relay).await?);
+                    params.request_state = required.request_state;
+                }
+                _ => {
+                    return Err(McpError::Protocol {
+                        message: "unexpected response type".to_string(),
+                    });
+                }
+            }
+        }
+        Err(McpError::Protocol {
+            message: format!("more than {MAX_INPUT_ROUNDS} rounds of input requests"),
         })
+    }
+
+    /// Routes what the server sends to `relay`'s client while the guard
+    /// lives (a prompt or resource read: its questions, its updates).
+    pub fn relaying(&self, relay: &Relay) -> crate::relay::InFlight {
+        self.routes.begin(relay)
+    }
+
+    /// `notifications/cancelled` for request `id` (best effort: a closed
+    /// transport has nothing left to cancel).
+    async fn cancel(&self, id: rmcp::model::RequestId, reason: &str) {
+        let cancelled = CancelledNotificationParam::new(Some(id), Some(reason.to_owned()));
+        if let Err(error) = self.service.peer().notify_cancelled(cancelled).await {
+            tracing::debug!(server = %self.server_name, error = %error, "cancellation not sent");
+        }
+    }
+
+    /// Sends the client's log level first if the server has not had it.
+    async fn apply_level(&self, relay: &Relay) {
+        if !self.offers(|c| c.logging.is_some()) {
+            return;
+        }
+        if let Some(level) = self.routes.level_to_send(relay.downstream.log_level()) {
+            let sent = self
+                .service
+                .peer()
+                .set_level(SetLevelRequestParams::new(level))
+                .await;
+            if let Err(error) = sent {
+                tracing::debug!(server = %self.server_name, error = %error, "log level not applied");
+            }
+        }
+    }
+
+    /// `logging/setLevel` for a client that follows this connection.
+    pub async fn relay_level(&self, relay: &Relay) {
+        let _in_flight = self.routes.begin(relay);
+        self.apply_level(relay).await;
+    }
+
+    /// `completion/complete` as the client asked it.
+    pub async fn complete(
+        &self,
+        params: CompleteRequestParams,
+        timeout: Duration,
+    ) -> Result<CompleteResult, McpError> {
+        tokio::time::timeout(timeout, self.service.peer().complete(params))
+            .await
+            .map_err(|_| McpError::Timeout { after: timeout })?
+            .map_err(|error| self.service_error(error))
+    }
+
+    /// Every resource template the server offers (none if it has no resources).
+    pub async fn list_resource_templates(&self) -> Result<Vec<ResourceTemplate>, McpError> {
+        if !self.offers(|c| c.resources.is_some()) {
+            return Ok(Vec::new());
+        }
+        match self.service.peer().list_all_resource_templates().await {
+            Ok(templates) => Ok(templates),
+            Err(ServiceError::McpError(_)) => Ok(Vec::new()),
+            Err(error) => Err(self.service_error(error)),
+        }
+    }
+
+    /// `resources/subscribe` for `relay`'s client: its updates reach it.
+    pub async fn subscribe(
+        &self,
+        uri: &str,
+        relay: &Relay,
+        timeout: Duration,
+    ) -> Result<(), McpError> {
+        let _in_flight = self.routes.begin(relay);
+        // The 2025 revisions' subscription, which the client spoke.
+        let subscribed = self
+            .service
+            .peer()
+            .subscribe(SubscribeRequestParams::new(uri));
+        tokio::time::timeout(timeout, subscribed)
+            .await
+            .map_err(|_| McpError::Timeout { after: timeout })?
+            .map_err(|error| self.service_error(error))
+    }
+
+    /// `resources/unsubscribe`.
+    pub async fn unsubscribe(&self, uri: &str, timeout: Duration) -> Result<(), McpError> {
+        let unsubscribed = self
+            .service
+            .peer()
+            .unsubscribe(UnsubscribeRequestParams::new(uri));
+        tokio::time::timeout(timeout, unsubscribed)
+            .await
+            .map_err(|_| McpError::Timeout { after: timeout })?
+            .map_err(|error| self.service_error(error))
     }
 
     pub fn server_info(&self) -> ServerInfo {
@@ -491,6 +712,58 @@ impl Connection {
     }
 }
 
+/// Rounds of 2026-07-28 input requests one relayed call may take (rmcp's
+/// own helpers stop at the same count).
+const MAX_INPUT_ROUNDS: usize = rmcp::model::DEFAULT_MRTR_MAX_ROUNDS;
+
+fn outcome_of(result: rmcp::model::CallToolResult) -> CallOutcome {
+    CallOutcome {
+        is_error: result.is_error.unwrap_or(false),
+        content_json: serde_json::to_string(&result.content)
+            .expect("tool content serializes to JSON"),
+        structured_content_json: result
+            .structured_content
+            .as_ref()
+            .map(|value| value.to_string()),
+    }
+}
+
+/// Answers a 2026-07-28 server's input requests through the call's client.
+async fn fulfil(
+    requests: rmcp::model::InputRequests,
+    relay: &Relay,
+) -> Result<InputResponses, McpError> {
+    let mut responses = InputResponses::new();
+    for (key, request) in requests {
+        let downstream = &relay.downstream;
+        let answered = match request {
+            InputRequest::Elicitation(request) if downstream.can_elicit() => downstream
+                .elicit(relay.origin.clone(), request.params)
+                .await
+                .map(|r| serde_json::to_value(r).expect("an elicitation result is JSON")),
+            InputRequest::CreateMessage(request) if downstream.can_sample() => downstream
+                .sample(relay.origin.clone(), request.params)
+                .await
+                .map(|r| serde_json::to_value(r).expect("a sampling result is JSON")),
+            InputRequest::ListRoots(_) => Ok(serde_json::json!({ "roots": [] })),
+            _ => {
+                return Err(McpError::Protocol {
+                    message: "the server asked for input its client did not declare it can give"
+                        .to_string(),
+                });
+            }
+        };
+        let value = answered.map_err(|error| McpError::Protocol {
+            message: format!(
+                "the client refused the server's input request: {}",
+                error.message
+            ),
+        })?;
+        responses.insert(key, value);
+    }
+    Ok(responses)
+}
+
 /// The server's declaration, its texts cleaned of control characters. The
 /// schema needs no cleaning: JSON text escapes them (`\u0000`).
 fn tool_decl(tool: Tool) -> ToolDecl {
@@ -518,6 +791,14 @@ fn resource_decl(resource: Resource) -> ResourceDecl {
     ResourceDecl {
         uri: clean_text(&resource.uri).into_owned(),
         declaration_json: serde_json::to_string(&resource).expect("a resource serializes to JSON"),
+    }
+}
+
+fn template_decl(template: ResourceTemplate) -> ResourceDecl {
+    ResourceDecl {
+        uri: clean_text(&template.uri_template).into_owned(),
+        declaration_json: serde_json::to_string(&template)
+            .expect("a resource template serializes to JSON"),
     }
 }
 
@@ -571,9 +852,12 @@ async fn connect_streamable(
     sessions_only: bool,
 ) -> Result<RunningService<RoleClient, ClientSide>, ClientInitializeError> {
     let transport = || {
-        StreamableHttpClientTransport::with_client(
-            client.clone(),
-            StreamableHttpClientTransportConfig::with_uri(url).custom_headers(headers.clone()),
+        InOrder::new(
+            StreamableHttpClientTransport::with_client(
+                client.clone(),
+                StreamableHttpClientTransportConfig::with_uri(url).custom_headers(headers.clone()),
+            ),
+            handler().routes,
         )
     };
     let stateless = ClientLifecycleMode::Auto {
@@ -657,6 +941,7 @@ async fn connect_sse(
         let transport = crate::sse::SseTransport::connect(client, url, headers)
             .await
             .map_err(|error| McpError::Transport { message: error.0 })?;
+        let transport = InOrder::new(transport, handler.routes.clone());
         handler.serve(transport).await.map_err(http_handshake_error)
     };
     match tokio::time::timeout(timeout, handshake).await {

@@ -41,6 +41,11 @@ pub enum McpError {
     /// The server answered with an error or something that is not MCP.
     #[error("protocol error: {message}")]
     Protocol { message: String },
+
+    /// The client the call was relayed for cancelled it; the server was
+    /// sent `notifications/cancelled`.
+    #[error("the client cancelled the call")]
+    Cancelled,
 }
 
 impl McpError {
@@ -54,6 +59,7 @@ impl McpError {
             McpError::Timeout { .. } => "timeout",
             McpError::Transport { .. } => "transport",
             McpError::Protocol { .. } => "protocol",
+            McpError::Cancelled => "cancelled",
         }
     }
 }

@@ -22,6 +22,7 @@ mod connection;
 mod error;
 pub mod https;
 mod open;
+pub mod relay;
 mod sanitize;
 mod spec;
 mod sse;

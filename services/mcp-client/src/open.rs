@@ -68,7 +68,8 @@ pub async fn open_and_list(
 
 /// [`open_and_list`], also listing the server's prompts and resources
 /// (when it advertises them) within the same deadline: what a gateway
-/// serves.
+/// serves. The connection relays (elicitation and sampling declared, see
+/// [`crate::relay`]), for its discovery and its calls alike.
 pub async fn open_and_list_all(
     spec: &ServerSpec,
     timeout: Duration,
@@ -88,6 +89,7 @@ async fn open(
     let failed = |step, error| OpenError { step, error };
     let options = ConnectOptions {
         tools_changed,
+        relays: listing == Listing::All,
         ..ConnectOptions::new(timeout)
     };
     let connection = match tokio::time::timeout(

@@ -148,12 +148,14 @@ pub struct PromptDecl {
     pub declaration_json: String,
 }
 
-/// A resource as the server declared it.
+/// A resource as the server declared it, or a resource template: then
+/// `uri` is its URI template (it holds `{`, which no URI does) and the
+/// declaration a `ResourceTemplate`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResourceDecl {
     pub uri: String,
-    /// The whole `Resource` object as listed (name, title, description,
-    /// MIME type, size, annotations), as JSON text.
+    /// The whole `Resource` (or `ResourceTemplate`) object as listed (name,
+    /// title, description, MIME type, size, annotations), as JSON text.
     pub declaration_json: String,
 }
 

@@ -123,6 +123,28 @@ pub struct Start {
 }
 
 /// Every recorded start, in order. Empty when nothing ever started.
+/// Appends one line to `cancelled.log`: a call the client cancelled
+/// (`sleep`), by its request id.
+pub fn record_cancellation(record_dir: &Path, request_id: &str) {
+    use std::io::Write as _;
+    let line = format!("{} {request_id}\n", std::process::id());
+    if let Ok(mut log) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(record_dir.join("cancelled.log"))
+    {
+        // One small write per line: appends do not interleave.
+        let _ = log.write_all(line.as_bytes());
+    }
+}
+
+/// The calls recorded as cancelled (`pid request-id` lines).
+pub fn read_cancellations(record_dir: &Path) -> Vec<String> {
+    std::fs::read_to_string(record_dir.join("cancelled.log"))
+        .map(|text| text.lines().map(str::to_owned).collect())
+        .unwrap_or_default()
+}
+
 pub fn read_starts(record_dir: &Path) -> Vec<Start> {
     let Ok(text) = std::fs::read_to_string(record_dir.join("starts.log")) else {
         return Vec::new();

@@ -394,7 +394,7 @@ impl ServerHandler for Fixture {
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let arguments = request.arguments.unwrap_or_default();
         let result = match request.name.as_ref() {
@@ -416,10 +416,19 @@ impl ServerHandler for Fixture {
                 }
             }
             // Not listed by any mode but changing-tools' file: a call that
-            // takes `ms` milliseconds (call timeouts).
+            // takes `ms` milliseconds (call timeouts). A cancellation ends it
+            // at once and is recorded (`cancelled.log` in the record dir).
             "sleep" => {
                 let ms = arguments.get("ms").and_then(Value::as_u64).unwrap_or(0);
-                tokio::time::sleep(Duration::from_millis(ms)).await;
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(ms)) => {}
+                    () = context.ct.cancelled() => {
+                        if let Some(dir) = &self.args.record_dir {
+                            mcp_fixture::record_cancellation(dir, &context.id.to_string());
+                        }
+                        return Err(ErrorData::internal_error("cancelled", None));
+                    }
+                }
                 CallToolResult::success(vec![ContentBlock::text("slept")])
             }
             other => {

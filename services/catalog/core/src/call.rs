@@ -299,6 +299,9 @@ pub enum CallFailure {
     Protocol { message: String },
     /// The transport broke: it is closed, the next call reconnects.
     Transport { message: String },
+    /// The client cancelled the call; the server was told. Nobody reads the
+    /// answer, but the event records the outcome.
+    Cancelled,
 }
 
 /// The call's reply, the outcome its event records, and whether the
@@ -350,6 +353,12 @@ pub fn classify(
         Err(CallFailure::Protocol { message }) => {
             refused(ItemError::CallFailed, message, "call_failed", false)
         }
+        Err(CallFailure::Cancelled) => refused(
+            ItemError::CallFailed,
+            "the client cancelled the call".to_owned(),
+            "cancelled",
+            false,
+        ),
         Err(CallFailure::Transport { message }) => refused(
             ItemError::ServerUnreachable,
             format!("server {:?} is unreachable: {message}", call.server_id),

@@ -24,6 +24,7 @@
 use std::time::{Duration, SystemTime};
 
 use crate::memory::{Discovery, Reuse, Transport};
+use crate::naming::NameRule;
 use crate::request::valid_request_id;
 
 /// How long a list of stdio servers is said to be fresh: they change only
@@ -64,6 +65,8 @@ pub struct HandlePart<'a> {
     pub server_id: &'a str,
     pub server_key: &'a str,
     pub catalog_hash: &'a str,
+    /// Names are part of the pins: a new rule is a new handle.
+    pub naming: &'a NameRule,
 }
 
 /// The text a handle is the digest of: unambiguous (every field is
@@ -83,6 +86,7 @@ pub fn handle_material<'a>(
         field(part.server_id);
         field(part.server_key);
         field(part.catalog_hash);
+        field(&part.naming.to_json());
     }
     text
 }
@@ -177,10 +181,12 @@ mod tests {
 
     #[test]
     fn handle_material_tells_apart_what_concatenation_would_not() {
+        let prefixed = NameRule::prefixed("a");
         let part = |server_id, server_key, catalog_hash| HandlePart {
             server_id,
             server_key,
             catalog_hash,
+            naming: &prefixed,
         };
         let a = handle_material("t", [part("ab", "c", "h")]);
         let b = handle_material("t", [part("a", "bc", "h")]);
@@ -188,6 +194,15 @@ mod tests {
         assert_ne!(
             handle_material("t1", [part("a", "k", "h")]),
             handle_material("t2", [part("a", "k", "h")])
+        );
+        let bare = NameRule::bare();
+        let renamed = HandlePart {
+            naming: &bare,
+            ..part("a", "k", "h")
+        };
+        assert_ne!(
+            handle_material("t", [part("a", "k", "h")]),
+            handle_material("t", [renamed])
         );
     }
 

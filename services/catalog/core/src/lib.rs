@@ -9,17 +9,19 @@
 //!
 //! Modules use only each other, in one direction:
 //! `prepare`, `call` → `request`, `pins`, `memory`, `events` → `tools` → `code`;
-//! `hints` → `memory`, `request`.
+//! `hints` → `memory`, `request`, `naming`; `prepare`, `pins` → `naming` → `tools` → `uri_template`.
 
 pub mod call;
 pub mod code;
 pub mod events;
 pub mod hints;
 pub mod memory;
+pub mod naming;
 pub mod pins;
 pub mod prepare;
 pub mod request;
 pub mod tools;
+pub mod uri_template;
 
 pub use code::{ErrorCode, ItemError, ItemKind};
 pub use memory::{Discovery, Failure, Live, Transport};

@@ -5,6 +5,7 @@ use ctxsync_proto::v1::catalog_pin::Source;
 use ctxsync_proto::v1::{CatalogPin, McpTransport};
 
 use crate::memory::Transport;
+use crate::naming::NameRule;
 use crate::tools::Catalog;
 
 /// How a pin was made.
@@ -49,6 +50,7 @@ pub struct NewPin<'a> {
     pub transport: Transport,
     pub source: PinSource,
     pub catalog: &'a Catalog,
+    pub naming: &'a NameRule,
 }
 
 /// A stored pin with its generation's declarations.
@@ -60,6 +62,8 @@ pub struct StoredPin {
     pub transport: String,
     pub source: PinSource,
     pub catalog: Catalog,
+    /// The names it was pinned with.
+    pub naming: NameRule,
 }
 
 impl StoredPin {
@@ -71,6 +75,7 @@ impl StoredPin {
                 .map_or(McpTransport::Unspecified, Transport::to_proto)
                 as i32,
             source: self.source.to_proto() as i32,
+            naming: Some(self.naming.to_proto()),
             ..self.catalog.to_pin()
         }
     }

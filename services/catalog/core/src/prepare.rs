@@ -15,6 +15,7 @@ use serde_json::json;
 use crate::code::ErrorCode;
 use crate::events::{Cause, NewEvent, kinds, ms, ms_precise};
 use crate::memory::{Failure, Live, Transport};
+use crate::naming::NameRule;
 use crate::pins::{NewPin, PinSource};
 use crate::request::Refusal;
 use crate::tools::Catalog;
@@ -26,6 +27,8 @@ pub struct ServerRef<'a> {
     /// The server key (the hash of its whole configuration).
     pub key: &'a str,
     pub transport: Transport,
+    /// How its items are named to MCP clients (kept with the pin).
+    pub naming: &'a NameRule,
 }
 
 /// How one server is pinned.
@@ -190,6 +193,7 @@ pub fn writes<'a>(
             transport: server.transport,
             source,
             catalog,
+            naming: server.naming,
         });
     }
     writes
@@ -265,11 +269,13 @@ pub fn reply_pins(servers: &[ServerRef<'_>], outcomes: Vec<Outcome>) -> Vec<Cata
         .map(|(server, outcome)| {
             let transport = server.transport.to_proto() as i32;
             let server_id = server.id.to_owned();
+            let naming = Some(server.naming.to_proto());
             match outcome {
                 Outcome::Remembered(catalog) => CatalogPin {
                     server_id,
                     transport,
                     source: Source::Pinned as i32,
+                    naming,
                     ..catalog.to_pin()
                 },
                 Outcome::Connected(live) => CatalogPin {
@@ -277,6 +283,7 @@ pub fn reply_pins(servers: &[ServerRef<'_>], outcomes: Vec<Outcome>) -> Vec<Cata
                     transport,
                     source: Source::Connected as i32,
                     handshake_ms: ms(live.duration),
+                    naming,
                     ..live.catalog.to_pin()
                 },
                 Outcome::Failed(failure) => CatalogPin {

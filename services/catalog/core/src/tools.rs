@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 
 use ctxsync_proto::v1::{CatalogPin, McpPrompt, McpResource, McpTool};
 
+use crate::uri_template;
+
 use crate::code::ItemKind;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,7 +119,13 @@ impl Resource {
             description: self.description.clone(),
             mime_type: self.mime_type.clone(),
             declaration_json: self.declaration_json.clone(),
+            template: self.is_template(),
         }
+    }
+
+    /// A resource template, keyed by its URI template.
+    pub fn is_template(&self) -> bool {
+        uri_template::is_template(&self.uri)
     }
 }
 
@@ -178,8 +186,20 @@ impl Catalog {
         match item {
             Item::Tool(name) => self.tool(name).is_some(),
             Item::Prompt(name) => self.prompts.iter().any(|p| p.name == name),
-            Item::Resource(uri) => self.resources.iter().any(|r| r.uri == uri),
+            Item::Resource(uri) => self.resource_key(uri).is_some(),
         }
+    }
+
+    /// The pinned resource a read of `uri` uses: the resource of that URI,
+    /// else the first template `uri` expands.
+    pub fn resource_key(&self, uri: &str) -> Option<&str> {
+        let exact = self.resources.iter().find(|r| r.uri == uri);
+        let templated = || {
+            self.resources
+                .iter()
+                .find(|r| r.is_template() && uri_template::matches(&r.uri, uri))
+        };
+        exact.or_else(templated).map(|r| r.uri.as_str())
     }
 
     /// What changed from `self` (the pin) to `live`, by tool name.
@@ -255,6 +275,26 @@ impl Changes {
     fn removes(&self, key: &str) -> bool {
         self.removed.iter().any(|k| k == key)
     }
+
+    /// A resource read of `uri` loses its pin: its resource, or a template
+    /// it expands, is gone or changed. (A URI that expands a template and
+    /// names a resource too is the resource's: `Catalog::resource_key`.)
+    fn withdraws_uri(&self, uri: &str) -> bool {
+        self.withdraws(uri)
+            || self
+                .removed
+                .iter()
+                .chain(&self.changed)
+                .any(|key| templated(key, uri))
+    }
+
+    fn removes_uri(&self, uri: &str) -> bool {
+        self.removes(uri) || self.removed.iter().any(|key| templated(key, uri))
+    }
+}
+
+fn templated(key: &str, uri: &str) -> bool {
+    uri_template::is_template(key) && uri_template::matches(key, uri)
 }
 
 /// Tool names, sorted; and the prompts and resources withdrawn.
@@ -278,7 +318,7 @@ impl CatalogDiff {
         match item {
             Item::Tool(name) => self.withdraws(name),
             Item::Prompt(name) => self.prompts.withdraws(name),
-            Item::Resource(uri) => self.resources.withdraws(uri),
+            Item::Resource(uri) => self.resources.withdraws_uri(uri),
         }
     }
 
@@ -287,7 +327,7 @@ impl CatalogDiff {
         match item {
             Item::Tool(name) => self.removed.iter().any(|t| t == name),
             Item::Prompt(name) => self.prompts.removes(name),
-            Item::Resource(uri) => self.resources.removes(uri),
+            Item::Resource(uri) => self.resources.removes_uri(uri),
         }
     }
 }

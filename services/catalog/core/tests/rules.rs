@@ -55,6 +55,8 @@ fn server<'a>(id: &'a str, transport: Transport) -> ServerRef<'a> {
         id,
         key: id,
         transport,
+        // Leaked: a test's few rules live as long as the test binary.
+        naming: Box::leak(Box::new(catalog_core::naming::NameRule::prefixed(id))),
     }
 }
 
@@ -65,6 +67,7 @@ fn stored_pin(server_id: &str, catalog: &Catalog) -> StoredPin {
         transport: "stdio".into(),
         source: PinSource::Pinned,
         catalog: catalog.clone(),
+        naming: catalog_core::naming::NameRule::prefixed(server_id),
     }
 }
 

@@ -34,6 +34,9 @@ pub fn server(id: &str, spec: &ServerSpec) -> ServerConfig {
         enabled: true,
         processes: Default::default(),
         shared_pool: 1,
+        naming: None,
+        prefix: None,
+        aliases: Default::default(),
     }
 }
 
@@ -58,6 +61,9 @@ pub fn http(id: &str, url: &str) -> ServerConfig {
         enabled: true,
         processes: Default::default(),
         shared_pool: 1,
+        naming: None,
+        prefix: None,
+        aliases: Default::default(),
     }
 }
 
@@ -67,6 +73,7 @@ pub fn tenants(tenants: Vec<(&str, Vec<ServerConfig>)>) -> CatalogConfig {
             .into_iter()
             .map(|(id, servers)| TenantConfig {
                 id: id.to_owned(),
+                naming: Default::default(),
                 servers,
             })
             .collect(),
