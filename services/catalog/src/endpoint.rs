@@ -130,6 +130,8 @@ pub(crate) struct Endpoint {
     mcp_sessions: Arc<McpSessions>,
     /// Stateless pin sets built, by tenant and handle (bounded, oldest out).
     pinned: Mutex<PinnedKept>,
+    /// Stateless clients' calls waiting on their input (bounded).
+    rounds: relay::InputRounds,
 }
 
 /// The pin sets kept, and their order of arrival for eviction.
@@ -188,6 +190,7 @@ impl Endpoint {
             page_size: page_size.max(1),
             limiter: Limiter::new(rate_limit),
             pinned: Mutex::default(),
+            rounds: relay::InputRounds::default(),
         }
     }
 
@@ -759,6 +762,60 @@ impl McpSession {
             );
         }
         reply
+    }
+
+    /// A stateless client's call: what its server asks meanwhile comes back
+    /// to it as input rounds (`relay::InputRounds`); `retry` is a round's
+    /// answer (its `requestState` and `inputResponses`).
+    async fn call_in_rounds(
+        &self,
+        bound: &Bound,
+        call: CatalogCallRequest,
+        retry: Option<(String, rmcp::model::InputResponses)>,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let rounds = &self.endpoint.rounds;
+        let round = match retry {
+            Some((state, responses)) => {
+                rounds
+                    .resume(&bound.tenant, &state, responses, &context.ct)
+                    .await?
+            }
+            None => {
+                let (steps, next) = tokio::sync::mpsc::channel(1);
+                let capabilities = context.meta.client_capabilities().unwrap_or_default();
+                let cancel = CancellationToken::new();
+                let relay = Relay {
+                    downstream: Arc::new(relay::RoundClient::new(&capabilities, steps.clone())),
+                    origin: None,
+                    progress_token: None,
+                    cancelled: cancel.clone(),
+                };
+                // The call outlives this request when it asks a round.
+                let endpoint = self.endpoint.clone();
+                tokio::spawn(async move {
+                    let reply = endpoint
+                        .commands
+                        .call
+                        .handle_relayed(call, Some(relay))
+                        .await;
+                    let _ = steps.send(relay::Step::Done(reply)).await;
+                });
+                rounds
+                    .next(&bound.tenant, next, cancel, &context.ct)
+                    .await?
+            }
+        };
+        Ok(match round {
+            relay::Round::Done(reply) => result_of(reply).into(),
+            relay::Round::Ask {
+                requests,
+                request_state,
+            } => CallToolResponse::InputRequired(rmcp::model::InputRequiredResult::new(
+                Some(requests),
+                Some(request_state),
+            )),
+        })
     }
 
     /// The client behind the session (or the stateless request).
@@ -1372,6 +1429,12 @@ impl ServerHandler for McpSession {
             arguments_json: serde_json::Value::Object(arguments).to_string(),
             ..bound.call(&offered.server)
         };
+        if is_stateless(&context) {
+            let retry = request
+                .request_state
+                .map(|state| (state, request.input_responses.unwrap_or_default()));
+            return self.call_in_rounds(bound, call, retry, &context).await;
+        }
         Ok(result_of(self.relay(bound, call, &context).await).into())
     }
 

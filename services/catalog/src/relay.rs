@@ -6,8 +6,9 @@
 //! * An upstream's elicitation or sampling request is asked of the client
 //!   on the stream of the call it came during (rmcp's originating-request
 //!   marker), and only when the client declared the capability; otherwise
-//!   the upstream is answered `-32601`. A stateless (2026-07-28) client
-//!   cannot be asked: that revision has no server-to-client requests.
+//!   the upstream is answered `-32601`. A stateless (2026-07-28) client is
+//!   asked in input rounds instead ([`InputRounds`]): that revision has no
+//!   server-to-client requests.
 //! * Log messages are forwarded with the server named in `logger`
 //!   (`server` or `server/logger`); resource updates only for URIs the
 //!   client subscribed to.
@@ -18,19 +19,23 @@
 // clients and servers relayed between still speak them.
 #![allow(deprecated)]
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use ctxsync_mcp::relay::Downstream;
+use ctxsync_proto::v1::CatalogCallReply;
 use futures::future::BoxFuture;
 use rmcp::model::{
-    ClientResult, CreateMessageRequest, CreateMessageRequestParams, CreateMessageResult,
-    ElicitRequest, ElicitRequestParams, ElicitResult, ErrorData, LoggingLevel,
-    LoggingMessageNotificationParam, ProgressNotificationParam, RequestId,
-    ResourceUpdatedNotificationParam, ServerRequest,
+    ClientCapabilities, ClientResult, CreateMessageRequest, CreateMessageRequestParams,
+    CreateMessageResult, ElicitRequest, ElicitRequestParams, ElicitResult, ErrorData, InputRequest,
+    InputRequests, InputResponses, LoggingLevel, LoggingMessageNotificationParam,
+    ProgressNotificationParam, RequestId, ResourceUpdatedNotificationParam, ServerRequest,
 };
 use rmcp::service::{OriginatingRequestId, ServiceError};
 use rmcp::{Peer, RoleServer};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
 
 /// Counts one relayed message of `kind`.
 pub(crate) fn relayed(kind: &'static str) {
@@ -208,5 +213,252 @@ impl Downstream for Client {
 
     fn log_level(&self) -> Option<LoggingLevel> {
         *self.level.lock().expect("level lock")
+    }
+}
+
+/// A stateless (2026-07-28) client's calls waiting on its input: that
+/// revision has no server-to-client requests, so an upstream's question
+/// during a call is answered to the client as an `input_required` result
+/// whose `requestState` names the call, which stays open on this replica
+/// until the client retries with its `inputResponses` (or the round
+/// expires: the upstream is then told the client did not answer).
+///
+/// Bounded: at most [`MAX_ROUNDS`] calls wait at once per replica, each at
+/// most [`ROUND_TTL`]; a retry of another tenant's round is unknown to it.
+#[derive(Default)]
+pub(crate) struct InputRounds {
+    waiting: Mutex<HashMap<String, Waiting>>,
+}
+
+/// Calls waiting on their client, per replica.
+pub(crate) const MAX_ROUNDS: usize = 1024;
+/// How long a call waits for its client's retry.
+pub(crate) const ROUND_TTL: Duration = Duration::from_secs(300);
+
+struct Waiting {
+    tenant: String,
+    since: Instant,
+    answer: oneshot::Sender<InputResponses>,
+    steps: mpsc::Receiver<Step>,
+    /// Cancels the call (a retry's request cancelled).
+    cancel: CancellationToken,
+}
+
+/// What a relayed stateless call does next.
+pub(crate) enum Step {
+    /// The upstream asks; the call waits for `answer`.
+    Ask {
+        requests: InputRequests,
+        answer: oneshot::Sender<InputResponses>,
+    },
+    /// The call is over.
+    Done(CatalogCallReply),
+}
+
+/// Where a stateless call stands for its client.
+pub(crate) enum Round {
+    Done(CatalogCallReply),
+    /// Answer the client `input_required` with these and `request_state`.
+    Ask {
+        requests: InputRequests,
+        request_state: String,
+    },
+}
+
+impl InputRounds {
+    /// The call's next step for its client; a question parks the call
+    /// under a fresh request state.
+    /// `asking` is the client's request now: its cancellation cancels the call.
+    pub async fn next(
+        &self,
+        tenant: &str,
+        mut steps: mpsc::Receiver<Step>,
+        cancel: CancellationToken,
+        asking: &CancellationToken,
+    ) -> Result<Round, ErrorData> {
+        let step = tokio::select! {
+            step = steps.recv() => step,
+            () = asking.cancelled() => {
+                cancel.cancel();
+                return Err(ErrorData::internal_error("the client cancelled the call", None));
+            }
+        };
+        match step {
+            None => Err(ErrorData::internal_error(
+                "the relayed call ended without an answer",
+                None,
+            )),
+            Some(Step::Done(reply)) => Ok(Round::Done(reply)),
+            Some(Step::Ask { requests, answer }) => {
+                let request_state = format!("round-{}", uuid::Uuid::new_v4());
+                let mut waiting = self.waiting.lock().expect("rounds lock");
+                waiting.retain(|_, w| w.since.elapsed() < ROUND_TTL);
+                if waiting.len() >= MAX_ROUNDS {
+                    return Err(ErrorData::internal_error(
+                        format!(
+                            "{MAX_ROUNDS} calls already wait for their clients' input on this replica; retry later"
+                        ),
+                        None,
+                    ));
+                }
+                waiting.insert(
+                    request_state.clone(),
+                    Waiting {
+                        tenant: tenant.to_owned(),
+                        since: Instant::now(),
+                        answer,
+                        steps,
+                        cancel,
+                    },
+                );
+                relayed("input_round");
+                Ok(Round::Ask {
+                    requests,
+                    request_state,
+                })
+            }
+        }
+    }
+
+    /// A client's retry: its answers go to the waiting call, whose next
+    /// step follows.
+    pub async fn resume(
+        &self,
+        tenant: &str,
+        request_state: &str,
+        responses: InputResponses,
+        asking: &CancellationToken,
+    ) -> Result<Round, ErrorData> {
+        let waiting = {
+            let mut waiting = self.waiting.lock().expect("rounds lock");
+            match waiting.get(request_state) {
+                Some(w) if w.tenant == tenant && w.since.elapsed() < ROUND_TTL => {
+                    waiting.remove(request_state)
+                }
+                _ => None,
+            }
+        };
+        let Some(waiting) = waiting else {
+            return Err(ErrorData::invalid_params(
+                "requestState names no call waiting for input on this replica (expired, answered, or never asked): call again",
+                None,
+            ));
+        };
+        if waiting.answer.send(responses).is_err() {
+            return Err(ErrorData::internal_error("the waiting call ended", None));
+        }
+        self.next(tenant, waiting.steps, waiting.cancel, asking)
+            .await
+    }
+}
+
+/// A stateless client as upstreams reach it during one call: a question
+/// becomes an input round.
+pub(crate) struct RoundClient {
+    elicitation: bool,
+    sampling: bool,
+    steps: mpsc::Sender<Step>,
+    next_key: std::sync::atomic::AtomicU64,
+}
+
+impl RoundClient {
+    pub fn new(capabilities: &ClientCapabilities, steps: mpsc::Sender<Step>) -> Self {
+        Self {
+            elicitation: capabilities.elicitation.is_some(),
+            sampling: capabilities.sampling.is_some(),
+            steps,
+            next_key: std::sync::atomic::AtomicU64::new(1),
+        }
+    }
+
+    /// Asks the client `request` in a round and waits for its answer.
+    fn ask(
+        &self,
+        request: InputRequest,
+    ) -> BoxFuture<'static, Result<serde_json::Value, ErrorData>> {
+        let n = self
+            .next_key
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let key = format!("input-{n}");
+        let steps = self.steps.clone();
+        Box::pin(async move {
+            let (answer, answered) = oneshot::channel();
+            let requests = InputRequests::from([(key.clone(), request)]);
+            steps
+                .send(Step::Ask { requests, answer })
+                .await
+                .map_err(|_| ErrorData::internal_error("the client's call is gone", None))?;
+            let mut responses = answered.await.map_err(|_| {
+                ErrorData::internal_error("the client did not answer within its round", None)
+            })?;
+            responses.remove(&key).ok_or_else(|| {
+                ErrorData::invalid_params(
+                    format!("the client's inputResponses hold no {key:?}"),
+                    None,
+                )
+            })
+        })
+    }
+}
+
+impl Downstream for RoundClient {
+    // Each round is a request of its own: a step's progress has no stream
+    // to go on once its round was answered.
+    fn progress(&self, _progress: ProgressNotificationParam) -> BoxFuture<'static, ()> {
+        Box::pin(async {})
+    }
+
+    fn can_elicit(&self) -> bool {
+        self.elicitation
+    }
+
+    fn can_sample(&self) -> bool {
+        self.sampling
+    }
+
+    fn elicit(
+        &self,
+        _origin: Option<RequestId>,
+        request: ElicitRequestParams,
+    ) -> BoxFuture<'static, Result<ElicitResult, ErrorData>> {
+        relayed("elicitation");
+        let asked = self.ask(InputRequest::Elicitation(ElicitRequest::new(request)));
+        Box::pin(async move {
+            serde_json::from_value(asked.await?).map_err(|e| {
+                ErrorData::invalid_params(
+                    format!("the client's elicitation answer does not parse: {e}"),
+                    None,
+                )
+            })
+        })
+    }
+
+    fn sample(
+        &self,
+        _origin: Option<RequestId>,
+        request: CreateMessageRequestParams,
+    ) -> BoxFuture<'static, Result<CreateMessageResult, ErrorData>> {
+        relayed("sampling");
+        let asked = self.ask(InputRequest::CreateMessage(CreateMessageRequest::new(
+            request,
+        )));
+        Box::pin(async move {
+            serde_json::from_value(asked.await?).map_err(|e| {
+                ErrorData::invalid_params(
+                    format!("the client's sampling answer does not parse: {e}"),
+                    None,
+                )
+            })
+        })
+    }
+
+    // Logs and resource updates reach a stateless client on its own
+    // requests' streams only; between rounds there is none.
+    fn log(&self, _server: &str, _message: LoggingMessageNotificationParam) {}
+
+    fn resource_updated(&self, _server: &str, _uri: &str) {}
+
+    fn log_level(&self) -> Option<LoggingLevel> {
+        None
     }
 }

@@ -186,6 +186,7 @@ pub const SERIES: &[Series] = &[
         &[("kind", "resource_updated")],
         &[("kind", "elicitation")],
         &[("kind", "sampling")],
+        &[("kind", "input_round")],
     ]),
     Series::counter(
         "ctxsync_catalog_name_collisions_total",

@@ -25,9 +25,13 @@ fn clients_dir() -> PathBuf {
 /// Runs the relay client against `url` (with `key` as a bearer token) and
 /// parses what it saw.
 async fn relay_client(url: &str, key: Option<&str>, extra: &[&str]) -> Value {
+    client_script("relay_client.cjs", url, key, extra).await
+}
+
+async fn client_script(script: &str, url: &str, key: Option<&str>, extra: &[&str]) -> Value {
     let mut command = tokio::process::Command::new("node");
     command
-        .arg(clients_dir().join("relay_client.cjs"))
+        .arg(clients_dir().join(script))
         .args(["--url", url])
         .args(extra)
         .kill_on_drop(true);
@@ -40,13 +44,13 @@ async fn relay_client(url: &str, key: Option<&str>, extra: &[&str]) -> Value {
         .expect("node runs");
     assert!(
         output.status.success(),
-        "relay_client.cjs failed: {}\n{}",
+        "{script} failed: {}\n{}",
         output.status,
         String::from_utf8_lossy(&output.stderr)
     );
     serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
         panic!(
-            "relay_client.cjs prints JSON ({e}): {}",
+            "{script} prints JSON ({e}): {}",
             String::from_utf8_lossy(&output.stdout)
         )
     })
@@ -232,5 +236,59 @@ async fn a_cancelled_call_reaches_the_upstream_and_frees_its_process() {
     .await;
     assert!(stopped, "no fixture process outlives the session");
     assert_eq!(harness.running().open_transports(), 0);
+    harness.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stateless_client_is_asked_in_input_rounds_and_its_answers_reach_the_server() {
+    let everything = server("everything", &mcp_fixture::reference::everything());
+    let (harness, url, key) = catalog_with(vec![everything]).await;
+    let out = client_script("stateless_rounds.mjs", &url, Some(&key), &[]).await;
+    println!("ROUNDS {out}");
+    assert_eq!(out["protocol"], "2026-07-28", "{out}");
+    // server-everything (a 2025 server) asks during the call; the stateless
+    // client is asked in an input round, and its answer reaches the server.
+    assert_eq!(
+        out["elicitation"], "Please provide inputs for the following fields:",
+        "{out}"
+    );
+    assert_eq!(out["elicitation_result_has_answer"], true, "{out}");
+    assert_eq!(
+        out["sampling"],
+        serde_json::json!(["Resource trigger-sampling-request context: say hello"]),
+        "{out}"
+    );
+    assert_eq!(out["sampling_result_has_reply"], true, "{out}");
+    assert!(relayed(&harness, "input_round").await >= 2.0);
+    harness.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_without_the_capability_leaves_the_server_answered_method_not_found() {
+    let everything = server("everything", &mcp_fixture::reference::everything());
+    let (harness, _url, key) = catalog_with(vec![everything]).await;
+    // ctxsync's own client with no relays declares neither capability.
+    let options = ctxsync_mcp::ConnectOptions {
+        sessions_only: true,
+        ..ctxsync_mcp::ConnectOptions::new(DEADLINE)
+    };
+    let client = ctxsync_mcp::Connection::connect(&harness.mcp_spec(&key), options)
+        .await
+        .unwrap();
+    for tool in ["trigger-elicitation-request", "trigger-sampling-request"] {
+        let arguments = serde_json::json!({"prompt": "hi", "maxTokens": 5});
+        let answered = client
+            .call_tool(tool, arguments.as_object().unwrap().clone(), DEADLINE)
+            .await;
+        let text = match answered {
+            Ok(outcome) => outcome.content_json,
+            Err(error) => error.to_string(),
+        };
+        assert!(
+            text.contains("-32601") || text.to_lowercase().contains("method not found"),
+            "{tool}: the server was answered -32601: {text}"
+        );
+    }
+    client.close().await;
     harness.stop().await;
 }
