@@ -565,4 +565,52 @@ tenants:
         let error = CatalogConfig::from_yaml(pool_too_large).unwrap_err();
         assert!(error.contains("shared_pool must be 1 to 16"), "{error}");
     }
+
+    #[test]
+    fn names_are_configured_per_tenant_and_server_and_not_part_of_the_key() {
+        let yaml = "tenants: [{id: a, naming: bare, servers: [
+            {id: one, transport: {stdio: {command: x}}},
+            {id: two, transport: {stdio: {command: y}}, naming: prefix, prefix: t, aliases: {add: sum}}]}]";
+        let config = CatalogConfig::from_yaml(yaml).unwrap();
+        let servers = config.enabled_servers("a").unwrap();
+        assert_eq!(servers[0].naming, NameRule::bare());
+        assert_eq!(servers[1].naming.offered("echo"), "t__echo");
+        assert_eq!(servers[1].naming.offered("add"), "sum");
+        let mut plain = config.tenants[0].servers[1].clone();
+        plain.aliases.clear();
+        plain.prefix = None;
+        assert_eq!(
+            ServerKey::of("a", &plain),
+            ServerKey::of("a", &config.tenants[0].servers[1])
+        );
+
+        let example = include_str!("../../../deploy/catalog.example.yaml");
+        let files = &CatalogConfig::from_yaml(example)
+            .unwrap()
+            .enabled_servers("acme")
+            .unwrap()[1];
+        assert_eq!(files.naming.offered("read_text_file"), "read");
+        assert_eq!(files.naming.offered("write_file"), "fs__write_file");
+    }
+
+    #[test]
+    fn a_prefix_or_alias_that_cannot_be_a_name_is_refused_saying_which() {
+        let with = |extra: &str| {
+            CatalogConfig::from_yaml(&format!(
+                "tenants: [{{id: a, servers: [{{id: s, transport: {{stdio: {{command: x}}}}, {extra}}}]}}]"
+            ))
+            .unwrap_err()
+        };
+        assert!(with("prefix: a__b").contains("prefix \"a__b\" contains \"__\""));
+        let long = "x".repeat(129);
+        assert!(with(&format!("aliases: {{echo: {long}}}")).contains("must name 1 to 128 bytes"));
+        let same_prefix = "tenants: [{id: a, servers: [
+            {id: one, transport: {stdio: {command: x}}, prefix: p},
+            {id: two, transport: {stdio: {command: y}}, prefix: p}]}]";
+        let error = CatalogConfig::from_yaml(same_prefix).unwrap_err();
+        assert!(
+            error.contains("\"one\" and \"two\"") && error.contains("p__*"),
+            "{error}"
+        );
+    }
 }
