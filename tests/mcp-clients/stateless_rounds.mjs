@@ -2,7 +2,8 @@
 // (@modelcontextprotocol/client) whose tool calls are asked for input: it
 // declares elicitation and sampling, answers them in the SDK's
 // multi-round-trip driver (input_required results, retried with
-// inputResponses), and prints what it was asked and what the calls answered.
+// inputResponses), and prints what it was asked and what the calls answered,
+// and the progress steps of a call that asks nothing.
 //
 // node stateless_rounds.mjs --url URL --key KEY
 // The SDK is resolved from CTXSYNC_MCP_SERVERS_DIR (tests/mcp-servers/install.sh).
@@ -62,6 +63,13 @@ async function main() {
     arguments: { prompt: "say hello", maxTokens: 20 },
   });
   out.sampling_result_has_reply = text(sampled).includes(SAMPLED);
+  // A call that asks nothing: its progress comes on its own request's stream.
+  const progress = [];
+  await client.callTool(
+    { name: "trigger-long-running-operation", arguments: { duration: 1, steps: 3 } },
+    { onprogress: (p) => progress.push([p.progress, p.total]) },
+  );
+  out.progress = progress.sort((a, b) => a[0] - b[0]);
   await client.close();
   process.stdout.write(JSON.stringify(out) + "\n");
 }

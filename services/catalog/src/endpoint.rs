@@ -775,20 +775,28 @@ impl McpSession {
         context: &RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let rounds = &self.endpoint.rounds;
+        let progress = context
+            .meta
+            .get_progress_token()
+            .map(|token| (context.peer.clone(), token));
         let round = match retry {
             Some((state, responses)) => {
                 rounds
-                    .resume(&bound.tenant, &state, responses, &context.ct)
+                    .resume(&bound.tenant, &state, responses, &context.ct, progress)
                     .await?
             }
             None => {
                 let (steps, next) = tokio::sync::mpsc::channel(1);
                 let capabilities = context.meta.client_capabilities().unwrap_or_default();
                 let cancel = CancellationToken::new();
+                let client = Arc::new(relay::RoundClient::new(&capabilities, steps.clone()));
+                client.asked_by(progress);
                 let relay = Relay {
-                    downstream: Arc::new(relay::RoundClient::new(&capabilities, steps.clone())),
+                    downstream: client.clone(),
                     origin: None,
-                    progress_token: None,
+                    // Routes the call's progress; `RoundClient` sends it
+                    // with the open request's own token.
+                    progress_token: context.meta.get_progress_token(),
                     cancelled: cancel.clone(),
                 };
                 // The call outlives this request when it asks a round.
@@ -802,7 +810,7 @@ impl McpSession {
                     let _ = steps.send(relay::Step::Done(reply)).await;
                 });
                 rounds
-                    .next(&bound.tenant, next, cancel, &context.ct)
+                    .next(&bound.tenant, next, cancel, &context.ct, client)
                     .await?
             }
         };

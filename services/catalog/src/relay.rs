@@ -30,7 +30,8 @@ use rmcp::model::{
     ClientCapabilities, ClientResult, CreateMessageRequest, CreateMessageRequestParams,
     CreateMessageResult, ElicitRequest, ElicitRequestParams, ElicitResult, ErrorData, InputRequest,
     InputRequests, InputResponses, LoggingLevel, LoggingMessageNotificationParam,
-    ProgressNotificationParam, RequestId, ResourceUpdatedNotificationParam, ServerRequest,
+    ProgressNotificationParam, ProgressToken, RequestId, ResourceUpdatedNotificationParam,
+    ServerRequest,
 };
 use rmcp::service::{OriginatingRequestId, ServiceError};
 use rmcp::{Peer, RoleServer};
@@ -242,6 +243,7 @@ struct Waiting {
     steps: mpsc::Receiver<Step>,
     /// Cancels the call (a retry's request cancelled).
     cancel: CancellationToken,
+    client: std::sync::Arc<RoundClient>,
 }
 
 /// What a relayed stateless call does next.
@@ -275,6 +277,7 @@ impl InputRounds {
         mut steps: mpsc::Receiver<Step>,
         cancel: CancellationToken,
         asking: &CancellationToken,
+        client: std::sync::Arc<RoundClient>,
     ) -> Result<Round, ErrorData> {
         let step = tokio::select! {
             step = steps.recv() => step,
@@ -290,6 +293,7 @@ impl InputRounds {
             )),
             Some(Step::Done(reply)) => Ok(Round::Done(reply)),
             Some(Step::Ask { requests, answer }) => {
+                client.asked_by(None);
                 let request_state = format!("round-{}", uuid::Uuid::new_v4());
                 let mut waiting = self.waiting.lock().expect("rounds lock");
                 waiting.retain(|_, w| w.since.elapsed() < ROUND_TTL);
@@ -309,6 +313,7 @@ impl InputRounds {
                         answer,
                         steps,
                         cancel,
+                        client,
                     },
                 );
                 relayed("input_round");
@@ -328,6 +333,7 @@ impl InputRounds {
         request_state: &str,
         responses: InputResponses,
         asking: &CancellationToken,
+        request: Option<(Peer<RoleServer>, ProgressToken)>,
     ) -> Result<Round, ErrorData> {
         let waiting = {
             let mut waiting = self.waiting.lock().expect("rounds lock");
@@ -344,11 +350,18 @@ impl InputRounds {
                 None,
             ));
         };
+        waiting.client.asked_by(request);
         if waiting.answer.send(responses).is_err() {
             return Err(ErrorData::internal_error("the waiting call ended", None));
         }
-        self.next(tenant, waiting.steps, waiting.cancel, asking)
-            .await
+        self.next(
+            tenant,
+            waiting.steps,
+            waiting.cancel,
+            asking,
+            waiting.client,
+        )
+        .await
     }
 }
 
@@ -359,6 +372,9 @@ pub(crate) struct RoundClient {
     sampling: bool,
     steps: mpsc::Sender<Step>,
     next_key: std::sync::atomic::AtomicU64,
+    /// The request of the client's that is open now (the call, or its
+    /// latest retry) and its progress token: progress goes on its stream.
+    asking: Mutex<Option<(Peer<RoleServer>, ProgressToken)>>,
 }
 
 impl RoundClient {
@@ -368,7 +384,14 @@ impl RoundClient {
             sampling: capabilities.sampling.is_some(),
             steps,
             next_key: std::sync::atomic::AtomicU64::new(1),
+            asking: Mutex::new(None),
         }
+    }
+
+    /// The client's request open now, if it asked for progress; `None`
+    /// once it was answered.
+    pub fn asked_by(&self, request: Option<(Peer<RoleServer>, ProgressToken)>) {
+        *self.asking.lock().expect("asking lock") = request;
     }
 
     /// Asks the client `request` in a round and waits for its answer.
@@ -402,10 +425,19 @@ impl RoundClient {
 }
 
 impl Downstream for RoundClient {
-    // Each round is a request of its own: a step's progress has no stream
-    // to go on once its round was answered.
-    fn progress(&self, _progress: ProgressNotificationParam) -> BoxFuture<'static, ()> {
-        Box::pin(async {})
+    // Each round is a request of its own: progress goes on the one open
+    // now, and between rounds there is none to go on.
+    fn progress(&self, mut progress: ProgressNotificationParam) -> BoxFuture<'static, ()> {
+        let Some((peer, token)) = self.asking.lock().expect("asking lock").clone() else {
+            return Box::pin(async {});
+        };
+        relayed("progress");
+        progress.progress_token = token;
+        Box::pin(async move {
+            if let Err(error) = peer.notify_progress(progress).await {
+                tracing::debug!(%error, "progress not relayed");
+            }
+        })
     }
 
     fn can_elicit(&self) -> bool {

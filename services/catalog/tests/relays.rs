@@ -260,6 +260,12 @@ async fn a_stateless_client_is_asked_in_input_rounds_and_its_answers_reach_the_s
     );
     assert_eq!(out["sampling_result_has_reply"], true, "{out}");
     assert!(relayed(&harness, "input_round").await >= 2.0);
+    // The last step is sent just before the result, and arrives before it.
+    assert_eq!(
+        out["progress"],
+        serde_json::json!([[1, 3], [2, 3], [3, 3]]),
+        "{out}"
+    );
     harness.stop().await;
 }
 

@@ -14,7 +14,7 @@ use std::fmt;
 use ctxsync_proto::v1::catalog_pin::Source;
 use ctxsync_proto::v1::{CatalogPin, NamingRule};
 
-use crate::ItemKind;
+use crate::code::ItemKind;
 use crate::tools::Catalog;
 
 /// Between a prefix and the server's own name.
