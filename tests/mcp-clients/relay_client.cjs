@@ -5,11 +5,15 @@
 // server-everything directly and once through the catalog, to compare.
 //
 // node relay_client.cjs --url URL [--key KEY] [--cancel-tool NAME --cancel-arguments JSON]
+//   [--ask-tool NAME]
 //
 // Declares sampling and elicitation (form). Answers an elicitation with
 // ANSWER below and a sampling request with SAMPLED. Prints one JSON object:
 // what it saw. With --cancel-tool it only calls that tool, aborts the call
-// after CANCEL_AFTER_MS and reports how the call ended.
+// after CANCEL_AFTER_MS and reports how the call ended. With --ask-tool it
+// only calls that tool (whose server asks it to sample, wanting progress)
+// and reports the answer. Its sampling answers send progress 1/2 and 2/2
+// first whenever the request carries a progressToken.
 // The SDK is resolved from CTXSYNC_MCP_SERVERS_DIR (tests/mcp-servers/install.sh).
 "use strict";
 
@@ -44,6 +48,7 @@ const { values: args } = parseArgs({
     key: { type: "string" },
     "cancel-tool": { type: "string" },
     "cancel-arguments": { type: "string", default: "{}" },
+    "ask-tool": { type: "string" },
   },
 });
 
@@ -101,11 +106,21 @@ async function main() {
     };
     return { action: "accept", content: ANSWER };
   });
-  client.setRequestHandler(CreateMessageRequestSchema, async (request) => {
+  client.setRequestHandler(CreateMessageRequestSchema, async (request, extra) => {
     out.sampling = {
       messages: request.params.messages.map((m) => m.content.text),
       max_tokens: request.params.maxTokens,
     };
+    // Progress on the question, when its asker wants it: 1 of 2, 2 of 2.
+    const progressToken = request.params._meta?.progressToken;
+    if (progressToken !== undefined) {
+      for (const progress of [1, 2]) {
+        await extra.sendNotification({
+          method: "notifications/progress",
+          params: { progressToken, progress, total: 2 },
+        });
+      }
+    }
     return {
       model: "test-model",
       role: "assistant",
@@ -121,6 +136,15 @@ async function main() {
     events.poke();
   });
   await client.connect(transport);
+
+  if (args["ask-tool"]) {
+    const asked = await client.callTool({ name: args["ask-tool"], arguments: { prompt: "say hi" } });
+    out.ask_result = text(asked);
+    await transport.terminateSession();
+    await client.close();
+    process.stdout.write(JSON.stringify(out) + "\n");
+    return;
+  }
 
   if (args["cancel-tool"]) {
     const controller = new AbortController();

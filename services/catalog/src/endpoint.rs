@@ -1254,6 +1254,17 @@ impl ServerHandler for McpSession {
         self.negotiate_initialize(&request)
     }
 
+    /// A client's progress on a question a server asked it goes back there.
+    async fn on_progress(
+        &self,
+        progress: rmcp::model::ProgressNotificationParam,
+        _context: NotificationContext<RoleServer>,
+    ) {
+        if let Some(client) = self.state.client.get() {
+            client.progress_back(progress).await;
+        }
+    }
+
     /// The owner was bound at the session's creation (`mcp_sessions`): the
     /// notification only starts following the session's servers.
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {

@@ -23,7 +23,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use ctxsync_mcp::relay::Downstream;
+use ctxsync_mcp::relay::{Asker, Downstream};
 use ctxsync_proto::v1::CatalogCallReply;
 use futures::future::BoxFuture;
 use rmcp::model::{
@@ -33,7 +33,7 @@ use rmcp::model::{
     ProgressNotificationParam, ProgressToken, RequestId, ResourceUpdatedNotificationParam,
     ServerRequest,
 };
-use rmcp::service::{OriginatingRequestId, ServiceError};
+use rmcp::service::{OriginatingRequestId, PeerRequestOptions, ServiceError};
 use rmcp::{Peer, RoleServer};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -42,6 +42,9 @@ use tokio_util::sync::CancellationToken;
 pub(crate) fn relayed(kind: &'static str) {
     metrics::counter!("ctxsync_catalog_mcp_relayed_total", "kind" => kind).increment(1);
 }
+
+/// The server that asked a question, and its progress token.
+type AskedBy = (rmcp::Peer<rmcp::RoleClient>, ProgressToken);
 
 /// A client of `/mcp`, as upstream servers reach it.
 pub(crate) struct Client {
@@ -52,6 +55,9 @@ pub(crate) struct Client {
     level: Mutex<Option<LoggingLevel>>,
     /// The resource URIs it subscribed to.
     subscribed: Mutex<HashSet<String>>,
+    /// The token of a question asked of it → the server that asked and
+    /// that server's token: its progress on the question goes back there.
+    asked: std::sync::Arc<Mutex<HashMap<ProgressToken, AskedBy>>>,
 }
 
 impl Client {
@@ -67,6 +73,27 @@ impl Client {
             sampling: !stateless && capabilities.sampling.is_some(),
             level: Mutex::new(None),
             subscribed: Mutex::default(),
+            asked: Default::default(),
+        }
+    }
+
+    /// The client's progress on a question a server asked it goes back to
+    /// that server, with its own token; other progress is dropped.
+    pub async fn progress_back(&self, mut progress: ProgressNotificationParam) {
+        let back = self
+            .asked
+            .lock()
+            .expect("asked lock")
+            .get(&progress.progress_token)
+            .cloned();
+        let Some((server, token)) = back else {
+            tracing::debug!("progress of no question asked of the client");
+            return;
+        };
+        relayed("progress");
+        progress.progress_token = token;
+        if let Err(error) = server.notify_progress(progress).await {
+            tracing::debug!(%error, "progress not relayed back");
         }
     }
 
@@ -88,10 +115,12 @@ impl Client {
             .remove(uri);
     }
 
-    /// Sends `request` on the stream of `origin` when there is one.
+    /// Sends `request` on the stream of `origin` when there is one; the
+    /// client's progress on it goes back to `asker` meanwhile.
     fn ask(
         &self,
         origin: Option<RequestId>,
+        asker: Asker,
         mut request: ServerRequest,
     ) -> BoxFuture<'static, Result<ClientResult, ErrorData>> {
         if let Some(origin) = origin {
@@ -105,15 +134,28 @@ impl Client {
             }
         }
         let peer = self.peer.clone();
+        let asked = self.asked.clone();
         Box::pin(async move {
-            match peer.send_request(request).await {
-                Ok(answer) => Ok(answer),
-                Err(ServiceError::McpError(error)) => Err(error),
-                Err(error) => Err(ErrorData::internal_error(
-                    format!("the client did not answer: {error}"),
-                    None,
-                )),
+            let failed = |error: ServiceError| match error {
+                ServiceError::McpError(error) => error,
+                error => {
+                    ErrorData::internal_error(format!("the client did not answer: {error}"), None)
+                }
+            };
+            let handle = peer
+                .send_request_with_option(request, PeerRequestOptions::no_options())
+                .await
+                .map_err(failed)?;
+            let token = handle.progress_token.clone();
+            if let (Some(server), Some(upstream)) = (asker.peer, asker.progress_token) {
+                asked
+                    .lock()
+                    .expect("asked lock")
+                    .insert(token.clone(), (server, upstream));
             }
+            let answer = handle.await_response().await;
+            asked.lock().expect("asked lock").remove(&token);
+            answer.map_err(failed)
         })
     }
 }
@@ -140,11 +182,13 @@ impl Downstream for Client {
     fn elicit(
         &self,
         origin: Option<RequestId>,
+        asker: Asker,
         request: ElicitRequestParams,
     ) -> BoxFuture<'static, Result<ElicitResult, ErrorData>> {
         relayed("elicitation");
         let asked = self.ask(
             origin,
+            asker,
             ServerRequest::ElicitRequest(ElicitRequest::new(request)),
         );
         Box::pin(async move {
@@ -161,11 +205,13 @@ impl Downstream for Client {
     fn sample(
         &self,
         origin: Option<RequestId>,
+        asker: Asker,
         request: CreateMessageRequestParams,
     ) -> BoxFuture<'static, Result<CreateMessageResult, ErrorData>> {
         relayed("sampling");
         let asked = self.ask(
             origin,
+            asker,
             ServerRequest::CreateMessageRequest(CreateMessageRequest::new(request)),
         );
         Box::pin(async move {
@@ -451,6 +497,7 @@ impl Downstream for RoundClient {
     fn elicit(
         &self,
         _origin: Option<RequestId>,
+        _asker: Asker,
         request: ElicitRequestParams,
     ) -> BoxFuture<'static, Result<ElicitResult, ErrorData>> {
         relayed("elicitation");
@@ -468,6 +515,7 @@ impl Downstream for RoundClient {
     fn sample(
         &self,
         _origin: Option<RequestId>,
+        _asker: Asker,
         request: CreateMessageRequestParams,
     ) -> BoxFuture<'static, Result<CreateMessageResult, ErrorData>> {
         relayed("sampling");

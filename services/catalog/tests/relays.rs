@@ -298,3 +298,42 @@ async fn a_client_without_the_capability_leaves_the_server_answered_method_not_f
     client.close().await;
     harness.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_clients_progress_on_a_servers_question_goes_back_to_the_server() {
+    let record = tempfile::tempdir().unwrap();
+    let tools_file = record.path().join("tools.json");
+    std::fs::write(
+        &tools_file,
+        r#"[{"name":"ask","description":"Asks the client"}]"#,
+    )
+    .unwrap();
+    let tools = tools_file.display().to_string();
+    let asking = fixture(
+        "asking",
+        record.path(),
+        &["--mode", "changing-tools", "--tools-file", &tools],
+    );
+    let (harness, url, key) = catalog_with(vec![asking]).await;
+    let out = relay_client(&url, Some(&key), &["--ask-tool", "ask"]).await;
+    // The question reached the client, its reply the server...
+    assert_eq!(
+        out["sampling"]["messages"],
+        serde_json::json!(["say hi"]),
+        "{out}"
+    );
+    assert_eq!(out["ask_result"], "a sampled reply", "{out}");
+    // ...and its progress on the question went back with the server's token.
+    let back = eventually(DEADLINE, || {
+        mcp_fixture::read_progress(record.path()).len() == 2
+    })
+    .await;
+    let mut received = mcp_fixture::read_progress(record.path());
+    received.sort_by(f64::total_cmp);
+    assert!(
+        back,
+        "the fixture received the client's progress: {received:?}"
+    );
+    assert_eq!(received, [1.0, 2.0]);
+    harness.stop().await;
+}

@@ -34,7 +34,7 @@ use tokio::task::JoinHandle;
 
 use crate::error::McpError;
 use crate::error::chain;
-use crate::relay::{InOrder, Relay, Routes};
+use crate::relay::{Asker, InOrder, Relay, Routes};
 use crate::spec::{
     Declarations, PromptDecl, ResourceDecl, ServerInfo, ServerSpec, ToolDecl, TransportSpec,
 };
@@ -146,10 +146,13 @@ impl ClientHandler for ClientSide {
     async fn create_elicitation(
         &self,
         request: ElicitRequestParams,
-        _context: RequestContext<RoleClient>,
+        context: RequestContext<RoleClient>,
     ) -> Result<ElicitResult, ErrorData> {
         match self.routes.asker(|d| d.can_elicit()) {
-            Some(relay) => relay.downstream.elicit(relay.origin, request).await,
+            Some(relay) => {
+                let asker = asker_of(&context);
+                relay.downstream.elicit(relay.origin, asker, request).await
+            }
             None => Err(ErrorData::method_not_found::<ElicitationCreateRequestMethod>()),
         }
     }
@@ -157,10 +160,13 @@ impl ClientHandler for ClientSide {
     async fn create_message(
         &self,
         request: CreateMessageRequestParams,
-        _context: RequestContext<RoleClient>,
+        context: RequestContext<RoleClient>,
     ) -> Result<CreateMessageResult, ErrorData> {
         match self.routes.asker(|d| d.can_sample()) {
-            Some(relay) => relay.downstream.sample(relay.origin, request).await,
+            Some(relay) => {
+                let asker = asker_of(&context);
+                relay.downstream.sample(relay.origin, asker, request).await
+            }
             None => Err(ErrorData::method_not_found::<CreateMessageRequestMethod>()),
         }
     }
@@ -728,6 +734,14 @@ fn outcome_of(result: rmcp::model::CallToolResult) -> CallOutcome {
     }
 }
 
+/// The server asking, for the client's progress on its question.
+fn asker_of(context: &RequestContext<RoleClient>) -> Asker {
+    Asker {
+        peer: Some(context.peer.clone()),
+        progress_token: context.meta.get_progress_token(),
+    }
+}
+
 /// Answers a 2026-07-28 server's input requests through the call's client.
 async fn fulfil(
     requests: rmcp::model::InputRequests,
@@ -738,11 +752,11 @@ async fn fulfil(
         let downstream = &relay.downstream;
         let answered = match request {
             InputRequest::Elicitation(request) if downstream.can_elicit() => downstream
-                .elicit(relay.origin.clone(), request.params)
+                .elicit(relay.origin.clone(), Asker::none(), request.params)
                 .await
                 .map(|r| serde_json::to_value(r).expect("an elicitation result is JSON")),
             InputRequest::CreateMessage(request) if downstream.can_sample() => downstream
-                .sample(relay.origin.clone(), request.params)
+                .sample(relay.origin.clone(), Asker::none(), request.params)
                 .await
                 .map(|r| serde_json::to_value(r).expect("a sampling result is JSON")),
             InputRequest::ListRoots(_) => Ok(serde_json::json!({ "roots": [] })),

@@ -39,15 +39,18 @@ pub trait Downstream: Send + Sync {
     /// Whether the client declared sampling.
     fn can_sample(&self) -> bool;
     /// Asks the client, on the stream of its request `origin` (the call
-    /// the server asks during) when known.
+    /// the server asks during) when known; the client's progress on it
+    /// goes back to `asker`.
     fn elicit(
         &self,
         origin: Option<RequestId>,
+        asker: Asker,
         request: ElicitRequestParams,
     ) -> BoxFuture<'static, Result<ElicitResult, ErrorData>>;
     fn sample(
         &self,
         origin: Option<RequestId>,
+        asker: Asker,
         request: CreateMessageRequestParams,
     ) -> BoxFuture<'static, Result<CreateMessageResult, ErrorData>>;
     /// A log message of `server` (its logger names the server).
@@ -56,6 +59,24 @@ pub trait Downstream: Send + Sync {
     fn resource_updated(&self, server: &str, uri: &str);
     /// The level the client asked with `logging/setLevel`, if it did.
     fn log_level(&self) -> Option<LoggingLevel>;
+}
+
+/// The server that asks a client something, and the progress token its
+/// request carries: the client's progress on the question goes back there.
+#[derive(Clone)]
+pub struct Asker {
+    pub peer: Option<rmcp::Peer<RoleClient>>,
+    pub progress_token: Option<ProgressToken>,
+}
+
+impl Asker {
+    /// A question whose progress has nowhere to go (an input round's).
+    pub fn none() -> Self {
+        Self {
+            peer: None,
+            progress_token: None,
+        }
+    }
 }
 
 /// One call's relay: who asked, with which progress token, and when they

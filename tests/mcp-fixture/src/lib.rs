@@ -138,6 +138,26 @@ pub fn record_cancellation(record_dir: &Path, request_id: &str) {
     }
 }
 
+/// Appends one line to `progress.log`: a client's progress the fixture
+/// received.
+pub fn record_progress(record_dir: &Path, progress: f64) {
+    use std::io::Write as _;
+    if let Ok(mut log) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(record_dir.join("progress.log"))
+    {
+        let _ = log.write_all(format!("{progress}\n").as_bytes());
+    }
+}
+
+/// The client progress values the fixture received, in arrival order.
+pub fn read_progress(record_dir: &Path) -> Vec<f64> {
+    std::fs::read_to_string(record_dir.join("progress.log"))
+        .map(|text| text.lines().filter_map(|l| l.parse().ok()).collect())
+        .unwrap_or_default()
+}
+
 /// The calls recorded as cancelled (`pid request-id` lines).
 pub fn read_cancellations(record_dir: &Path) -> Vec<String> {
     std::fs::read_to_string(record_dir.join("cancelled.log"))

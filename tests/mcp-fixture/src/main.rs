@@ -361,6 +361,17 @@ impl ServerHandler for Fixture {
         self.peers.lock().expect("peers lock").push(context.peer);
     }
 
+    /// A client's progress (on `ask`'s question) is recorded.
+    async fn on_progress(
+        &self,
+        progress: rmcp::model::ProgressNotificationParam,
+        _context: NotificationContext<RoleServer>,
+    ) {
+        if let Some(dir) = &self.args.record_dir {
+            mcp_fixture::record_progress(dir, progress.progress);
+        }
+    }
+
     async fn list_tools(
         &self,
         request: Option<PaginatedRequestParams>,
@@ -430,6 +441,15 @@ impl ServerHandler for Fixture {
                     }
                 }
                 CallToolResult::success(vec![ContentBlock::text("slept")])
+            }
+            // Not listed by any mode but changing-tools' file: asks the
+            // client to sample `prompt` and answers its reply's text.
+            "ask" => {
+                let prompt = arguments
+                    .get("prompt")
+                    .and_then(Value::as_str)
+                    .unwrap_or("hi");
+                CallToolResult::success(vec![ContentBlock::text(ask(&context.peer, prompt).await?)])
             }
             other => {
                 return Err(ErrorData::invalid_params(
@@ -566,6 +586,23 @@ impl Drop for Recording {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.live_file);
     }
+}
+
+/// `ask`: the client samples `prompt`; its reply's text.
+#[allow(deprecated)] // Sampling: the 2025 revisions' request, which `ask` tests.
+async fn ask(peer: &Peer<RoleServer>, prompt: &str) -> Result<String, ErrorData> {
+    let params = rmcp::model::CreateMessageRequestParams::new(
+        vec![rmcp::model::SamplingMessage::user_text(prompt)],
+        16,
+    );
+    let reply = peer
+        .create_message(params)
+        .await
+        .map_err(|e| ErrorData::internal_error(format!("the client did not sample: {e}"), None))?;
+    Ok(serde_json::to_value(&reply.message.content)
+        .ok()
+        .and_then(|c| c.get("text").and_then(Value::as_str).map(str::to_owned))
+        .unwrap_or_default())
 }
 
 /// A TCP listener whose connections are TLS sessions (a failed handshake is
