@@ -131,7 +131,8 @@ impl Drop for InFlight {
 }
 
 impl Routes {
-    /// Registers a call; `upstream_token` is the token it goes out with.
+    /// Registers a call in flight, its client as a follower (its progress
+    /// is routed once its token is known: [`Routes::route_progress`]).
     pub fn begin(self: &Arc<Self>, relay: &Relay) -> InFlight {
         let mut inner = self.inner.lock().expect("routes lock");
         let id = inner.next_call;
