@@ -14,7 +14,6 @@ use std::time::Duration;
 use catalog::config::{Naming, Processes, ServerConfig};
 use common::*;
 use ctxsync_mcp::{ServerSpec, TransportSpec};
-use testkit::store::StoreClient;
 
 fn servers_tests_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/mcp-servers")
@@ -77,16 +76,7 @@ async fn the_official_conformance_suite_passes_against_the_catalog() {
     let mut settings = settings();
     settings.mcp_rate_limit = None;
     let harness = Harness::start_with_store(config, settings).await;
-    let key = StoreClient::new(
-        harness.client.clone(),
-        harness.subjects.clone(),
-        REQUEST_TIMEOUT,
-        "workspace",
-    )
-    .retrying_no_responders()
-    .create_tenant_key("acme")
-    .await
-    .0;
+    let key = harness.tenant_key("acme").await;
     let url = format!("http://{}/mcp", harness.running().http_addr());
 
     let installed = mcp_fixture::reference::servers_dir();

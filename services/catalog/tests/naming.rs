@@ -11,21 +11,20 @@ use std::time::Duration;
 use catalog::config::{Naming, ServerConfig};
 use common::*;
 use ctxsync_mcp::{ConnectOptions, Connection};
-use testkit::store::StoreClient;
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
-async fn key_of(harness: &Harness) -> String {
-    StoreClient::new(
-        harness.client.clone(),
-        harness.subjects.clone(),
-        REQUEST_TIMEOUT,
-        "workspace",
-    )
-    .retrying_no_responders()
-    .create_tenant_key("acme")
-    .await
-    .0
+/// The tools an MCP session offers, sorted.
+async fn offered_tools(client: &Connection) -> Vec<String> {
+    let mut names: Vec<String> = client
+        .list_tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    names.sort();
+    names
 }
 
 async fn mcp_client(harness: &Harness, key: &str) -> Connection {
@@ -55,18 +54,13 @@ async fn bare_names_are_the_servers_own_and_a_prefix_or_alias_overrides_them() {
         ..fixture("calc", record.path(), &[])
     };
     let harness = Harness::start_with_store(bare(vec![notes, calc]), settings()).await;
-    let key = key_of(&harness).await;
+    let key = harness.tenant_key("acme").await;
     let client = mcp_client(&harness, &key).await;
 
-    let mut names: Vec<String> = client
-        .list_tools()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|t| t.name)
-        .collect();
-    names.sort();
-    assert_eq!(names, ["add", "c__echo", "echo", "sum"]);
+    assert_eq!(
+        offered_tools(&client).await,
+        ["add", "c__echo", "echo", "sum"]
+    );
 
     // Each name reaches its own server under the server's own name.
     let sum = client
@@ -183,17 +177,9 @@ async fn a_collision_is_refused_at_load_and_a_discovered_one_leaves_pins_untouch
     assert_eq!(tools(&again), tools(&first));
 
     // An MCP session offers `add` once, `one`'s (first in configured order).
-    let key = key_of(&harness).await;
+    let key = harness.tenant_key("acme").await;
     let client = mcp_client(&harness, &key).await;
-    let mut names: Vec<String> = client
-        .list_tools()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|t| t.name)
-        .collect();
-    names.sort();
-    assert_eq!(names, ["add", "echo", "say"]);
+    assert_eq!(offered_tools(&client).await, ["add", "echo", "say"]);
     client.close().await;
 
     // Now the memory knows both: the same config is refused, naming both.

@@ -14,7 +14,6 @@ use std::time::Duration;
 use catalog::config::{Naming, ServerConfig};
 use common::*;
 use serde_json::Value;
-use testkit::store::StoreClient;
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
@@ -98,16 +97,7 @@ async fn catalog_with(servers: Vec<ServerConfig>) -> (Harness, String, String) {
     let mut config = tenants(vec![("acme", servers)]);
     config.tenants[0].naming = Naming::Bare;
     let harness = Harness::start_with_store(config, settings()).await;
-    let key = StoreClient::new(
-        harness.client.clone(),
-        harness.subjects.clone(),
-        REQUEST_TIMEOUT,
-        "workspace",
-    )
-    .retrying_no_responders()
-    .create_tenant_key("acme")
-    .await
-    .0;
+    let key = harness.tenant_key("acme").await;
     let url = format!("http://{}/mcp", harness.running().http_addr());
     (harness, url, key)
 }

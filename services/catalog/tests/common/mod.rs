@@ -327,6 +327,20 @@ impl Harness {
         .await
     }
 
+    /// A new key of `tenant`, made through the harness's store.
+    pub async fn tenant_key(&self, tenant: &str) -> String {
+        testkit::store::StoreClient::new(
+            self.client.clone(),
+            self.subjects.clone(),
+            REQUEST_TIMEOUT,
+            "workspace",
+        )
+        .retrying_no_responders()
+        .create_tenant_key(tenant)
+        .await
+        .0
+    }
+
     /// How an MCP client reaches the running catalog's `/mcp` with `key`.
     pub fn mcp_spec(&self, key: &str) -> ServerSpec {
         ServerSpec {
