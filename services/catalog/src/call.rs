@@ -185,15 +185,12 @@ impl Call {
             // About the server, not one of its items.
             item: Item::Tool(""),
         };
-        let (pin, server) = match (session.pin(server_id), self.configured(tenant, server_id)) {
-            (Some(pin), Some(server)) => (pin, server),
-            (pin, server) => {
-                let refusal = core::target(&call, pin, server).err();
-                let refusal =
-                    refusal.unwrap_or_else(|| core::session_not_prepared(tenant, session_id));
-                return Err(core::refused(&refusal));
-            }
-        };
+        let (pin, server) = core::server_target(
+            server_id,
+            session.pin(server_id),
+            self.configured(tenant, server_id),
+        )
+        .map_err(|refusal| core::refused(&refusal))?;
         let target = Target {
             call,
             pin,

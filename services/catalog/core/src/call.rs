@@ -67,10 +67,7 @@ pub fn target<'p, S>(
 ) -> Result<(&'p StoredPin, S), Refusal> {
     let server_id = call.server_id;
     let Some(pin) = pin else {
-        return Err(Refusal::new(
-            ErrorCode::ServerNotPinned,
-            format!("server {server_id:?} is not pinned in this session"),
-        ));
+        return Err(not_pinned(server_id));
     };
     if !pin.catalog.has(call.item) {
         return Err(Refusal::new(
@@ -83,12 +80,37 @@ pub fn target<'p, S>(
         ));
     }
     let Some(server) = server else {
-        return Err(Refusal::new(
-            ErrorCode::ServerNotConfigured,
-            format!("server {server_id:?} is no longer configured or enabled"),
-        ));
+        return Err(not_configured(server_id));
     };
     Ok((pin, server))
+}
+
+/// [`target`] for a request about the server rather than one of its items
+/// (a completion, a subscription, a log level).
+pub fn server_target<'p, S>(
+    server_id: &str,
+    pin: Option<&'p StoredPin>,
+    server: Option<S>,
+) -> Result<(&'p StoredPin, S), Refusal> {
+    match (pin, server) {
+        (None, _) => Err(not_pinned(server_id)),
+        (Some(_), None) => Err(not_configured(server_id)),
+        (Some(pin), Some(server)) => Ok((pin, server)),
+    }
+}
+
+fn not_pinned(server_id: &str) -> Refusal {
+    Refusal::new(
+        ErrorCode::ServerNotPinned,
+        format!("server {server_id:?} is not pinned in this session"),
+    )
+}
+
+fn not_configured(server_id: &str) -> Refusal {
+    Refusal::new(
+        ErrorCode::ServerNotConfigured,
+        format!("server {server_id:?} is no longer configured or enabled"),
+    )
 }
 
 /// The session's open transport to the server, as a call finds it.

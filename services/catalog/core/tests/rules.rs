@@ -912,3 +912,21 @@ fn bad_requests_are_answered_with_reasons() {
     };
     assert!(valid_call(&uri).unwrap_err().message.contains("8192"));
 }
+
+#[test]
+fn a_request_about_a_server_needs_its_pin_and_its_configuration_only() {
+    let catalog = catalog(&[("echo", "Echo")]);
+    let pin = stored_pin("fx", &catalog);
+    let refused = |result: Result<(&StoredPin, ()), catalog_core::Refusal>| {
+        result.map(|_| ()).unwrap_err().code
+    };
+    assert_eq!(
+        refused(call::server_target("fx", None, Some(()))),
+        ErrorCode::ServerNotPinned
+    );
+    assert_eq!(
+        refused(call::server_target("fx", Some(&pin), None::<()>)),
+        ErrorCode::ServerNotConfigured
+    );
+    assert!(call::server_target("fx", Some(&pin), Some(())).is_ok());
+}
