@@ -85,12 +85,40 @@ enum Attempt {
 /// that brings a view ending it, or the wait's own task (a read, the
 /// deadline, the drain).
 struct Waiting {
-    key: AttemptKey,
+    /// Shared with the attempt's entry: one copy of its ids per wait.
+    key: Arc<AttemptKey>,
     started: Instant,
     /// The answer, for every caller joined to the wait.
-    outcome: watch::Sender<Option<Arc<Outcome>>>,
+    outcome: OutcomeSlot,
     /// Cancelled (under the attempts lock) by whoever ends the wait.
     ended: CancellationToken,
+}
+
+/// A wait's answer, set once, and its callers woken. Lighter than a watch
+/// channel (whose sender carries eight notifiers): every waiting chat
+/// holds one.
+#[derive(Default)]
+struct OutcomeSlot {
+    value: std::sync::OnceLock<Arc<Outcome>>,
+    set: tokio::sync::Notify,
+}
+
+impl OutcomeSlot {
+    fn set(&self, outcome: Arc<Outcome>) {
+        let _ = self.value.set(outcome);
+        self.set.notify_waiters();
+    }
+
+    async fn get(&self) -> Arc<Outcome> {
+        loop {
+            // Made before the check: a set in between still wakes it.
+            let set = self.set.notified();
+            if let Some(outcome) = self.value.get() {
+                return outcome.clone();
+            }
+            set.await;
+        }
+    }
 }
 
 /// How a wait ended.
@@ -106,7 +134,7 @@ enum End {
 
 #[derive(Default)]
 struct Attempts {
-    by_key: HashMap<AttemptKey, Attempt>,
+    by_key: HashMap<Arc<AttemptKey>, Attempt>,
     /// The waiting ones of each agent, for the events that end them.
     waiting: HashMap<String, Vec<Arc<Waiting>>>,
 }
@@ -539,8 +567,10 @@ impl Gate {
             _ => None,
         };
         let (first_turn, tenant) = (request.first_turn, request.tenant.clone());
+        // Boxed: a turn's task keeps its future's largest state while it
+        // waits, and only a turn that prepares a catalog needs this one.
         let reply = match catalog {
-            Some(catalog) => self.decide_with_catalog(request, trust, catalog).await,
+            Some(catalog) => Box::pin(self.decide_with_catalog(request, trust, catalog)).await,
             None => self.decide(request, trust, None).await,
         };
         record(&reply);
@@ -621,11 +651,13 @@ impl Gate {
         // Register before looking: an event committed after this point finds
         // the watch, and a read (if the view is not fresh) starts after it.
         // Past the drain window nothing is read any more.
-        let looked_up = async {
+        // Boxed: a waiting turn's task keeps its future's largest state,
+        // and the lookup's is much larger than the wait's.
+        let looked_up = Box::pin(async {
             let interest = self.inner.watches.register(agent_id, timeout).await?;
             let (view, views) = interest.fresh_view(trust, timeout).await?;
             Ok::<_, ReadError>((interest, view, views))
-        };
+        });
         let (interest, view, views) = tokio::select! {
             biased;
             looked_up = looked_up => match looked_up {
@@ -666,7 +698,7 @@ impl Gate {
             Readiness::Pending | Readiness::NoSnapshot | Readiness::Stale => {}
         }
 
-        let (mut outcome, joined) = {
+        let (waited_for, joined) = {
             let mut attempts = self.inner.attempts.lock().expect("attempts lock");
             match attempts.by_key.get(&key) {
                 Some(Attempt::TimedOut { expires_at }) if *expires_at > Instant::now() => {
@@ -682,7 +714,7 @@ impl Gate {
                         .attempts_joined
                         .fetch_add(1, Ordering::SeqCst);
                     metrics::counter!("ctxsync_gate_attempts_joined_total").increment(1);
-                    (waiting.outcome.subscribe(), true)
+                    (waiting.clone(), true)
                 }
                 _ if self.inner.shutdown.is_cancelled() => {
                     drop(attempts);
@@ -691,11 +723,11 @@ impl Gate {
                     return answer(&view, GateDecision::ShuttingDown, started.elapsed());
                 }
                 _ => {
-                    let (tx, rx) = watch::channel(None);
+                    let key = Arc::new(key);
                     let waiting = Arc::new(Waiting {
                         key: key.clone(),
                         started,
-                        outcome: tx,
+                        outcome: OutcomeSlot::default(),
                         ended: CancellationToken::new(),
                     });
                     attempts
@@ -716,20 +748,15 @@ impl Gate {
                         .attempts_started
                         .fetch_add(1, Ordering::SeqCst);
                     let gate = self.clone();
+                    let waited_for = waiting.clone();
                     tokio::spawn(async move {
                         gate.wait(waiting, interest, view, views).await;
                     });
-                    (rx, false)
+                    (waited_for, false)
                 }
             }
         };
-        let Ok(done) = outcome.wait_for(Option::is_some).await else {
-            return read_error_reply(
-                agent_id,
-                ReadError::Unavailable("the wait ended without an answer".into()),
-            );
-        };
-        let done = done.clone().expect("waited for an outcome");
+        let done = waited_for.outcome.get().await;
         let mut reply = answer(&done.view, done.decision, started.elapsed());
         reply.joined_attempt = joined;
         reply
@@ -812,9 +839,7 @@ impl Gate {
         let woken_by_commit = (end == End::Woken)
             .then_some(view.woken_by_commit)
             .flatten();
-        waiting
-            .outcome
-            .send_replace(Some(Arc::new(Outcome { decision, view })));
+        waiting.outcome.set(Arc::new(Outcome { decision, view }));
         let key = &waiting.key;
         let label = decision.label();
         let waited = waiting.started.elapsed();

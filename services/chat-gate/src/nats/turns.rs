@@ -97,18 +97,24 @@ fn malformed(message: String) -> TurnReply {
 
 /// One turn: the subject's tenant, which NATS permissions confine, never the body's.
 async fn handle(gate: Gate, message: async_nats::Message) -> TurnReply {
+    // The message is gone before the turn waits: a waiting chat holds its
+    // request, not the buffers it was read from.
+    match request_of(message) {
+        Ok(request) => gate.turn_after_events(request).await,
+        Err(why) => malformed(why),
+    }
+}
+
+/// The turn's request, or why it is malformed.
+fn request_of(message: async_nats::Message) -> Result<TurnRequest, String> {
     let tenant = message.subject.rsplit('.').next().unwrap_or_default();
-    let mut request = match TurnRequest::decode(message.payload) {
-        Ok(request) => request,
-        Err(error) => return malformed(format!("malformed request: {error}")),
-    };
+    let mut request = TurnRequest::decode(message.payload)
+        .map_err(|error| format!("malformed request: {error}"))?;
     if !request.tenant.is_empty() && request.tenant != tenant {
-        return malformed(
-            "tenant in the request differs from the subject's tenant: omit it".into(),
-        );
+        return Err("tenant in the request differs from the subject's tenant: omit it".into());
     }
     tenant.clone_into(&mut request.tenant);
-    gate.turn_after_events(request).await
+    Ok(request)
 }
 
 async fn serve(
@@ -170,15 +176,15 @@ async fn serve(
         let Ok(permit) = permit else {
             break;
         };
-        let (gate, client, subject) = (gate.clone(), client.clone(), subject.clone());
+        // Picked up after its sender gave up: nobody reads the answer.
+        if expired(deadline_of(message.headers.as_ref())) {
+            metrics::counter!("ctxsync_rpc_expired_total", "subject" => subject.clone())
+                .increment(1);
+            tracing::debug!(%subject, "turn past its deadline dropped unexecuted");
+            continue;
+        }
+        let (gate, client) = (gate.clone(), client.clone());
         tracker.spawn(async move {
-            // Picked up after its sender gave up: nobody reads the answer.
-            if expired(deadline_of(message.headers.as_ref())) {
-                metrics::counter!("ctxsync_rpc_expired_total", "subject" => subject.clone())
-                    .increment(1);
-                tracing::debug!(%subject, "turn past its deadline dropped unexecuted");
-                return;
-            }
             let reply = handle(gate, message).await;
             if let Err(error) = client.publish(reply_to, reply.encode_to_vec().into()).await {
                 tracing::warn!(%error, "cannot send a turn's answer");
