@@ -1,26 +1,29 @@
 //! Records chat-gate's first-turn waits (outcome and duration, nothing else)
 //! as `gate.turn.waited` events, so `ctxsync latency` can report gate waits
-//! by outcome next to the catalog's own setup times.
+//! by outcome next to the catalog's own setup times. They are queued for the
+//! event writer, in its batches, like every event no answer depends on.
+
+use std::sync::Arc;
 
 use prost::Message;
 use serde_json::json;
-use sqlx::PgPool;
 use tokio::task::JoinHandle;
 
 use ctxsync_proto::v1::GateTurnWaited;
 use ctxsync_runtime::Shutdown;
 
+use crate::events::Events;
 use crate::latency::GATE_WAIT_KIND;
-use crate::store::{self, NewEvent};
+use crate::store::NewEvent;
 
 pub fn spawn(
-    pool: PgPool,
+    queue: Arc<Events>,
     mut events: async_nats::Subscriber,
     shutdown: Shutdown,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         while let Some(message) = ctxsync_runtime::nats::next_until(&mut events, &shutdown).await {
-            record(&pool, &message.payload).await;
+            record(&queue, &message.payload);
         }
         // A wait announced just before shutdown is already on its way to this
         // connection: draining takes what the server sent before the
@@ -28,13 +31,13 @@ pub fn spawn(
         if events.drain().await.is_ok() {
             use futures::StreamExt as _;
             while let Some(message) = events.next().await {
-                record(&pool, &message.payload).await;
+                record(&queue, &message.payload);
             }
         }
     })
 }
 
-async fn record(pool: &PgPool, payload: &[u8]) {
+fn record(queue: &Events, payload: &[u8]) {
     let Ok(wait) = GateTurnWaited::decode(payload) else {
         tracing::debug!("malformed gate wait event ignored");
         return;
@@ -46,12 +49,5 @@ async fn record(pool: &PgPool, payload: &[u8]) {
         server_id: None,
         payload: json!({ "outcome": wait.outcome, "wait_ms": wait.wait_ms }),
     };
-    let stored = async {
-        let mut conn = pool.acquire().await?;
-        store::insert_events(&mut conn, vec![event]).await
-    }
-    .await;
-    if let Err(error) = stored {
-        tracing::warn!(%error, "cannot record a gate wait");
-    }
+    queue.queue(vec![event]);
 }

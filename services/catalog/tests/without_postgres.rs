@@ -4,7 +4,8 @@
 //! events land once it is back (each with the time of its call), a full
 //! queue drops and counts rather than delays, and a shutdown writes what is
 //! queued. A warm `/mcp` list, of a 2025 session or by a 2026-07-28 pin
-//! handle, is answered from memory.
+//! handle, is answered from memory: with Postgres down, and with it up
+//! without running one statement (counted by `pg_stat_statements`).
 
 mod common;
 
@@ -155,10 +156,16 @@ async fn a_shutdown_writes_the_events_still_queued() {
     harness.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_warm_mcp_list_of_either_era_is_answered_with_postgres_down() {
-    let mut postgres = PrivatePostgres::start().await;
-    let (mut harness, _record) = started(&postgres, settings()).await;
+fn names(tools: Vec<ctxsync_mcp::ToolDecl>) -> Vec<String> {
+    let mut names: Vec<String> = tools.into_iter().map(|t| t.name).collect();
+    names.sort();
+    names
+}
+
+/// A 2025 session (its pins stored at its initialize) and a 2026-07-28
+/// stateless client (its first list pinned the memory under a handle), each
+/// with the tools it listed once.
+async fn warm_clients(harness: &Harness) -> Vec<(Connection, Vec<String>)> {
     let store = testkit::store::StoreClient::new(
         harness.client.clone(),
         harness.subjects.clone(),
@@ -167,14 +174,6 @@ async fn a_warm_mcp_list_of_either_era_is_answered_with_postgres_down() {
     );
     let key = store.create_tenant_key("acme").await.0;
     let spec = harness.mcp_spec(&key);
-    let names = |tools: Vec<ctxsync_mcp::ToolDecl>| {
-        let mut names: Vec<String> = tools.into_iter().map(|t| t.name).collect();
-        names.sort();
-        names
-    };
-    // A 2025 session (its pins stored at its initialize) and a 2026-07-28
-    // stateless client (its first list pinned the memory under a handle),
-    // both before the outage.
     let mut clients = Vec::new();
     for sessions_only in [true, false] {
         let options = ConnectOptions {
@@ -189,6 +188,71 @@ async fn a_warm_mcp_list_of_either_era_is_answered_with_postgres_down() {
         clients.push((client, warm));
     }
     assert_eq!(clients[0].1, clients[1].1, "both eras list the same pins");
+    clients
+}
+
+/// The statements Postgres ran since the last reset, with their counts,
+/// but for the test's own about `pg_stat_statements`.
+async fn statements_run(pool: &sqlx::PgPool) -> Vec<(String, i64)> {
+    sqlx::query_as(
+        "SELECT query, calls FROM pg_stat_statements
+         WHERE query NOT ILIKE '%pg_stat_statements%' ORDER BY calls DESC",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("read pg_stat_statements")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_mcp_list_of_either_era_runs_no_postgres_statement() {
+    let postgres = PrivatePostgres::start_counting_statements().await;
+    let (harness, _record) = started(&postgres, settings()).await;
+    let clients = warm_clients(&harness).await;
+    let pool = sqlx::PgPool::connect(&postgres.url()).await.unwrap();
+    sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .execute(&pool)
+        .await
+        .unwrap();
+    harness.events_written().await;
+    sqlx::query("SELECT pg_stat_statements_reset()")
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    for (client, warm) in &clients {
+        for _ in 0..20 {
+            assert_eq!(&names(client.list_tools().await.unwrap()), warm);
+        }
+    }
+    let during_lists = statements_run(&pool).await;
+    assert!(
+        during_lists.is_empty(),
+        "40 warm lists ran statements: {during_lists:?}"
+    );
+
+    // The count sees the catalog's statements: a call's event, once
+    // written, is one.
+    echo(&harness, "counted").await;
+    harness.events_written().await;
+    let after_call = statements_run(&pool).await;
+    assert!(
+        after_call
+            .iter()
+            .any(|(query, _)| query.contains("catalog.events")),
+        "the call's event was not counted: {after_call:?}"
+    );
+    for (client, _) in clients {
+        client.close().await;
+    }
+    pool.close().await;
+    harness.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_mcp_list_of_either_era_is_answered_with_postgres_down() {
+    let mut postgres = PrivatePostgres::start().await;
+    let (mut harness, _record) = started(&postgres, settings()).await;
+    let clients = warm_clients(&harness).await;
 
     // Nothing of a warm list is read from Postgres: it answers the same
     // with the server gone (the key was checked, and is remembered).

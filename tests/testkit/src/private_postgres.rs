@@ -30,6 +30,8 @@ pub struct PrivatePostgres {
     starts: u32,
     /// `ssl=on` with this certificate and key (copies the server may read).
     tls: Option<crate::tls::CertFiles>,
+    /// Server settings (`name=value`) given with `-c` at every start.
+    settings: Vec<String>,
 }
 
 fn has_server_binaries(dir: &Path) -> bool {
@@ -96,16 +98,23 @@ fn run_as() -> Option<(u32, u32)> {
 impl PrivatePostgres {
     /// `initdb` and start; returns once it answers queries.
     pub async fn start() -> Self {
-        Self::start_inner(None).await
+        Self::start_inner(None, &[]).await
+    }
+
+    /// [`Self::start`] with `pg_stat_statements` loaded (`CREATE EXTENSION
+    /// pg_stat_statements` in a database makes its view readable there):
+    /// for a test that counts the statements a service runs.
+    pub async fn start_counting_statements() -> Self {
+        Self::start_inner(None, &["shared_preload_libraries=pg_stat_statements"]).await
     }
 
     /// [`Self::start`] with `ssl=on`, serving `cert` (clients may still
     /// connect without TLS unless they ask for it with `sslmode`).
     pub async fn start_with_tls(cert: &crate::tls::CertFiles) -> Self {
-        Self::start_inner(Some(cert)).await
+        Self::start_inner(Some(cert), &[]).await
     }
 
-    async fn start_inner(tls: Option<&crate::tls::CertFiles>) -> Self {
+    async fn start_inner(tls: Option<&crate::tls::CertFiles>, settings: &[&str]) -> Self {
         ctxsync_tls::install_default_provider();
         let bin_dir = find_bin_dir();
         let run_as = run_as();
@@ -126,6 +135,7 @@ impl PrivatePostgres {
             child: None,
             starts: 0,
             tls: None,
+            settings: settings.iter().map(|s| (*s).to_owned()).collect(),
         };
         server.initdb();
         if let Some(files) = tls {
@@ -235,6 +245,11 @@ impl PrivatePostgres {
                     format!("ssl_key_file={}", tls.key.display()),
                 ]
             }))
+            .args(
+                self.settings
+                    .iter()
+                    .flat_map(|s| ["-c".to_owned(), s.clone()]),
+            )
             // Its own process group: a hard kill takes every backend with the postmaster.
             .process_group(0)
             .stdout(log)
