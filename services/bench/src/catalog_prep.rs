@@ -16,6 +16,7 @@ use ctxsync_proto::v1::{
 use ctxsync_runtime::rpc;
 
 use crate::env::Env;
+use crate::mcp_path::{self, McpPath};
 use crate::services::{Deployed, REPLICAS};
 use crate::stats::Latency;
 use crate::steps::{BenchError, Progress, Sizes, Step};
@@ -40,6 +41,8 @@ pub struct CatalogPreparation {
     pub warm_all_pinned: bool,
     /// Deployed mode: the catalog processes' `/metrics`, scraped before they stop.
     pub metrics_text: String,
+    /// The MCP endpoint, measured on the same catalog (the report keeps it apart).
+    pub mcp: McpPath,
 }
 
 fn servers_dir() -> Option<PathBuf> {
@@ -219,6 +222,8 @@ async fn run_catalog(
     // Nothing may fill the memory behind the measurement's back.
     settings.warmup.enabled = false;
     settings.connect_timeout = Duration::from_secs(60);
+    // The MCP path's list throughput would measure the per-key rate limit.
+    settings.mcp_rate_limit = None;
     let max_concurrent_starts = settings.max_concurrent_starts;
     let servers = CatalogConfig {
         tenants: vec![TenantConfig {
@@ -282,18 +287,32 @@ async fn run_catalog(
                     .zip(&live.pins)
                     .all(|(w, l)| w.catalog_hash == l.catalog_hash);
         }
+        let mcp = match servers_dir()
+            .map(|dir| dir.join("node_modules/.bin/mcp-server-everything"))
+            .filter(|_| ids.iter().any(|id| id == "everything-1"))
+        {
+            Some(everything) => {
+                mcp_path::measure(env, sizes, progress, catalogs.mcp_addr(), TENANT, &everything)
+                    .await?
+            }
+            None => McpPath {
+                skipped: Some("server-everything is not installed".into()),
+                ..Default::default()
+            },
+        };
         Ok(CatalogPreparation {
             skipped: None,
             note: (count < 8).then(|| {
                 format!("only {count} reference servers are installed (8 wanted): run tests/mcp-servers/install.sh")
             }),
-            servers: ids,
+            servers: ids.clone(),
             live_ms: live_elapsed.as_secs_f64() * 1000.0,
             live_service_ms: live.duration_ms,
             max_concurrent_starts,
             warm: Latency::of(warm),
             warm_all_pinned: all_pinned,
             metrics_text: String::new(),
+            mcp,
         })
     }
     .await;
@@ -361,6 +380,14 @@ impl Catalogs {
         });
         let deployed = Deployed::spawn(&builder, &env.log_dir()).await?;
         Ok(Self::Deployed(deployed, file))
+    }
+
+    /// Where a client reaches `/mcp` (deployed: the first replica).
+    fn mcp_addr(&self) -> std::net::SocketAddr {
+        match self {
+            Self::InProcess(stack) => stack.catalog().http_addr(),
+            Self::Deployed(deployed, _) => deployed.addrs(Service::Catalog)[0],
+        }
     }
 
     /// Where the catalog's server processes are children of.

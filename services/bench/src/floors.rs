@@ -25,6 +25,10 @@ pub struct Floors {
     /// `nats_pub_sub` with [`IDLE_GAP`] of idleness before each publish:
     /// threads (ours and the server's) park as they do before a wake.
     pub nats_pub_sub_idle: Latency,
+    /// Two hops after [`IDLE_GAP`] of idleness (publisher → relay → a third
+    /// connection): the shape of a 1-chat wake (the store's event to the
+    /// gate, the gate's answer to the chat).
+    pub nats_two_hops_idle: Latency,
     pub nats_request_reply: Latency,
     pub postgres: PostgresFloor,
     /// snapshot-store's read API round trip (what the gate does once per wake), for the breakdown.
@@ -98,6 +102,46 @@ pub async fn pub_sub(env: &Env, samples: usize, idle: Duration) -> Result<Latenc
             latencies.push(started.elapsed());
         }
     }
+    Ok(Latency::of(latencies))
+}
+
+/// Two hops, each publish after `idle` of idleness: to a relay on a second
+/// connection, which publishes what it got to a subscriber on a third.
+pub async fn two_hops(env: &Env, samples: usize, idle: Duration) -> Result<Latency, BenchError> {
+    let publisher = connect(env, "bench-floor-hop-pub").await?;
+    let relay = connect(env, "bench-floor-hop-relay").await?;
+    let receiver = connect(env, "bench-floor-hop-sub").await?;
+    let first = env.subjects.bench_floor("hop1");
+    let second = env.subjects.bench_floor("hop2");
+    let mut relayed = relay.subscribe(first.clone()).await.step("subscribe")?;
+    let mut arrivals = receiver.subscribe(second.clone()).await.step("subscribe")?;
+    for client in [&relay, &receiver] {
+        ctxsync_runtime::nats::sync_with_server(client)
+            .await
+            .step("subscribe")?;
+    }
+    let forward = tokio::spawn(async move {
+        while let Some(message) = relayed.next().await {
+            let _ = relay.publish(second.clone(), message.payload).await;
+        }
+    });
+    let mut latencies = Vec::with_capacity(samples);
+    for i in 0..WARMUP + samples {
+        tokio::time::sleep(idle).await;
+        let started = Instant::now();
+        publisher
+            .publish(first.clone(), PAYLOAD.into())
+            .await
+            .step("publish")?;
+        tokio::time::timeout(Duration::from_secs(5), arrivals.next())
+            .await
+            .map_err(|_| BenchError::new("two hops", "a message did not arrive within 5 s"))?
+            .ok_or_else(|| BenchError::new("two hops", "subscription closed"))?;
+        if i >= WARMUP {
+            latencies.push(started.elapsed());
+        }
+    }
+    forward.abort();
     Ok(Latency::of(latencies))
 }
 

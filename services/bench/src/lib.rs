@@ -14,6 +14,7 @@
 mod catalog_prep;
 mod env;
 mod floors;
+mod mcp_path;
 mod push;
 mod report;
 mod services;
@@ -52,6 +53,9 @@ async fn sections(
     progress.step("floors: raw NATS publish→subscribe after idleness");
     let idle_samples = (sizes.floor_samples / 6).max(50);
     report.floors.nats_pub_sub_idle = floors::pub_sub(env, idle_samples, floors::IDLE_GAP).await?;
+    progress.step("floors: raw NATS two hops after idleness");
+    report.floors.nats_two_hops_idle =
+        floors::two_hops(env, idle_samples, floors::IDLE_GAP).await?;
     progress.step("floors: raw NATS request/reply");
     report.floors.nats_request_reply = floors::request_reply(env, sizes.floor_samples).await?;
     progress.step("floors: raw NATS fan-out (one publish, ten replies)");
@@ -63,7 +67,7 @@ async fn sections(
     let agents = env.register_agents("chat", sizes.agents).await?;
 
     report.wake = wake::all_cases(env, &agents, sizes, progress).await?;
-    report.memory = wake::memory(&report.wake);
+    report.memory = wake::memory(&report.wake, env.services.is_deployed());
 
     progress.step("gate answer when discovery is complete");
     let (store_read, gate_ready) = wake::gate_ready(env, &agents, sizes).await?;
@@ -77,6 +81,13 @@ async fn sections(
     report.push = push::throughput(env, sizes).await?;
 
     report.catalog = catalog_prep::measure(env, sizes, progress).await?;
+    report.mcp = match report.catalog.skipped.clone() {
+        Some(why) => mcp_path::McpPath {
+            skipped: Some(why),
+            ..Default::default()
+        },
+        None => std::mem::take(&mut report.catalog.mcp),
+    };
 
     let mut metrics = env.services.metrics_text().await;
     metrics.push_str(&report.catalog.metrics_text);

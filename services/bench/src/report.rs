@@ -8,6 +8,7 @@ use ctxsync_proto::v1;
 use crate::catalog_prep::CatalogPreparation;
 use crate::env::Environment;
 use crate::floors::Floors;
+use crate::mcp_path::McpPath;
 use crate::push::PushThroughput;
 use crate::stats::{Latency, ratio};
 use crate::wake::{GateReady, Memory, Polling, WakeCase};
@@ -43,7 +44,14 @@ pub struct Target {
     pub ratio: f64,
     pub target: String,
     pub met: bool,
+    /// The floor divided by, with its value.
+    pub floor: String,
+    /// False for an earlier ratio kept for comparison (see `BenchTarget`).
+    pub like_for_like: bool,
 }
+
+/// The memory each waiting chat may hold in the gate.
+const BYTES_PER_WAITING_CHAT: f64 = 4096.0;
 
 #[derive(Debug, Clone, Default)]
 pub struct MetricsSeen {
@@ -64,6 +72,7 @@ pub struct Report {
     pub catalog: CatalogPreparation,
     pub polling: Polling,
     pub memory: Memory,
+    pub mcp: McpPath,
     pub targets: Vec<Target>,
     /// Every chat of every section got the right answer.
     pub all_answers_correct: bool,
@@ -89,22 +98,40 @@ pub fn metric_families(text: &str) -> MetricsSeen {
     MetricsSeen { families, missing }
 }
 
-fn at_most(name: String, ratio: f64, limit: f64) -> Target {
+fn at_most(name: String, ratio: f64, limit: f64, floor: String) -> Target {
     Target {
         name,
         ratio,
         target: format!("≤ {limit}×"),
         met: ratio > 0.0 && ratio <= limit,
+        floor,
+        like_for_like: true,
     }
 }
 
-fn at_least(name: String, ratio: f64, limit: f64) -> Target {
+fn at_least(name: String, ratio: f64, limit: f64, floor: String) -> Target {
     Target {
         name,
         ratio,
         target: format!("≥ {limit}×"),
         met: ratio >= limit,
+        floor,
+        like_for_like: true,
     }
+}
+
+/// An earlier ratio, kept for comparison: its floor is not of the measured
+/// figure's shape.
+fn for_comparison(target: Target) -> Target {
+    Target {
+        like_for_like: false,
+        ..target
+    }
+}
+
+/// A floor as the targets name it: what it is and its p50.
+fn floor_p50(what: &str, latency: &Latency) -> String {
+    format!("{what} p50 {}", time(latency.p50_us))
 }
 
 /// A count of chats, agents or samples as its 32-bit field (a JSON number).
@@ -162,6 +189,7 @@ impl Report {
             catalog: CatalogPreparation::default(),
             polling: Polling::default(),
             memory: Memory::default(),
+            mcp: McpPath::default(),
             targets: Vec::new(),
             all_answers_correct: false,
             metrics: MetricsSeen::default(),
@@ -170,22 +198,30 @@ impl Report {
 
     /// Computes every ratio against its target.
     pub fn evaluate(&mut self) {
-        let pub_sub = self.floors.nats_pub_sub.p50_us;
+        let f = &self.floors;
         let mut targets = Vec::new();
-        for case in &self.wake {
+        // A 1-chat wake is two hops after a quiet spell (the store's event
+        // to the gate, the gate's answer to the chat): its floor is two
+        // hops measured after the same idleness.
+        if let Some(single) = self.wake.iter().find(|c| c.chats == 1)
+            && f.nats_two_hops_idle.samples > 0
+        {
             targets.push(at_most(
-                format!(
-                    "wake p50, {} chat{} / raw pub→sub p50",
-                    thousands(case.chats),
-                    if case.chats == 1 { "" } else { "s" }
+                "wake p50, 1 chat / raw NATS two hops after idleness p50".into(),
+                ratio(single.latency.p50_us, f.nats_two_hops_idle.p50_us),
+                1.5,
+                floor_p50(
+                    &format!(
+                        "raw NATS 2 hops, {} ms idle before each,",
+                        crate::floors::IDLE_GAP.as_millis()
+                    ),
+                    &f.nats_two_hops_idle,
                 ),
-                ratio(case.latency.p50_us, pub_sub),
-                3.0,
             ));
         }
         // Fan-out: a case of as many chats per agent as the floor's replies
         // per publish is compared with the floor of the same shape.
-        let fan = &self.floors.nats_fan_out;
+        let fan = &f.nats_fan_out;
         if fan.latency.samples > 0
             && let Some(case) = self
                 .wake
@@ -201,36 +237,54 @@ impl Report {
                     fan.replies_per_publish
                 ),
                 ratio(case.latency.p50_us, fan.latency.p50_us),
-                2.0,
-            ));
-        }
-        // The target: "within 2× a raw publish→subscribe latency plus one read".
-        if let Some(single) = self.wake.iter().find(|c| c.chats == 1) {
-            let bound = 2.0 * pub_sub + self.floors.store_read.p50_us;
-            targets.push(at_most(
-                "wake p50, 1 chat / (2× raw pub→sub + one store read) p50".into(),
-                ratio(single.latency.p50_us, bound),
                 1.0,
+                floor_p50(
+                    &format!(
+                        "raw NATS 1 → {} fan-out, {} publishers,",
+                        fan.replies_per_publish, fan.publishers
+                    ),
+                    &fan.latency,
+                ),
             ));
         }
         targets.push(at_most(
             "gate answer when ready p50 / raw request/reply p50".into(),
-            ratio(
-                self.gate_ready.latency.p50_us,
-                self.floors.nats_request_reply.p50_us,
-            ),
+            ratio(self.gate_ready.latency.p50_us, f.nats_request_reply.p50_us),
             2.0,
+            floor_p50("raw NATS request/reply", &f.nats_request_reply),
         ));
         targets.push(at_least(
             "push throughput via agent-ingest / raw Postgres (8 clients)".into(),
-            ratio(self.push.per_second, self.floors.postgres.per_second),
+            ratio(self.push.per_second, f.postgres.per_second),
             0.5,
+            format!(
+                "raw Postgres push-shaped transactions, {} clients, {:.0} tx/s",
+                f.postgres.clients, f.postgres.per_second
+            ),
         ));
         if self.catalog.skipped.is_none() {
             targets.push(at_least(
                 "catalog live preparation / warm preparation p50".into(),
                 ratio(self.catalog.live_ms * 1000.0, self.catalog.warm.p50_us),
                 1000.0,
+                format!(
+                    "warm preparation (from memory) p50 {}",
+                    time(self.catalog.warm.p50_us)
+                ),
+            ));
+        }
+        if self.mcp.skipped.is_none() {
+            targets.push(at_most(
+                "warm tools/call through /mcp p50 / the same call direct p50".into(),
+                ratio(
+                    self.mcp.call_through_catalog.p50_us,
+                    self.mcp.call_direct.p50_us,
+                ),
+                1.5,
+                floor_p50(
+                    "server-everything echo on a warm stdio connection,",
+                    &self.mcp.call_direct,
+                ),
             ));
         }
         targets.push(at_least(
@@ -240,7 +294,50 @@ impl Report {
                 self.polling.wake_latency.p50_us,
             ),
             300.0,
+            floor_p50("our wake on the same commits", &self.polling.wake_latency),
         ));
+        // Only the gate processes' own memory is compared (deployed mode);
+        // in one process the bench's chats are counted too.
+        if self.memory.gate_alone && self.memory.chats > 0 {
+            targets.push(at_most(
+                "memory per waiting chat (gate processes) / 4 KiB".into(),
+                self.memory.bytes_per_chat / BYTES_PER_WAITING_CHAT,
+                1.0,
+                format!(
+                    "{:.0} bytes per chat over {} chats",
+                    self.memory.bytes_per_chat,
+                    thousands(self.memory.chats)
+                ),
+            ));
+        }
+        // The earlier wake ratios: a back-to-back floor under wakes that
+        // follow idleness (and concurrent wakes under a one-at-a-time floor).
+        let pub_sub = f.nats_pub_sub.p50_us;
+        for case in &self.wake {
+            targets.push(for_comparison(at_most(
+                format!(
+                    "wake p50, {} chat{} / raw pub→sub p50",
+                    thousands(case.chats),
+                    if case.chats == 1 { "" } else { "s" }
+                ),
+                ratio(case.latency.p50_us, pub_sub),
+                3.0,
+                floor_p50("raw NATS pub→sub, back to back,", &f.nats_pub_sub),
+            )));
+        }
+        if let Some(single) = self.wake.iter().find(|c| c.chats == 1) {
+            let bound = 2.0 * pub_sub + f.store_read.p50_us;
+            targets.push(for_comparison(at_most(
+                "wake p50, 1 chat / (2× raw pub→sub + one store read) p50".into(),
+                ratio(single.latency.p50_us, bound),
+                1.0,
+                format!(
+                    "2 × {} + store read {}",
+                    time(pub_sub),
+                    time(f.store_read.p50_us)
+                ),
+            )));
+        }
         self.targets = targets;
         self.all_answers_correct = !self.wake.is_empty()
             && self
@@ -278,6 +375,7 @@ impl Report {
             floors: Some(v1::BenchFloors {
                 nats_pub_sub: Some(f.nats_pub_sub.to_proto()),
                 nats_pub_sub_idle: Some(f.nats_pub_sub_idle.to_proto()),
+                nats_two_hops_idle: Some(f.nats_two_hops_idle.to_proto()),
                 idle_gap_ms: count(crate::floors::IDLE_GAP.as_millis() as usize),
                 nats_request_reply: Some(f.nats_request_reply.to_proto()),
                 postgres: Some(v1::BenchPostgresFloor {
@@ -349,6 +447,7 @@ impl Report {
                 rss_delta_bytes: m.rss_delta_bytes,
                 bytes_per_chat: m.bytes_per_chat,
                 note: m.note.clone(),
+                gate_alone: m.gate_alone,
             }),
             targets: self
                 .targets
@@ -358,6 +457,8 @@ impl Report {
                     ratio: t.ratio,
                     target: t.target.clone(),
                     met: t.met,
+                    floor: t.floor.clone(),
+                    like_for_like: t.like_for_like,
                 })
                 .collect(),
             all_answers_correct: self.all_answers_correct,
@@ -365,7 +466,88 @@ impl Report {
                 families: self.metrics.families.clone(),
                 missing: self.metrics.missing.clone(),
             }),
+            mcp: Some(v1::BenchMcp {
+                skipped: self.mcp.skipped.clone(),
+                call_through_catalog: Some(self.mcp.call_through_catalog.to_proto()),
+                call_direct: Some(self.mcp.call_direct.to_proto()),
+                call_plain_http: Some(self.mcp.call_plain_http.to_proto()),
+                catalog_own_us: self.mcp.catalog_own_us(),
+                list_clients: count(self.mcp.list_clients),
+                lists: self.mcp.lists,
+                lists_per_second: self.mcp.lists_per_second,
+                list: Some(self.mcp.list.to_proto()),
+                first_list: Some(self.mcp.first_list.to_proto()),
+                tools: count(self.mcp.tools),
+            }),
         }
+    }
+
+    /// The MCP endpoint's lines.
+    fn render_mcp(&self, out: &mut String) {
+        let mcp = &self.mcp;
+        if let Some(why) = &mcp.skipped {
+            let _ = writeln!(out, "  mcp: skipped: {why}");
+            return;
+        }
+        let row = |out: &mut String, label: &str, l: &Latency, extra: &str| {
+            let _ = writeln!(
+                out,
+                "  {label:<46} {:>10} {:>10}   n={:<6} {extra}",
+                time(l.p50_us),
+                time(l.p99_us),
+                l.samples
+            );
+        };
+        let _ = writeln!(
+            out,
+            "\n{:<48} {:>10} {:>10}",
+            "mcp: the catalog's /mcp, warm (server-everything)", "p50", "p99"
+        );
+        row(
+            out,
+            "tools/call echo through /mcp (2025 session)",
+            &mcp.call_through_catalog,
+            &format!(
+                "{:.2}× direct",
+                ratio(mcp.call_through_catalog.p50_us, mcp.call_direct.p50_us)
+            ),
+        );
+        row(
+            out,
+            "  the same through /mcp, plain HTTP client",
+            &mcp.call_plain_http,
+            &format!(
+                "{:.2}× direct",
+                ratio(mcp.call_plain_http.p50_us, mcp.call_direct.p50_us)
+            ),
+        );
+        row(
+            out,
+            "  floor: the same call direct (stdio, warm)",
+            &mcp.call_direct,
+            "",
+        );
+        let _ = writeln!(
+            out,
+            "  {:<46} {:>10}            (HTTP, session, routing, bookkeeping)",
+            "  the catalog's own work per call, p50",
+            time(mcp.catalog_own_us().max(0.0))
+        );
+        row(
+            out,
+            &format!("tools/list, {} sessions at once", mcp.list_clients),
+            &mcp.list,
+            &format!(
+                "{:.0} lists/s of {} tools (plain HTTP JSON-RPC client)",
+                mcp.lists_per_second, mcp.tools
+            ),
+        );
+        row(
+            out,
+            "new client: initialize → tools/list",
+            &mcp.first_list,
+            "rmcp client",
+        );
     }
 
     /// The table for people.
@@ -405,6 +587,15 @@ impl Report {
                 crate::floors::IDLE_GAP.as_millis()
             ),
             &f.nats_pub_sub_idle,
+            "",
+        );
+        row(
+            &mut out,
+            &format!(
+                "raw NATS two hops, {} ms idle before each",
+                crate::floors::IDLE_GAP.as_millis()
+            ),
+            &f.nats_two_hops_idle,
             "",
         );
         let fan = &f.nats_fan_out;
@@ -472,11 +663,11 @@ impl Report {
                 ratio(case.latency.p50_us, f.nats_pub_sub.p50_us)
             );
             // A wake follows a quiet spell: also against the floor measured so.
-            if case.chats == 1 && f.nats_pub_sub_idle.samples > 0 {
+            if case.chats == 1 && f.nats_two_hops_idle.samples > 0 {
                 let _ = write!(
                     extra,
-                    " ({:.1}× idle pub→sub)",
-                    ratio(case.latency.p50_us, f.nats_pub_sub_idle.p50_us)
+                    " ({:.2}× two idle hops)",
+                    ratio(case.latency.p50_us, f.nats_two_hops_idle.p50_us)
                 );
             }
             row(&mut out, &label, &case.latency, &extra);
@@ -579,29 +770,55 @@ impl Report {
         let m = &self.memory;
         let _ = writeln!(
             out,
-            "  {:<46} {:>10.0} bytes  ({} chats, {} held by the gate, RSS +{:.1} MiB; an upper bound)",
+            "  {:<46} {:>10.0} bytes  ({} chats, {} held by the gate, RSS +{:.1} MiB of {}; an upper bound)",
             "memory per waiting chat",
             m.bytes_per_chat,
             thousands(m.chats),
             thousands(m.waiting_in_gate),
-            m.rss_delta_bytes as f64 / (1024.0 * 1024.0)
-        );
-
-        let _ = writeln!(out, "\ntargets (README, Benchmark)");
-        for t in &self.targets {
-            // Two decimals near the targets' small limits (0.49 must not print as 0.5).
-            let shown = if t.ratio < 10.0 {
-                format!("{:.2}", t.ratio)
+            m.rss_delta_bytes as f64 / (1024.0 * 1024.0),
+            if m.gate_alone {
+                "the gate processes"
             } else {
-                format!("{:.1}", t.ratio)
-            };
+                "the whole process, chats included"
+            }
+        );
+        self.render_mcp(&mut out);
+
+        let _ = writeln!(
+            out,
+            "\ntargets (README, Benchmark), each against a floor of its shape"
+        );
+        // Two decimals near the targets' small limits (0.49 must not print as 0.5).
+        let shown = |ratio: f64| {
+            if ratio < 10.0 {
+                format!("{ratio:.2}")
+            } else {
+                format!("{ratio:.1}")
+            }
+        };
+        for t in self.targets.iter().filter(|t| t.like_for_like) {
             let _ = writeln!(
                 out,
-                "  {:<62} {:>9}×  target {:<8} {}",
+                "  {:<62} {:>9}×  target {:<8} {}\n      floor: {}",
                 t.name,
-                shown,
+                shown(t.ratio),
                 t.target,
-                verdict(t.met)
+                verdict(t.met),
+                t.floor
+            );
+        }
+        let _ = writeln!(
+            out,
+            "\nfor comparison, the earlier ratios: NOT like-for-like (a back-to-back floor), no verdict"
+        );
+        for t in self.targets.iter().filter(|t| !t.like_for_like) {
+            let _ = writeln!(
+                out,
+                "  {:<62} {:>9}×  (was {})\n      floor: {}",
+                t.name,
+                shown(t.ratio),
+                t.target,
+                t.floor
             );
         }
         let _ = writeln!(
@@ -650,6 +867,7 @@ mod tests {
             |us: &[u64]| Latency::of(us.iter().map(|&u| Duration::from_micros(u)).collect());
         report.floors.nats_pub_sub = micros(&[100, 120, 300]);
         report.floors.nats_request_reply = micros(&[150]);
+        report.floors.nats_two_hops_idle = micros(&[200]);
         report.floors.postgres.clients = 8;
         report.floors.postgres.transactions = 5_000_000_000;
         report.floors.postgres.per_second = 1234.5;
@@ -662,6 +880,7 @@ mod tests {
         report.push.pushes = 42;
         report.push.per_second = 700.0;
         report.catalog.skipped = Some("no reference MCP server installed".into());
+        report.mcp.skipped = Some("no reference MCP server installed".into());
         report.memory.rss_delta_bytes = -4096;
         report.evaluate();
         report
@@ -691,8 +910,17 @@ mod tests {
             json["catalog"]["skipped"],
             "no reference MCP server installed"
         );
-        assert_eq!(json["targets"].as_array().map(Vec::len), Some(5));
+        // The 1-chat wake against two idle hops, the gate answer, push and
+        // polling; then the two earlier wake ratios, kept for comparison.
+        assert_eq!(json["targets"].as_array().map(Vec::len), Some(6));
         assert_eq!(json["targets"][0]["met"], true);
+        assert_eq!(json["targets"][0]["like_for_like"], true);
+        assert_eq!(
+            json["targets"][0]["floor"],
+            "raw NATS 2 hops, 2 ms idle before each, p50 200 µs"
+        );
+        assert_eq!(json["targets"][5]["like_for_like"], false);
+        assert_eq!(json["mcp"]["skipped"], "no reference MCP server installed");
         assert_eq!(json["all_answers_correct"], true);
         // pbjson reads back the message it wrote.
         let parsed: v1::BenchReport = serde_json::from_str(&text).unwrap();

@@ -205,7 +205,7 @@ impl Deployed {
         }
     }
 
-    fn addrs(&self, service: Service) -> Vec<SocketAddr> {
+    pub fn addrs(&self, service: Service) -> Vec<SocketAddr> {
         self.processes
             .iter()
             .filter(|p| p.service == service)

@@ -77,6 +77,11 @@ pub(crate) struct Sizes {
     pub polling_rounds: usize,
     pub polling_interval: Duration,
     pub warm_preparations: usize,
+    /// New MCP clients' first lists, warm calls per side, and sessions
+    /// listing at once (the MCP path).
+    pub mcp_first_lists: usize,
+    pub mcp_calls: usize,
+    pub mcp_list_clients: usize,
 }
 
 impl Sizes {
@@ -93,6 +98,9 @@ impl Sizes {
                 polling_rounds: 6,
                 polling_interval: Duration::from_millis(500),
                 warm_preparations: 10,
+                mcp_first_lists: 10,
+                mcp_calls: 200,
+                mcp_list_clients: 16,
             }
         } else {
             Self {
@@ -106,6 +114,9 @@ impl Sizes {
                 polling_rounds: 20,
                 polling_interval: Duration::from_millis(500),
                 warm_preparations: 50,
+                mcp_first_lists: 50,
+                mcp_calls: 1000,
+                mcp_list_clients: 16,
             }
         }
     }

@@ -64,6 +64,8 @@ pub struct Memory {
     /// request futures and the NATS buffers on both sides).
     pub bytes_per_chat: f64,
     pub note: String,
+    /// Of the gate processes alone (deployed), not of the bench's process.
+    pub gate_alone: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -410,8 +412,9 @@ pub async fn all_cases(
     Ok(cases)
 }
 
-/// Memory held per waiting chat, from the largest wake case.
-pub fn memory(cases: &[WakeCase]) -> Memory {
+/// Memory held per waiting chat, from the largest wake case; `gate_alone`
+/// when the RSS read was of the gate processes alone.
+pub fn memory(cases: &[WakeCase], gate_alone: bool) -> Memory {
     let Some(case) = cases.iter().max_by_key(|c| c.chats) else {
         return Memory::default();
     };
@@ -424,12 +427,22 @@ pub fn memory(cases: &[WakeCase]) -> Memory {
         waiting_in_gate: case.waiting_at_commit,
         rss_delta_bytes: delta,
         bytes_per_chat: delta as f64 / case.chats.max(1) as f64,
-        note: format!(
-            "VmRSS delta of the whole process while {} chats waited, over {} chats: an upper bound \
-             (it includes the bench's own request futures, the chats' NATS inboxes and the \
-             services' buffers; the allocator may also keep freed memory)",
-            case.chats, case.chats
-        ),
+        note: if gate_alone {
+            format!(
+                "VmRSS delta of the gate processes while {} chats waited, over {} chats: an upper \
+                 bound (it includes their NATS connections' buffers for the turns; the allocator \
+                 may also keep freed memory)",
+                case.chats, case.chats
+            )
+        } else {
+            format!(
+                "VmRSS delta of the whole process while {} chats waited, over {} chats: an upper \
+                 bound (it includes the bench's own request futures, the chats' NATS inboxes and \
+                 the services' buffers; the allocator may also keep freed memory)",
+                case.chats, case.chats
+            )
+        },
+        gate_alone,
     }
 }
 

@@ -113,6 +113,7 @@ async fn check_report(report: &Value, mode: &str) {
     for floor in [
         "floors.nats_pub_sub",
         "floors.nats_pub_sub_idle",
+        "floors.nats_two_hops_idle",
         "floors.nats_request_reply",
         "floors.postgres.single_client",
         "floors.store_read",
@@ -182,19 +183,67 @@ async fn check_report(report: &Value, mode: &str) {
 
     assert!(number(&report, "memory.bytes_per_chat") > 0.0);
     assert_eq!(number(&report, "memory.chats"), 1000.0);
+    assert_eq!(report["memory"]["gate_alone"], mode == "deployed");
+
+    assert!(report["mcp"]["skipped"].is_null(), "{}", report["mcp"]);
+    for latency in [
+        "mcp.call_through_catalog",
+        "mcp.call_direct",
+        "mcp.list",
+        "mcp.first_list",
+    ] {
+        assert_latency(&report, latency);
+    }
+    assert_eq!(number(&report, "mcp.call_through_catalog.samples"), 200.0);
+    assert_eq!(number(&report, "mcp.list_clients"), 16.0);
+    assert!(number(&report, "mcp.lists_per_second") > 0.0);
+    assert!(number(&report, "mcp.tools") > 0.0);
 
     let targets = report["targets"].as_array().expect("targets");
-    assert_eq!(targets.len(), 3 + 1 + 1 + 1 + 1 + 1 + 1, "{targets:?}");
-    assert!(
-        targets.iter().any(|t| t["name"]
-            .as_str()
-            .is_some_and(|n| n.contains("raw fan-out"))),
+    let named = |part: &str, like_for_like: bool| {
+        targets
+            .iter()
+            .filter(|t| t["like_for_like"] == like_for_like)
+            .filter(|t| t["name"].as_str().is_some_and(|n| n.contains(part)))
+            .count()
+    };
+    // Each like-for-like target names its floor; the earlier wake ratios
+    // (three cases, and the single one's bound) are kept apart.
+    for part in [
+        "two hops after idleness",
+        "raw fan-out",
+        "raw request/reply",
+        "raw Postgres",
+        "warm preparation",
+        "the same call direct",
+        "polling wake",
+    ] {
+        assert_eq!(named(part, true), 1, "{part}: {targets:?}");
+    }
+    assert_eq!(
+        named("memory per waiting chat (gate processes)", true),
+        usize::from(mode == "deployed"),
+        "{targets:?}"
+    );
+    assert_eq!(named("/ raw pub→sub p50", false), 3, "{targets:?}");
+    assert_eq!(
+        named("2× raw pub→sub + one store read", false),
+        1,
+        "{targets:?}"
+    );
+    assert_eq!(
+        targets.len(),
+        7 + usize::from(mode == "deployed") + 4,
         "{targets:?}"
     );
     for target in targets {
         let ratio = number(target, "ratio");
         assert!(ratio.is_finite() && ratio > 0.0, "{target}");
         assert!(target["met"].is_boolean(), "{target}");
+        assert!(
+            target["floor"].as_str().is_some_and(|f| !f.is_empty()),
+            "{target}"
+        );
     }
     assert_eq!(report["all_answers_correct"], true);
     assert_eq!(

@@ -1,0 +1,329 @@
+//! The catalog's MCP endpoint, warm: a `tools/call` through `/mcp` against
+//! the same call made directly on a warm stdio connection to the same
+//! upstream (server-everything), warm `tools/list` throughput with a plain
+//! HTTP client that is not the bottleneck, and a new client's first list.
+//!
+//! The call's floor is the direct call, made by the same client library
+//! (rmcp, through `ctxsync-mcp`) on the same machine in the same run: what
+//! the ratio shows is what the catalog adds.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use ctxsync_mcp::{ConnectOptions, Connection, ServerSpec, TransportSpec};
+use serde_json::{Value, json};
+
+use crate::env::Env;
+use crate::stats::Latency;
+use crate::steps::{BenchError, Progress, Sizes, Step};
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+/// The revision of the sessions the bench opens.
+const SESSION_VERSION: &str = "2025-11-25";
+
+#[derive(Debug, Clone, Default)]
+pub struct McpPath {
+    pub skipped: Option<String>,
+    pub call_through_catalog: Latency,
+    pub call_direct: Latency,
+    /// The call through `/mcp` made by a plain HTTP JSON-RPC client.
+    pub call_plain_http: Latency,
+    pub list_clients: usize,
+    pub lists: u64,
+    pub lists_per_second: f64,
+    pub list: Latency,
+    pub first_list: Latency,
+    pub tools: usize,
+}
+
+impl McpPath {
+    /// What the catalog adds to a warm call, p50, in microseconds.
+    pub fn catalog_own_us(&self) -> f64 {
+        self.call_through_catalog.p50_us - self.call_direct.p50_us
+    }
+}
+
+fn echo_arguments() -> serde_json::Map<String, Value> {
+    json!({"message": "x"})
+        .as_object()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// `samples` warm calls of `tool`, one after another (a few first, untimed).
+async fn calls(client: &Connection, tool: &str, samples: usize) -> Result<Latency, BenchError> {
+    let mut durations = Vec::with_capacity(samples);
+    for i in 0..samples + 20 {
+        let started = Instant::now();
+        let outcome = client
+            .call_tool(tool, echo_arguments(), TIMEOUT)
+            .await
+            .step("mcp tools/call")?;
+        if outcome.is_error {
+            return Err(BenchError::new(
+                "mcp tools/call",
+                format!("{tool} answered an error: {}", outcome.content_json),
+            ));
+        }
+        if i >= 20 {
+            durations.push(started.elapsed());
+        }
+    }
+    Ok(Latency::of(durations))
+}
+
+/// The catalog's `/mcp` for `key`, as an MCP client reaches it.
+fn catalog_spec(addr: SocketAddr, key: &str) -> ServerSpec {
+    ServerSpec {
+        name: "catalog".into(),
+        transport: TransportSpec::StreamableHttp {
+            url: format!("http://{addr}/mcp"),
+            headers: [("Authorization".to_owned(), format!("Bearer {key}"))].into(),
+        },
+    }
+}
+
+/// Measures the MCP path of the catalog at `addr` (serving tenant
+/// `tenant`, whose servers include `everything-1`), with `everything` the
+/// server-everything binary for the direct calls.
+pub async fn measure(
+    env: &Env,
+    sizes: &Sizes,
+    progress: &Progress,
+    addr: SocketAddr,
+    tenant: &str,
+    everything: &Path,
+) -> Result<McpPath, BenchError> {
+    let key = ctxsync_cli::tenant::create(&env.client, &env.subjects, TIMEOUT, tenant, "bench")
+        .await
+        .step("tenant key for /mcp")?
+        .key;
+    let spec = catalog_spec(addr, &key);
+    let sessions = ConnectOptions {
+        sessions_only: true,
+        ..ConnectOptions::new(TIMEOUT)
+    };
+
+    progress.step("mcp: a new client's first list, warm memory");
+    let mut first = Vec::with_capacity(sizes.mcp_first_lists);
+    let mut tools = 0;
+    for _ in 0..sizes.mcp_first_lists {
+        let started = Instant::now();
+        let client = Connection::connect(&spec, sessions.clone())
+            .await
+            .step("mcp initialize")?;
+        tools = client.list_tools().await.step("mcp tools/list")?.len();
+        first.push(started.elapsed());
+        client.close().await;
+    }
+
+    progress.step(format!(
+        "mcp: {} warm calls through /mcp and directly",
+        sizes.mcp_calls
+    ));
+    let client = Connection::connect(&spec, sessions.clone())
+        .await
+        .step("mcp initialize")?;
+    let through = calls(&client, "everything-1__echo", sizes.mcp_calls).await?;
+    client.close().await;
+    let direct_spec = ServerSpec {
+        name: "everything-direct".into(),
+        transport: TransportSpec::Stdio {
+            command: everything.display().to_string(),
+            args: vec!["stdio".into()],
+            env: Default::default(),
+            cwd: None,
+        },
+    };
+    let direct_client = Connection::connect(&direct_spec, ConnectOptions::new(TIMEOUT))
+        .await
+        .step("server-everything, directly")?;
+    let direct = calls(&direct_client, "echo", sizes.mcp_calls).await?;
+    direct_client.close().await;
+
+    let plain = plain_calls(addr, &key, sizes.mcp_calls).await?;
+
+    progress.step(format!(
+        "mcp: warm tools/list throughput, {} sessions",
+        sizes.mcp_list_clients
+    ));
+    let (lists, elapsed, list) =
+        list_throughput(addr, &key, sizes.mcp_list_clients, sizes.throughput_window).await?;
+    Ok(McpPath {
+        skipped: None,
+        call_through_catalog: through,
+        call_direct: direct,
+        call_plain_http: plain,
+        list_clients: sizes.mcp_list_clients,
+        lists,
+        lists_per_second: lists as f64 / elapsed.as_secs_f64(),
+        list,
+        first_list: Latency::of(first),
+        tools,
+    })
+}
+
+/// One JSON-RPC POST of a session (or the `initialize` that opens one):
+/// the answer's JSON (an SSE stream's `data:` line, or a JSON body) and the
+/// session id the server named.
+async fn post(
+    http: &reqwest::Client,
+    url: &str,
+    key: &str,
+    session: Option<&str>,
+    body: &Value,
+) -> Result<(Option<Value>, Option<String>), String> {
+    let mut request = http
+        .post(url)
+        .bearer_auth(key)
+        .header("accept", "application/json, text/event-stream")
+        .header("content-type", "application/json")
+        .body(body.to_string());
+    if let Some(session) = session {
+        request = request
+            .header("mcp-session-id", session)
+            .header("mcp-protocol-version", SESSION_VERSION);
+    }
+    let response = request.send().await.map_err(|e| e.to_string())?;
+    let status = response.status();
+    let session = response
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let text = response.text().await.map_err(|e| e.to_string())?;
+    if !status.is_success() {
+        return Err(format!("{status}: {text}"));
+    }
+    if text.trim().is_empty() {
+        return Ok((None, session));
+    }
+    let json = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("data:"))
+        .map(str::trim)
+        .find(|data| !data.is_empty())
+        .unwrap_or(text.as_str());
+    let value: Value = serde_json::from_str(json).map_err(|e| format!("{e}: {json}"))?;
+    if let Some(error) = value.get("error") {
+        return Err(format!("JSON-RPC error: {error}"));
+    }
+    Ok((Some(value), session))
+}
+
+/// A session opened by hand: initialize, then initialized.
+async fn open_session(http: &reqwest::Client, url: &str, key: &str) -> Result<String, String> {
+    let initialize = json!({
+        "jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {
+            "protocolVersion": SESSION_VERSION,
+            "capabilities": {},
+            "clientInfo": {"name": "ctxsync-bench", "version": "1"},
+        },
+    });
+    let (_, session) = post(http, url, key, None, &initialize).await?;
+    let session = session.ok_or("initialize answered without Mcp-Session-Id")?;
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    post(http, url, key, Some(&session), &initialized).await?;
+    Ok(session)
+}
+
+/// `clients` sessions listing their tools one request after another for
+/// `window`: lists answered, the time taken, and each list's latency.
+async fn list_throughput(
+    addr: SocketAddr,
+    key: &str,
+    clients: usize,
+    window: Duration,
+) -> Result<(u64, Duration, Latency), BenchError> {
+    let url = format!("http://{addr}/mcp");
+    let http = reqwest::Client::new();
+    let mut sessions = Vec::with_capacity(clients);
+    for _ in 0..clients {
+        let session = open_session(&http, &url, key)
+            .await
+            .map_err(|e| BenchError::new("mcp session", e))?;
+        // The first list pins the session's memory: unmeasured.
+        list_once(&http, &url, key, &session, 1).await?;
+        sessions.push(session);
+    }
+    let started = Instant::now();
+    let workers = sessions.into_iter().map(|session| {
+        let (http, url, key) = (http.clone(), url.clone(), key.to_owned());
+        tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            let mut id = 1;
+            while started.elapsed() < window {
+                id += 1;
+                let sent = Instant::now();
+                list_once(&http, &url, &key, &session, id).await?;
+                latencies.push(sent.elapsed());
+            }
+            Ok::<_, BenchError>(latencies)
+        })
+    });
+    let mut latencies = Vec::new();
+    for worker in futures::future::join_all(workers).await {
+        latencies.extend(worker.step("mcp list worker")??);
+    }
+    let elapsed = started.elapsed();
+    Ok((latencies.len() as u64, elapsed, Latency::of(latencies)))
+}
+
+/// `samples` warm calls of `everything-1__echo` on one session opened by
+/// hand, one after another (a few first, untimed).
+async fn plain_calls(addr: SocketAddr, key: &str, samples: usize) -> Result<Latency, BenchError> {
+    let url = format!("http://{addr}/mcp");
+    let http = reqwest::Client::new();
+    let session = open_session(&http, &url, key)
+        .await
+        .map_err(|e| BenchError::new("mcp session", e))?;
+    let mut durations = Vec::with_capacity(samples);
+    for id in 0..samples + 20 {
+        let call = json!({
+            "jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "everything-1__echo", "arguments": {"message": "x"}},
+        });
+        let started = Instant::now();
+        let (answer, _) = post(&http, &url, key, Some(&session), &call)
+            .await
+            .map_err(|e| BenchError::new("mcp tools/call", e))?;
+        let elapsed = started.elapsed();
+        let result = answer.as_ref().map(|a| &a["result"]);
+        if result.is_none_or(|r| r["isError"] == true || r["content"].is_null()) {
+            return Err(BenchError::new(
+                "mcp tools/call",
+                format!("not an echo: {answer:?}"),
+            ));
+        }
+        if id >= 20 {
+            durations.push(elapsed);
+        }
+    }
+    Ok(Latency::of(durations))
+}
+
+async fn list_once(
+    http: &reqwest::Client,
+    url: &str,
+    key: &str,
+    session: &str,
+    id: u64,
+) -> Result<(), BenchError> {
+    let list = json!({"jsonrpc": "2.0", "id": id, "method": "tools/list"});
+    let (answer, _) = post(http, url, key, Some(session), &list)
+        .await
+        .map_err(|e| BenchError::new("mcp tools/list", e))?;
+    let listed = answer
+        .as_ref()
+        .and_then(|a| a["result"]["tools"].as_array())
+        .map_or(0, Vec::len);
+    if listed == 0 {
+        return Err(BenchError::new(
+            "mcp tools/list",
+            format!("no tools listed: {answer:?}"),
+        ));
+    }
+    Ok(())
+}
