@@ -90,8 +90,9 @@ struct Waiting {
     started: Instant,
     /// The answer, for every caller joined to the wait.
     outcome: OutcomeSlot,
-    /// Cancelled (under the attempts lock) by whoever ends the wait.
-    ended: CancellationToken,
+    /// Set (under the attempts lock) by whoever ends the wait; its task
+    /// learns of an end it did not make from `outcome`.
+    ended: std::sync::atomic::AtomicBool,
 }
 
 /// A wait's answer, set once, and its callers woken. Lighter than a watch
@@ -728,7 +729,7 @@ impl Gate {
                         key: key.clone(),
                         started,
                         outcome: OutcomeSlot::default(),
-                        ended: CancellationToken::new(),
+                        ended: std::sync::atomic::AtomicBool::new(false),
                     });
                     attempts
                         .by_key
@@ -796,7 +797,7 @@ impl Gate {
             tokio::select! {
                 // An event ended it: nothing is left to do.
                 biased;
-                _ = waiting.ended.cancelled() => return,
+                _ = waiting.outcome.get() => return,
                 // A view that ends the wait wins over a deadline passing at the same time.
                 changed = views.changed() => {
                     if changed.is_err() {
@@ -870,10 +871,10 @@ fn end_locked(
     end: End,
     settings: &GateSettings,
 ) -> bool {
-    if waiting.ended.is_cancelled() {
+    if waiting.ended.load(Ordering::SeqCst) {
         return false;
     }
-    waiting.ended.cancel();
+    waiting.ended.store(true, Ordering::SeqCst);
     if end == End::TimedOut {
         attempts.by_key.insert(
             waiting.key.clone(),
