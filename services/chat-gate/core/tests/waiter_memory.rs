@@ -1,9 +1,17 @@
 //! What the core holds for each first turn waiting for discovery, counted
-//! by the allocator: the turn's task, its attempt's task and entries, and
-//! its share of its agent's watch. Its own test binary, one test: the
-//! allocator's counts are the process's, and nothing else runs meanwhile.
-//! The gate process adds what the NATS turn server holds per turn (the
-//! bench measures the whole process: chat-gate's README, Memory).
+//! by the allocator. Its own test binary, one test: the allocator's counts
+//! are the process's, and nothing else runs meanwhile.
+//!
+//! A waiting chat holds: its turn's task (the request's ids, an `Arc` of
+//! the wait, the wait-for-answer future); the wait's task (its deadline
+//! timer, a receiver of the agent's views, the agent's `Interest`); the
+//! wait itself (`Waiting`: the ids once, shared with the attempt's map
+//! entry, an answer slot of a `OnceLock` and one `Notify`, an ended flag);
+//! and a tenth of its agent's watch (ten chats per agent here). A turn that
+//! prepares a catalog also holds that preparation, boxed. The gate process
+//! adds what the NATS turn server holds per turn: the task it runs in and
+//! the reply inbox (the message itself is dropped once decoded); the bench
+//! measures the gate processes' RSS (`ctxsync-bench --mode deployed`).
 
 mod common;
 
