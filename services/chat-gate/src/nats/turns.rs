@@ -95,17 +95,8 @@ fn malformed(message: String) -> TurnReply {
     TurnReply::failed(ServiceError::invalid_argument(message))
 }
 
-/// One turn: the subject's tenant, which NATS permissions confine, never the body's.
-async fn handle(gate: Gate, message: async_nats::Message) -> TurnReply {
-    // The message is gone before the turn waits: a waiting chat holds its
-    // request, not the buffers it was read from.
-    match request_of(message) {
-        Ok(request) => gate.turn_after_events(request).await,
-        Err(why) => malformed(why),
-    }
-}
-
-/// The turn's request, or why it is malformed.
+/// The turn's request, or why it is malformed: the subject's tenant, which
+/// NATS permissions confine, never the body's.
 fn request_of(message: async_nats::Message) -> Result<TurnRequest, String> {
     let tenant = message.subject.rsplit('.').next().unwrap_or_default();
     let mut request = TurnRequest::decode(message.payload)
@@ -131,6 +122,8 @@ async fn serve(
         max_in_flight,
         grace,
     } = serving;
+    // Shared: each waiting turn holds a pointer, not a client's handles.
+    let client = Arc::new(client);
     let permits = Arc::new(Semaphore::new(max_in_flight.max(1)));
     let tracker = TaskTracker::new();
     // Set at shutdown: everything after it (the turns the server had already
@@ -183,9 +176,15 @@ async fn serve(
             tracing::debug!(%subject, "turn past its deadline dropped unexecuted");
             continue;
         }
+        // Decoded before its task: a waiting chat holds its request, not the
+        // message nor the buffers it was read from.
+        let request = request_of(message);
         let (gate, client) = (gate.clone(), client.clone());
         tracker.spawn(async move {
-            let reply = handle(gate, message).await;
+            let reply = match request {
+                Ok(request) => gate.turn_after_events(request).await,
+                Err(why) => malformed(why),
+            };
             if let Err(error) = client.publish(reply_to, reply.encode_to_vec().into()).await {
                 tracing::warn!(%error, "cannot send a turn's answer");
             }
