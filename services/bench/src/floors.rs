@@ -84,24 +84,15 @@ pub async fn pub_sub(env: &Env, samples: usize, idle: Duration) -> Result<Latenc
     ctxsync_runtime::nats::sync_with_server(&subscriber)
         .await
         .step("subscribe")?;
-    let mut latencies = Vec::with_capacity(samples);
-    for i in 0..WARMUP + samples {
-        if !idle.is_zero() {
-            tokio::time::sleep(idle).await;
-        }
-        let started = Instant::now();
-        publisher
-            .publish(subject.clone(), PAYLOAD.into())
-            .await
-            .step("publish")?;
-        tokio::time::timeout(Duration::from_secs(5), messages.next())
-            .await
-            .map_err(|_| BenchError::new("pub→sub", "a message did not arrive within 5 s"))?
-            .ok_or_else(|| BenchError::new("pub→sub", "subscription closed"))?;
-        if i >= WARMUP {
-            latencies.push(started.elapsed());
-        }
-    }
+    let latencies = timed_publishes(
+        &publisher,
+        &subject,
+        &mut messages,
+        samples,
+        idle,
+        "pub→sub",
+    )
+    .await?;
     Ok(Latency::of(latencies))
 }
 
@@ -125,24 +116,41 @@ pub async fn two_hops(env: &Env, samples: usize, idle: Duration) -> Result<Laten
             let _ = relay.publish(second.clone(), message.payload).await;
         }
     });
+    let latencies =
+        timed_publishes(&publisher, &first, &mut arrivals, samples, idle, "two hops").await;
+    forward.abort();
+    Ok(Latency::of(latencies?))
+}
+
+/// `WARMUP + samples` publishes on `subject`, each after `idle` of
+/// idleness and timed until it arrives on `arrivals`: the timed ones.
+async fn timed_publishes(
+    publisher: &async_nats::Client,
+    subject: &str,
+    arrivals: &mut async_nats::Subscriber,
+    samples: usize,
+    idle: Duration,
+    what: &str,
+) -> Result<Vec<Duration>, BenchError> {
     let mut latencies = Vec::with_capacity(samples);
     for i in 0..WARMUP + samples {
-        tokio::time::sleep(idle).await;
+        if !idle.is_zero() {
+            tokio::time::sleep(idle).await;
+        }
         let started = Instant::now();
         publisher
-            .publish(first.clone(), PAYLOAD.into())
+            .publish(subject.to_owned(), PAYLOAD.into())
             .await
             .step("publish")?;
         tokio::time::timeout(Duration::from_secs(5), arrivals.next())
             .await
-            .map_err(|_| BenchError::new("two hops", "a message did not arrive within 5 s"))?
-            .ok_or_else(|| BenchError::new("two hops", "subscription closed"))?;
+            .map_err(|_| BenchError::new(what, "a message did not arrive within 5 s"))?
+            .ok_or_else(|| BenchError::new(what, "subscription closed"))?;
         if i >= WARMUP {
             latencies.push(started.elapsed());
         }
     }
-    forward.abort();
-    Ok(Latency::of(latencies))
+    Ok(latencies)
 }
 
 /// One request at a time to a responder on another connection.
