@@ -26,6 +26,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
 use catalog_core::Transport;
@@ -41,6 +42,9 @@ use crate::config::ServerKey;
 use crate::mcp;
 
 /// The largest sealed value the memory takes (one server's declarations).
+/// The header a key-value delete or purge carries (async-nats keeps its own private).
+const KV_OPERATION: &str = "KV-Operation";
+
 pub const MAX_VALUE_BYTES: usize = 1024 * 1024;
 /// The shortest memory key.
 pub const MIN_MEMORY_KEY_BYTES: usize = 32;
@@ -534,6 +538,50 @@ impl Bucket {
             Err(error) => {
                 self.health.down(self.name(), &error);
                 Claim::Unshared
+            }
+        }
+    }
+
+    /// The entry of `key` as the bucket's stream leader holds it now, read
+    /// after a claim: the watch that feeds this process's map can lag a put
+    /// another replica had acknowledged before releasing its claim, and a
+    /// direct get may be answered by a follower that lags too.
+    pub async fn current(&self, key: &ServerKey) -> Option<Change> {
+        let stores = self.stores.borrow().clone()?;
+        let subject = format!("{}{}", stores.memory.prefix, key.as_str());
+        let message = match stores
+            .memory
+            .stream
+            .get_last_raw_message_by_subject(&subject)
+            .await
+        {
+            Ok(message) => message,
+            Err(error) if error.kind() == LastRawMessageErrorKind::NoMessageFound => return None,
+            Err(error) => {
+                tracing::debug!(%error, server_key = key.short(), "cannot read a memory entry from the bucket");
+                return None;
+            }
+        };
+        let operation = message
+            .headers
+            .get(KV_OPERATION)
+            .and_then(|op| op.as_str().parse().ok())
+            .unwrap_or(kv::Operation::Put);
+        let entry = kv::Entry {
+            bucket: self.name().to_owned(),
+            key: key.as_str().to_owned(),
+            value: message.payload,
+            revision: message.sequence,
+            delta: 0,
+            created: message.time,
+            operation,
+            seen_current: true,
+        };
+        match self.change_of(&entry) {
+            Ok(change) => Some(change),
+            Err(ignored) => {
+                ignored.count();
+                None
             }
         }
     }

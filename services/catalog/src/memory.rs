@@ -173,6 +173,27 @@ impl Memory {
         map.warmed_since(key, self.reuse, SystemTime::now(), since, RELEASE)
     }
 
+    /// Reads `key`'s entry from the bucket itself into this process's map,
+    /// unless the map holds one as new: the watch may not have delivered
+    /// another replica's acknowledged put yet. Only a put is applied (a
+    /// delete read here could undo a newer write of this replica).
+    pub(crate) async fn refresh(&self, key: &ServerKey) {
+        let Some(bucket) = &self.bucket else {
+            return;
+        };
+        let Some(Change::Put(key, entry, size)) = bucket.current(key).await else {
+            return;
+        };
+        let newer_here = {
+            let map = self.local.map.lock().expect("memory lock");
+            map.get(&key)
+                .is_some_and(|held| held.discovered_at >= entry.discovered_at)
+        };
+        if !newer_here {
+            self.local.apply(Change::Put(key, entry, size));
+        }
+    }
+
     /// Changes whenever the map changes (any replica's write included).
     pub fn changes(&self) -> watch::Receiver<u64> {
         self.local.changed.subscribe()

@@ -166,6 +166,11 @@ pub struct WarmupSettings {
     pub retry_interval: Duration,
     /// Rounds in all, the first included.
     pub attempts: u32,
+    /// An entry of this release discovered less than this long before the
+    /// start (by any replica) is pinned, not discovered again: a restarted
+    /// or added replica starts no server the others discovered lately. At
+    /// least `connect_timeout` (replicas started together share one discovery).
+    pub fresh: Duration,
 }
 
 /// The flags' defaults.
@@ -275,6 +280,15 @@ pub struct CatalogArgs {
     /// Warm-up rounds in all; servers still failing after the last are abandoned.
     #[arg(long, env = "CTXSYNC_CATALOG_WARMUP_ATTEMPTS", default_value_t = 5)]
     pub warmup_attempts: u32,
+
+    /// Seconds within which a server's entry (of this release, by any
+    /// replica) is fresh: the warm-up pins it instead of starting the server.
+    #[arg(
+        long,
+        env = "CTXSYNC_CATALOG_WARMUP_FRESH_SECONDS",
+        default_value_t = 3600
+    )]
+    pub warmup_fresh_seconds: u64,
 
     /// The JetStream key-value bucket the replicas share their memory in
     /// (default: `<prefix>_catalog_memory`, the subject prefix's characters
@@ -482,6 +496,7 @@ impl CatalogArgs {
                 )?,
                 retry_interval: Duration::from_secs(self.warmup_retry_seconds),
                 attempts: self.warmup_attempts,
+                fresh: Duration::from_secs(self.warmup_fresh_seconds),
             },
             memory,
             mcp_page_size: self.mcp_page_size.max(1),
@@ -521,6 +536,7 @@ impl CatalogArgs {
                     connect_timeout: warmup_connect_timeout,
                     retry_interval: warmup_retry,
                     attempts: warmup_attempts,
+                    fresh: warmup_fresh,
                 },
             mcp_page_size,
             mcp_rate_limit,
@@ -588,6 +604,7 @@ impl CatalogArgs {
             )?,
             warmup_retry_seconds: seconds("CTXSYNC_CATALOG_WARMUP_RETRY_SECONDS", *warmup_retry)?,
             warmup_attempts: *warmup_attempts,
+            warmup_fresh_seconds: seconds("CTXSYNC_CATALOG_WARMUP_FRESH_SECONDS", *warmup_fresh)?,
             memory_bucket: memory_bucket.clone(),
             memory_replicas: *memory_replicas,
             memory_max_age: *memory_max_age,
@@ -761,6 +778,7 @@ mod args_tests {
                 connect_timeout: Duration::from_secs(11),
                 retry_interval: Duration::from_secs(12),
                 attempts: 13,
+                fresh: Duration::from_secs(1300),
             },
             mcp_page_size: 14,
             mcp_rate_limit: Some(RateLimit {

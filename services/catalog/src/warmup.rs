@@ -10,9 +10,10 @@
 //! warmed by one replica at a time: each attempt is claimed first in the
 //! claims bucket; a replica that finds the claim taken leaves the server for
 //! the end of its round and then pins what the claimer found. A server
-//! whose entry of this release was discovered since this replica started
-//! (less the handshake bound: replicas started together share one
-//! discovery) is not discovered again; entries of another release go first.
+//! whose entry of this release is fresh (discovered less than `fresh`
+//! before this replica started, at least the handshake bound: replicas
+//! started together share one discovery) is not discovered again, so a
+//! rolling restart starts no server; entries of another release go first.
 
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
@@ -54,7 +55,8 @@ pub(crate) struct Warmup {
     discovery: Arc<Discoverer>,
     events: Arc<Events>,
     settings: WarmupSettings,
-    /// Entries of this release discovered since then need no discovery.
+    /// Entries of this release discovered since then need no discovery
+    /// (the start less the fresh window).
     warmed_since: SystemTime,
     /// How long a claimed server is waited for at the end of a round.
     claim_ttl: std::time::Duration,
@@ -77,9 +79,8 @@ impl Warmup {
         started: SystemTime,
         claim_ttl: std::time::Duration,
     ) -> Self {
-        let warmed_since = started
-            .checked_sub(settings.connect_timeout)
-            .unwrap_or(started);
+        let fresh = settings.fresh.max(settings.connect_timeout);
+        let warmed_since = started.checked_sub(fresh).unwrap_or(started);
         Self {
             config,
             discovery,
@@ -200,6 +201,11 @@ impl Warmup {
         };
         if claim == Claim::Taken {
             return Step::Claimed;
+        }
+        if claim == Claim::Held {
+            // The replica that released the claim before us acknowledged its
+            // entry first; our watch may not have delivered it yet.
+            memory.refresh(&server.key).await;
         }
         let result = if memory.warmed_since(&server.key, self.warmed_since) {
             // Discovered between the look and the claim.

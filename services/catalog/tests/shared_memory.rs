@@ -304,10 +304,15 @@ async fn the_buckets_hold_no_secret() {
     web.stop().await;
 }
 
-/// Warms `servers` (one record dir each) on two replicas started together
-/// on one NATS server and prefix, sharing one bucket or each its own; the
-/// starts of each server.
-async fn warm_two_replicas(share: bool) -> Vec<usize> {
+/// Warms three slow servers (one record dir each) on two replicas started
+/// together on `builder`'s NATS and `prefix`, sharing one bucket (of
+/// `replicas`) or each its own; the starts of each server.
+async fn warm_two_replicas(
+    builder: testkit::stack::StackBuilder,
+    prefix: &str,
+    share: bool,
+    replicas: usize,
+) -> Vec<usize> {
     let records: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let slow = ["--mode", "slow-start", "--delay-ms", "300"];
     let servers = tenants(vec![(
@@ -320,14 +325,13 @@ async fn warm_two_replicas(share: bool) -> Vec<usize> {
     )]);
     let mut settings = settings();
     settings.warmup.enabled = true;
-    let stack = TestStack::private().await;
-    let mut builder = stack.builder();
+    settings.memory.replicas = replicas;
+    let mut builder = builder;
     for replica in 0..2 {
         let mut settings = settings.clone();
         if !share {
             // Each its own bucket: the replicas share nothing, as before.
-            settings.memory.bucket =
-                Some(format!("{}_{replica}", memory_bucket_name(&stack.prefix)));
+            settings.memory.bucket = Some(format!("{}_{replica}", memory_bucket_name(prefix)));
         }
         builder = builder.catalog(servers.clone(), settings, |_| {});
     }
@@ -357,8 +361,10 @@ async fn warm_two_replicas(share: bool) -> Vec<usize> {
 
 #[tokio::test]
 async fn two_replicas_started_together_start_each_server_once_during_warmup() {
-    let before = warm_two_replicas(false).await;
-    let after = warm_two_replicas(true).await;
+    let stack = TestStack::private().await;
+    let before = warm_two_replicas(stack.builder(), &stack.prefix, false, 1).await;
+    let stack = TestStack::private().await;
+    let after = warm_two_replicas(stack.builder(), &stack.prefix, true, 1).await;
     println!(
         "WARMUP-SUMMARY starts per server, two replicas warming together: not shared {before:?}, shared {after:?}"
     );
@@ -372,6 +378,125 @@ async fn two_replicas_started_together_start_each_server_once_during_warmup() {
         [1, 1, 1],
         "one replica warms each server; the other pins it"
     );
+}
+
+/// Two processes that spin for as long as they are held: a busy machine,
+/// whose scheduling delays open the window between one replica's release
+/// of a claim and the other's watch delivering the entry.
+struct CpuLoad(Vec<std::process::Child>);
+
+impl CpuLoad {
+    fn start(processes: usize) -> Self {
+        Self(
+            (0..processes)
+                .map(|_| {
+                    std::process::Command::new("sh")
+                        .args(["-c", "while :; do :; done"])
+                        .spawn()
+                        .expect("a busy loop starts")
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for CpuLoad {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+#[tokio::test]
+async fn two_replicas_warming_together_on_a_three_node_cluster_under_load_start_each_server_once() {
+    const RUNS: usize = 20;
+    let cluster = testkit::stack::ClusterStack::private().await;
+    let load = CpuLoad::start(2);
+    let mut runs = Vec::with_capacity(RUNS);
+    for _ in 0..RUNS {
+        // Each run its own prefix (so its own bucket, replicated on all
+        // three nodes) and database, on the one cluster.
+        let db = testkit::TestDatabase::create().await;
+        let prefix = testkit::unique_prefix();
+        let builder = testkit::stack::StackBuilder::new(cluster.nats.url_list(), prefix.clone())
+            .database(db.url());
+        runs.push(warm_two_replicas(builder, &prefix, true, 3).await);
+    }
+    drop(load);
+    let twice = runs
+        .iter()
+        .filter(|starts| starts.iter().any(|&n| n != 1))
+        .count();
+    println!(
+        "WARMUP-CLUSTER-SUMMARY runs {RUNS}, two replicas on three nodes under load, runs with a server not started exactly once: {twice}; starts per run {runs:?}"
+    );
+    assert_eq!(
+        twice, 0,
+        "every server started exactly once in every run: {runs:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_restarted_replicas_warmup_pins_fresh_entries_and_discovers_older_ones_again() {
+    let recent_record = tempfile::tempdir().unwrap();
+    let stale_record = tempfile::tempdir().unwrap();
+    let recent = fixture("recent", recent_record.path(), &[]);
+    let stale = fixture("stale", stale_record.path(), &[]);
+    let servers = || tenants(vec![("acme", vec![recent.clone(), stale.clone()])]);
+    let mut first = Harness::start(servers(), settings()).await;
+    first.stop_catalog().await;
+
+    // This release remembered both: one half an hour ago, one two hours ago.
+    let js = async_nats::jetstream::new(first.client.clone());
+    let bucket = memory_bucket_name(first.subjects.prefix());
+    let store = js.get_key_value(&bucket).await.unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    for (server, age) in [(&recent, 30 * 60), (&stale, 2 * 3600)] {
+        let key = catalog::config::ServerKey::of("acme", server);
+        let entry = ctxsync_proto::v1::CatalogMemoryEntry {
+            transport: ctxsync_proto::v1::McpTransport::Stdio as i32,
+            tools: vec![ctxsync_proto::v1::McpTool {
+                name: "echo".into(),
+                description: "Echo".into(),
+                input_schema_json: r#"{"type":"object"}"#.into(),
+            }],
+            catalog_hash: "whatever".into(),
+            discovered_at_unix_ms: (now - Duration::from_secs(age)).as_millis() as _,
+            release: env!("CARGO_PKG_VERSION").into(),
+            ..Default::default()
+        };
+        store
+            .put(key.as_str(), sealed(&bucket, &key, &entry))
+            .await
+            .unwrap();
+    }
+
+    let mut settings = settings();
+    settings.warmup.enabled = true;
+    settings.warmup.fresh = Duration::from_secs(3600);
+    let prefix = first.subjects.prefix().to_owned();
+    let restarted = first.replica(&prefix, servers(), settings).await;
+    let mut status = restarted.running().warmup();
+    let status = tokio::time::timeout(Duration::from_secs(60), status.wait_for(|s| s.finished))
+        .await
+        .expect("the warm-up finishes")
+        .unwrap()
+        .clone();
+    assert!(status.abandoned.is_empty(), "{status:?}");
+    assert_eq!(
+        (starts(recent_record.path()), starts(stale_record.path())),
+        (0, 1),
+        "the entry within the fresh window is pinned as it is; the older one is discovered again"
+    );
+    let reply = restarted.prepare("acme", "s1").await;
+    assert_eq!(reply.pins.len(), 2, "{reply:?}");
+    assert!(reply.pins.iter().all(|p| p.source == PINNED), "{reply:?}");
+    restarted.stop().await;
+    first.stop().await;
 }
 
 #[tokio::test]

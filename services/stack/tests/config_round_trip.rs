@@ -115,6 +115,7 @@ fn catalog_settings(key_file: &Path) -> catalog::Settings {
             connect_timeout: Duration::from_secs(11),
             retry_interval: Duration::from_secs(12),
             attempts: 13,
+            fresh: Duration::from_secs(1300),
         },
         mcp_page_size: 14,
         mcp_rate_limit: Some(catalog::RateLimit {

@@ -96,6 +96,7 @@ pub fn settings() -> Settings {
             connect_timeout: Duration::from_secs(20),
             retry_interval: Duration::from_millis(100),
             attempts: 3,
+            fresh: Duration::from_secs(3600),
         },
         ..Settings::default()
     };
