@@ -19,8 +19,47 @@ where
     A: Into<std::ffi::OsString> + Clone,
 {
     let mut command = command::<T>();
-    let mut matches: ArgMatches = command.clone().get_matches_from(args);
+    let mut matches: ArgMatches = command
+        .clone()
+        .try_get_matches_from(args)
+        .unwrap_or_else(|e| naming_env_vars(&mut command, e).exit());
     T::from_arg_matches_mut(&mut matches).unwrap_or_else(|e| e.format(&mut command).exit())
+}
+
+/// `error`, where it is of required settings not given, naming each one's
+/// env var too: an operator sets them in a manifest's env, not as flags,
+/// and clap's own message names only the flags.
+fn naming_env_vars(command: &mut Command, error: clap::Error) -> clap::Error {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if error.kind() != ErrorKind::MissingRequiredArgument {
+        return error;
+    }
+    let Some(ContextValue::Strings(missing)) = error.get(ContextKind::InvalidArg) else {
+        return error;
+    };
+    let named: Vec<String> = missing
+        .iter()
+        .map(|usage| {
+            let long = usage
+                .split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .trim_start_matches("--");
+            let env = command
+                .get_arguments()
+                .find(|a| a.get_long() == Some(long))
+                .and_then(|a| a.get_env());
+            match env {
+                Some(env) => format!("{usage} (env {})", env.to_string_lossy()),
+                None => usage.clone(),
+            }
+        })
+        .collect();
+    clap::Error::raw(
+        ErrorKind::MissingRequiredArgument,
+        format!("required settings are not given: {}\n", named.join(", ")),
+    )
+    .format(command)
 }
 
 /// `T`'s command with every env value hidden, in every subcommand.
@@ -133,6 +172,33 @@ mod tests {
             "the defaults read the env var: {stdout}"
         );
         assert!(stdout.contains("1 passed"), "{stdout}");
+    }
+
+    #[derive(Parser, Debug)]
+    struct Required {
+        #[arg(long, env = "ARGS_TEST_REQUIRED_CONFIG")]
+        config: std::path::PathBuf,
+        #[arg(long)]
+        flag_only: String,
+    }
+
+    #[test]
+    fn a_missing_setting_is_named_with_its_env_var() {
+        let mut command = command::<Required>();
+        let error = command
+            .clone()
+            .try_get_matches_from(["service"])
+            .unwrap_err();
+        let message = naming_env_vars(&mut command, error).to_string();
+        assert!(
+            message.contains("--config <CONFIG> (env ARGS_TEST_REQUIRED_CONFIG)"),
+            "{message}"
+        );
+        assert!(message.contains("--flag-only <FLAG_ONLY>"), "{message}");
+        assert!(
+            message.starts_with("error: required settings are not given"),
+            "{message}"
+        );
     }
 
     #[test]
