@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Writes the Kubernetes base's two secret env files (never committed) with
+# Writes the Kubernetes base's three secret env files (never committed) with
 # random values, next to this script unless a directory is given:
 #   database.env        DATABASE_URL, POSTGRES_PASSWORD (for the bundled postgres.yaml;
 #                       edit DATABASE_URL to point at your own Postgres)
 #   nats-passwords.env  one NATS_PASSWORD_* per user in nats/nats.conf
+#   catalog-memory.env  CATALOG_MEMORY_KEY, the key the catalog's replicas
+#                       seal their shared memory with (at least 32 bytes)
 # An existing file is kept: delete it to rotate (then `kubectl apply -k` rolls
 # every pod that uses it, since the Secret's name carries a hash of its content).
 set -euo pipefail
@@ -34,4 +36,12 @@ else
         printf '%s=%s\n' "$variable" "$(random)"
     done > "$out/nats-passwords.env"
     echo "wrote $out/nats-passwords.env" >&2
+fi
+
+if [[ -e "$out/catalog-memory.env" ]]; then
+    echo "keeping $out/catalog-memory.env" >&2
+else
+    umask 077
+    printf 'CATALOG_MEMORY_KEY=%s\n' "$(random)" > "$out/catalog-memory.env"
+    echo "wrote $out/catalog-memory.env" >&2
 fi

@@ -5,6 +5,7 @@
 //! A missing tool fails the test with what to install; it never skips.
 
 pub mod nats_conf;
+pub mod pods;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -78,8 +79,15 @@ pub fn yaml_documents(text: &str) -> Vec<serde_norway::Value> {
     serde_norway::Deserializer::from_str(text)
         .map(|document| {
             let mut value = serde_norway::Value::deserialize(document).expect("valid YAML");
-            value.apply_merge().expect("valid YAML merge keys");
-            value
+            // A merged mapping may hold merge keys of its own (an anchor
+            // built on another): merge until none is left.
+            loop {
+                let before = value.clone();
+                value.apply_merge().expect("valid YAML merge keys");
+                if value == before {
+                    break value;
+                }
+            }
         })
         .filter(|value| !value.is_null())
         .collect()

@@ -60,7 +60,7 @@ fn every_service_is_health_checked_and_started_in_order() {
         }
         let Some(depends) = service["depends_on"].as_mapping() else {
             assert!(
-                ["nats", "postgres"].contains(&name.as_str()),
+                ["nats", "postgres", "catalog-memory-key"].contains(&name.as_str()),
                 "{name} depends on nothing"
             );
             continue;
@@ -104,7 +104,7 @@ fn every_service_is_health_checked_and_started_in_order() {
 
 /// The services that start MCP servers run the `mcp` image (with Node.js and
 /// Python); the others the slim one.
-const STARTS_MCP_SERVERS: [&str; 2] = ["catalog", "workspace-agent"];
+const STARTS_MCP_SERVERS: [&str; 3] = ["catalog", "catalog-2", "workspace-agent"];
 
 #[test]
 fn services_run_from_our_two_images_as_non_root_with_env_the_code_reads() {
@@ -129,10 +129,13 @@ fn services_run_from_our_two_images_as_non_root_with_env_the_code_reads() {
                 "{name} runs as {user}"
             );
         }
-        for (key, _) in service["environment"]
-            .as_mapping()
-            .expect("environment map")
-        {
+        // A one-shot job may need no environment at all.
+        let environment = match service["environment"].as_mapping() {
+            Some(environment) => environment,
+            None if is_one_shot(&service) => continue,
+            None => panic!("{name} has no environment map"),
+        };
+        for (key, _) in environment {
             let key = key.as_str().unwrap();
             assert!(
                 known.contains(key) || key == "HOME",
@@ -200,4 +203,66 @@ fn catalog_config_is_one_the_catalog_loads() {
     let config =
         catalog::CatalogConfig::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     assert!(!config.tenants.is_empty());
+}
+
+#[test]
+fn two_catalog_replicas_share_one_memory_through_jetstream() {
+    let compose = compose();
+    let catalog = &compose["services"]["catalog"];
+    let second = &compose["services"]["catalog-2"];
+    for field in ["image", "command", "environment", "volumes", "depends_on"] {
+        assert_eq!(
+            catalog[field], second[field],
+            "both replicas alike: {field}"
+        );
+    }
+    assert_ne!(catalog["ports"], second["ports"], "each its own host port");
+    // One key, drawn once into a volume both mount.
+    let key_file = catalog["environment"]["CTXSYNC_CATALOG_MEMORY_KEY_FILE"]
+        .as_str()
+        .expect("the memory key is a file");
+    let key_dir = std::path::Path::new(key_file).parent().unwrap();
+    let key_volume = catalog["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str()?.split_once(':'))
+        .find(|(_, target)| target.trim_end_matches(":ro") == key_dir.to_str().unwrap())
+        .map(|(volume, _)| volume.to_owned())
+        .expect("the key's directory is a volume");
+    let writer = &compose["services"]["catalog-memory-key"];
+    assert!(is_one_shot(writer));
+    let written = writer["volumes"][0].as_str().unwrap();
+    assert!(
+        written.starts_with(&format!("{key_volume}:")),
+        "the key writer fills {key_volume}: {written}"
+    );
+    assert!(
+        compose["volumes"]
+            .as_mapping()
+            .is_some_and(|v| v.contains_key(key_volume.as_str())),
+        "{key_volume} is a named volume"
+    );
+    // JetStream's store on a volume, where nats.conf puts it.
+    let conf = deploy_checks::nats_conf::parse(
+        &std::fs::read_to_string(deploy_dir().join("k8s/nats/nats.conf")).unwrap(),
+    )
+    .unwrap();
+    let store = conf["jetstream"]["store_dir"]
+        .as_str()
+        .expect("JetStream is on");
+    let mounts: Vec<&str> = compose["services"]["nats"]["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    assert!(
+        mounts.iter().any(|m| m
+            .split(':')
+            .nth(1)
+            .is_some_and(|target| std::path::Path::new(store).starts_with(target))
+            && !m.starts_with('.')),
+        "the JetStream store {store} is on a named volume: {mounts:?}"
+    );
 }

@@ -96,6 +96,9 @@ fn catalog_bucket_subjects(s: &Subjects) -> Vec<String> {
         format!("$JS.API.CONSUMER.CREATE.KV_{memory}.w.$KV.{memory}.>"),
         format!("$JS.API.CONSUMER.DELETE.KV_{memory}.w"),
         format!("$JS.FC.KV_{memory}.w.1.2.3"),
+        // A claim held reads the entry from the stream's leader (the watch
+        // may lag the put of the replica that released the claim).
+        format!("$JS.API.STREAM.MSG.GET.KV_{memory}"),
         // A refused claim reads who holds it.
         format!("$JS.API.DIRECT.GET.KV_{claims}.$KV.{claims}.0123abcd"),
         // A replica restoring a session reads it.
@@ -443,6 +446,23 @@ impl Server {
             let end = text.rfind("  ]").expect("the users list ends");
             text.insert_str(end, &block);
         }
+        let shipped_store = "store_dir: \"/data/jetstream\"";
+        assert!(text.contains(shipped_store), "nats.conf turns JetStream on");
+        if jetstream {
+            // The shipped store is the volume's: here the test's own.
+            text = text.replace(
+                shipped_store,
+                &format!(
+                    "store_dir: {:?}",
+                    store.path().join("js").display().to_string()
+                ),
+            );
+        } else {
+            // As a server deployed without JetStream: the shipped block removed.
+            let start = text.find("\njetstream {").expect("the jetstream block");
+            let end = start + text[start..].find("\n}\n").expect("the block ends") + 3;
+            text.replace_range(start..end, "\n");
+        }
         let config = store.path().join("nats.conf");
         std::fs::write(&config, text).unwrap();
         let every: Vec<(String, String)> = users()
@@ -470,9 +490,6 @@ impl Server {
                 ])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null());
-            if jetstream {
-                command.arg("-js").arg("-sd").arg(store.path());
-            }
             let mut passwords = BTreeMap::new();
             for (user, variable) in &every {
                 let password = format!("pw-{user}-{port}");
