@@ -224,12 +224,10 @@ impl ConfiguredServer {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read the catalog config {path} (CTXSYNC_CATALOG_CONFIG): {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    // The io error is in the message, not a source: at the edge the
+    // error's chain is printed too, and would say it twice.
+    #[error("cannot read the catalog config {path} (CTXSYNC_CATALOG_CONFIG): {error}")]
+    Read { path: PathBuf, error: std::io::Error },
     #[error("invalid catalog config {path} (CTXSYNC_CATALOG_CONFIG): {reason}")]
     Parse { path: PathBuf, reason: String },
     #[error("invalid catalog config: {0}")]
@@ -244,9 +242,9 @@ impl CatalogConfig {
     }
 
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
             path: path.to_owned(),
-            source,
+            error,
         })?;
         Self::from_yaml(&text).map_err(|reason| ConfigError::Parse {
             path: path.to_owned(),
