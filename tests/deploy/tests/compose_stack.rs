@@ -2,86 +2,26 @@
 //! produced (no Rust in a container), NATS and Postgres in containers from
 //! the local images `tests/docker/setup.sh` builds, every service and the
 //! demo workspace agent in containers. A first turn over HTTP is answered
-//! `ready` with the demo agent's tools; a chat waiting across a restart of
-//! the NATS container is still woken; `down -v` removes everything.
+//! `ready` with the demo agent's tools; of the two catalogs, one restarted
+//! pins from the shared JetStream bucket without starting a server; a chat
+//! waiting across a restart of the NATS container is still woken; `down -v`
+//! removes everything.
 //!
 //! Needs a Docker engine and the local images: `bash tests/setup.sh`
 //! prepares both (a missing engine is a failure, never a skip).
 
-use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{NATS_IMAGE, POSTGRES_IMAGE, build_images, require_engine_and_images};
 use deploy_checks::{deploy_dir, run};
 use serde_json::{Value, json};
 use testkit::agent::{Answer, FakeAgent};
 use testkit::report::{complete, pending, server};
 
-const BASE_IMAGE: &str = "ctxsync-local/debian:bookworm";
-const NATS_IMAGE: &str = "ctxsync-local/nats:2.9";
-const POSTGRES_IMAGE: &str = "ctxsync-local/postgres:15";
-/// The binaries the images hold, from this test run's build.
-const BINARIES: [(&str, &str); 8] = [
-    ("snapshot-store", "snapshot-store"),
-    ("agent-ingest", "agent-ingest"),
-    ("chat-gate", "chat-gate"),
-    ("catalog", "catalog"),
-    ("workspace-agent", "workspace-agent"),
-    ("ctxsync-cli", "ctxsync"),
-    ("ctxsync-bench", "ctxsync-bench"),
-    ("mcp-fixture", "mcp-fixture"),
-];
 const DEADLINE: Duration = Duration::from_secs(120);
-
-fn docker() -> Command {
-    Command::new("docker")
-}
-
-fn require_engine_and_images() {
-    let info = Command::new("docker").arg("info").output();
-    assert!(
-        matches!(&info, Ok(out) if out.status.success()),
-        "no Docker engine answers: run `bash tests/setup.sh` (it installs and starts one): {info:?}"
-    );
-    for image in [BASE_IMAGE, NATS_IMAGE, POSTGRES_IMAGE] {
-        let found = docker().args(["image", "inspect", image]).output().unwrap();
-        assert!(
-            found.status.success(),
-            "local image {image} is missing: run `bash tests/setup.sh`"
-        );
-    }
-}
-
-/// `ctxsync-compose-test:slim` and `:mcp` from stripped copies of this run's binaries.
-fn build_images(context: &Path) -> (String, String) {
-    let prebuilt = context.join("prebuilt");
-    std::fs::create_dir_all(&prebuilt).unwrap();
-    for (package, bin) in BINARIES {
-        let binary = testkit::workspace_binary(package, bin);
-        run(Command::new("strip")
-            .arg("--strip-debug")
-            .arg("-o")
-            .arg(prebuilt.join(bin))
-            .arg(&binary));
-    }
-    let dockerfile = deploy_dir().join("docker/Dockerfile");
-    let mut tags = Vec::new();
-    for target in ["slim", "mcp"] {
-        let tag = format!("ctxsync-compose-test:{target}");
-        run(docker()
-            // The legacy builder, as Debian's engine has it (no buildx needed).
-            .env("DOCKER_BUILDKIT", "0")
-            .args(["build", "-q", "-f"])
-            .arg(&dockerfile)
-            .args(["--target", target, "-t", &tag])
-            .args(["--build-arg", &format!("BUILDER_IMAGE={BASE_IMAGE}")])
-            .args(["--build-arg", &format!("BASE_IMAGE={BASE_IMAGE}")])
-            .args(["--build-arg", "MCP_RUNTIMES="])
-            .arg(context));
-        tags.push(tag);
-    }
-    (tags[0].clone(), tags[1].clone())
-}
 
 /// One compose project on free ports; `down -v` when dropped.
 struct Stack {
@@ -94,6 +34,7 @@ struct Ports {
     ingest: u16,
     gate: u16,
     nats: u16,
+    catalog: u16,
 }
 
 impl Stack {
@@ -112,6 +53,7 @@ impl Stack {
             ingest: testkit::free_port(),
             gate: testkit::free_port(),
             nats: testkit::free_port(),
+            catalog: testkit::free_port(),
         };
         let env = vec![
             ("CTXSYNC_IMAGE", slim.to_owned()),
@@ -121,7 +63,8 @@ impl Stack {
             ("CTXSYNC_INGEST_PORT", ports.ingest.to_string()),
             ("CTXSYNC_STORE_PORT", testkit::free_port().to_string()),
             ("CTXSYNC_GATE_PORT", ports.gate.to_string()),
-            ("CTXSYNC_CATALOG_PORT", testkit::free_port().to_string()),
+            ("CTXSYNC_CATALOG_PORT", ports.catalog.to_string()),
+            ("CTXSYNC_CATALOG_2_PORT", testkit::free_port().to_string()),
             ("CTXSYNC_NATS_PORT", ports.nats.to_string()),
             ("CTXSYNC_POSTGRES_PORT", testkit::free_port().to_string()),
             // Long enough that only the wake ends the wait across the restart.
@@ -227,6 +170,26 @@ fn tool_names(answer: &Value) -> Vec<String> {
         .collect()
 }
 
+/// The sum of `name`'s samples whose labels contain `label` (every sample
+/// when empty), or `None` while the port does not answer.
+async fn metric_sum(http: &reqwest::Client, port: u16, name: &str, label: &str) -> Option<f64> {
+    let text = http
+        .get(format!("http://127.0.0.1:{port}/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    Some(
+        text.lines()
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+            .filter(|l| l.contains(label))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum(),
+    )
+}
+
 async fn gauge(http: &reqwest::Client, port: u16, name: &str) -> Option<f64> {
     let text = http
         .get(format!("http://127.0.0.1:{port}/metrics"))
@@ -282,6 +245,64 @@ async fn the_compose_stack_answers_a_first_turn_and_survives_a_nats_restart() {
     let catalog = &answer["projection"]["catalog"];
     assert_eq!(catalog["status"], "STATUS_READY", "{catalog}");
     assert_eq!(catalog["pins"][0]["server_id"], "fixture", "{catalog}");
+
+    // Two catalogs share one memory through JetStream: the one restarted
+    // finds the demo server's entry fresh in the bucket, and with the other
+    // stopped it alone pins the next chat, having started no server.
+    run(stack.compose().args(["restart", "catalog"]));
+    let catalog_port = stack.ports.catalog;
+    let shared = r#"outcome="shared""#;
+    until(
+        "the restarted catalog's warm-up shares the demo server",
+        || {
+            let http = http.clone();
+            async move {
+                let shared = metric_sum(
+                    &http,
+                    catalog_port,
+                    "ctxsync_catalog_warmup_servers_total",
+                    shared,
+                )
+                .await?;
+                (shared >= 1.0).then_some(())
+            }
+        },
+    )
+    .await;
+    run(stack.compose().args(["stop", "catalog-2"]));
+    let after_restart = first_turn(
+        http.clone(),
+        stack.ports.gate,
+        key.clone(),
+        "after-catalog-restart",
+        &demo_agent,
+    )
+    .await;
+    let pins = &after_restart["projection"]["catalog"]["pins"];
+    assert_eq!(pins[0]["server_id"], "fixture", "{after_restart}");
+    assert_eq!(pins[0]["source"], "SOURCE_PINNED", "{after_restart}");
+    let starts = metric_sum(
+        &http,
+        catalog_port,
+        "ctxsync_catalog_handshake_seconds_count",
+        "",
+    )
+    .await
+    .expect("the restarted catalog serves its metrics");
+    let discovered = metric_sum(
+        &http,
+        catalog_port,
+        "ctxsync_catalog_warmup_servers_total",
+        r#"outcome="discovered""#,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (starts, discovered),
+        (0.0, 0.0),
+        "the restarted catalog started no server"
+    );
+    eprintln!("COMPOSE-CATALOG-RESTART pinned from the bucket, servers started {starts}");
 
     // A second agent, driven from the host: pending, a chat waits, NATS restarts.
     let token_dir = tempfile::tempdir().unwrap();
