@@ -227,7 +227,10 @@ pub enum ConfigError {
     // The io error is in the message, not a source: at the edge the
     // error's chain is printed too, and would say it twice.
     #[error("cannot read the catalog config {path} (CTXSYNC_CATALOG_CONFIG): {error}")]
-    Read { path: PathBuf, error: std::io::Error },
+    Read {
+        path: PathBuf,
+        error: std::io::Error,
+    },
     #[error("invalid catalog config {path} (CTXSYNC_CATALOG_CONFIG): {reason}")]
     Parse { path: PathBuf, reason: String },
     #[error("invalid catalog config: {0}")]
