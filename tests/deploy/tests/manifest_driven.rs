@@ -53,10 +53,9 @@ async fn images() -> &'static (String, String) {
         .get_or_init(|| async {
             require_engine_and_images();
             let context = tempfile::tempdir().unwrap();
-            let built = tokio::task::spawn_blocking(move || build_images(context.path()))
+            tokio::task::spawn_blocking(move || build_images(context.path()))
                 .await
-                .unwrap();
-            built
+                .unwrap()
         })
         .await
 }
