@@ -209,19 +209,24 @@ fn deployment_commands_run_binaries_of_the_image() {
         }
         let command = &service["command"];
         let first = command[0].as_str().expect("command is a list").to_owned();
-        let program = if first == "sh" {
-            // `sh -c "<binary> ..."`
-            command[2]
-                .as_str()
-                .expect("sh -c script")
-                .split_whitespace()
-                .next()
-                .unwrap()
-                .to_owned()
+        let place = format!("compose {}", name.as_str().unwrap());
+        if first == "sh" {
+            // `sh -c "<script>"`: every program it runs (the first word of
+            // each command of the script) is a workspace binary, a shell
+            // builtin or a coreutils program of the Debian base.
+            const BASE: [&str; 4] = ["test", "umask", "od", "tr"];
+            let script = command[2].as_str().expect("sh -c script");
+            for part in script.split(['|', '&', ';', '(', ')']) {
+                let Some(program) = part.split_whitespace().next() else {
+                    continue;
+                };
+                if !BASE.contains(&program) {
+                    commands.push((place.clone(), program.to_owned()));
+                }
+            }
         } else {
-            first
-        };
-        commands.push((format!("compose {}", name.as_str().unwrap()), program));
+            commands.push((place, first));
+        }
     }
     let k8s = std::fs::read_dir(deploy_dir().join("k8s")).expect("deploy/k8s");
     for entry in k8s.flatten() {
