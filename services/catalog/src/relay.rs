@@ -38,6 +38,10 @@ use rmcp::{Peer, RoleServer};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+/// How long the client's progress on a question is still relayed back
+/// after its answer.
+const PROGRESS_AFTER_ANSWER: Duration = Duration::from_secs(2);
+
 /// Counts one relayed message of `kind`.
 pub(crate) fn relayed(kind: &'static str) {
     metrics::counter!("ctxsync_catalog_mcp_relayed_total", "kind" => kind).increment(1);
@@ -154,7 +158,13 @@ impl Client {
                     .insert(token.clone(), (server, upstream));
             }
             let answer = handle.await_response().await;
-            asked.lock().expect("asked lock").remove(&token);
+            // Each message the client posts is handled on its own, so its
+            // progress sent just before its answer can be handled just
+            // after it: the token outlives the answer a little.
+            tokio::spawn(async move {
+                tokio::time::sleep(PROGRESS_AFTER_ANSWER).await;
+                asked.lock().expect("asked lock").remove(&token);
+            });
             answer.map_err(failed)
         })
     }
