@@ -9,8 +9,10 @@
 //! and StatefulSet pod names as network aliases, replicas as written; the
 //! harness polls every readiness and liveness probe as the kubelet would
 //! and restarts a container that exits (or fails liveness). Then a tenant
-//! key, a workspace agent's report and a first turn `ready` with its tools
-//! and catalog pins.
+//! key, the demo workspace's agent (the real workspace-agent, in a
+//! container beside the pods, reaching agent-ingest by its Service name)
+//! and a first turn `ready` with its tools and catalog pins; then every
+//! Deployment rolled and the NATS pods one at a time, under load.
 //!
 //! It is not Kubernetes: no scheduler, no kubelet, no API server, no
 //! NetworkPolicy enforcement, no Service virtual IPs (a Service's in-cluster
@@ -972,7 +974,7 @@ async fn rolling_restarts(
     cluster: &Arc<Cluster>,
     objects: &[serde_norway::Value],
     key: &str,
-    complete_agent: &str,
+    (complete_agent, its_tools): (&str, &[String]),
     cli_password: &str,
 ) -> Rolling {
     let stop = Arc::new(AtomicBool::new(false));
@@ -1005,11 +1007,12 @@ async fn rolling_restarts(
 
     // First turns, one after another, for the agent whose discovery is complete.
     let turns = tokio::spawn({
-        let (cluster, stop, key, agent) = (
+        let (cluster, stop, key, agent, tools) = (
             cluster.clone(),
             stop.clone(),
             key.to_owned(),
             complete_agent.to_owned(),
+            its_tools.to_vec(),
         );
         async move {
             let http = reqwest::Client::new();
@@ -1025,7 +1028,7 @@ async fn rolling_restarts(
                     Err(error) => Some(error),
                     Ok(answer)
                         if answer["decision"] != "GATE_DECISION_READY"
-                            || tool_names(&answer) != ["docs__search"]
+                            || tool_names(&answer) != tools
                             || answer["projection"]["catalog"]["pins"][0]["server_id"]
                                 != "fixture" =>
                     {
@@ -1277,35 +1280,77 @@ async fn the_rendered_manifests_run_in_containers_and_no_chat_notices_a_rolling_
     ))
     .unwrap();
     let agent_id = registered["agent_id"].as_str().unwrap().to_owned();
-    let token = std::fs::read_to_string(&token_file).unwrap();
 
-    let ingest = cluster
-        .endpoint("agent-ingest", 8080, 0)
-        .expect("a ready agent-ingest pod");
-    let mut agent = FakeAgent::with_token(&format!("http://{ingest}"), &agent_id, &token);
-    assert!(agent.startup().await.answer.is_accepted());
-    let run_id = agent.run_id().to_owned();
-    let pushed = agent
-        .push(&complete(&run_id, 1, vec![server("docs", &["search"])]))
-        .await
-        .answer
-        .is_accepted();
-    assert!(pushed, "the report is accepted");
+    // The demo workspace's agent in a container beside the pods, reaching
+    // agent-ingest as an in-cluster agent does: by its Service's name.
+    std::os::unix::fs::chown(&token_file, Some(10001), Some(10001)).unwrap();
+    let workspace = deploy_dir().join("demo/workspace");
+    let agent_container = format!("{}-workspace-agent", cluster.id);
+    run(docker().args([
+        "run",
+        "-d",
+        "--name",
+        &agent_container,
+        "--label",
+        &format!("ctxsync-mdt={}", cluster.id),
+        "--network",
+        &cluster.network,
+        "--user",
+        "10001:10001",
+        "--read-only",
+        "--mount",
+        "type=tmpfs,dst=/tmp",
+        "--mount",
+        &format!(
+            "type=bind,src={},dst=/workspace,readonly",
+            workspace.display()
+        ),
+        "--mount",
+        &format!(
+            "type=bind,src={},dst=/run/ctxsync/agent-token,readonly",
+            token_file.display()
+        ),
+        "--env",
+        "CTXSYNC_INGEST_URL=http://agent-ingest:8080",
+        "--env",
+        "CTXSYNC_AGENT_TOKEN_FILE=/run/ctxsync/agent-token",
+        "--env",
+        "CTXSYNC_WORKDIR=/workspace",
+        "--env",
+        "CTXSYNC_HTTP_ADDR=0.0.0.0:8080",
+        "--env",
+        "HOME=/tmp",
+        &cluster.mcp_image,
+        "workspace-agent",
+    ]));
 
     let http = reqwest::Client::new();
-    let gate = cluster
-        .endpoint("chat-gate", 8080, 0)
-        .expect("a ready chat-gate pod");
-    let answer = first_turn(&http, &gate, &key, "manifest-chat", &agent_id)
-        .await
-        .unwrap();
-    assert_eq!(answer["decision"], "GATE_DECISION_READY", "{answer}");
-    assert_eq!(tool_names(&answer), ["docs__search"], "{answer}");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let answer = loop {
+        let gate = cluster
+            .endpoint("chat-gate", 8080, 0)
+            .expect("a ready chat-gate pod");
+        let answer = first_turn(&http, &gate, &key, "manifest-chat", &agent_id).await;
+        if let Ok(answer) = &answer
+            && answer["decision"] == "GATE_DECISION_READY"
+        {
+            break answer.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the workspace agent's report made no first turn ready: {answer:?}\n{}",
+            tail_logs(&agent_container, 20)
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let tools = tool_names(&answer);
+    assert!(tools.contains(&"fixture__echo".to_owned()), "{answer}");
     let catalog = &answer["projection"]["catalog"];
     assert_eq!(catalog["status"], "STATUS_READY", "{catalog}");
     assert_eq!(catalog["pins"][0]["server_id"], "fixture", "{catalog}");
 
-    let rolling = rolling_restarts(&cluster, &objects, &key, &agent_id, &cli_password).await;
+    let rolling =
+        rolling_restarts(&cluster, &objects, &key, (&agent_id, &tools), &cli_password).await;
     let (_, probes, restarts) = cluster.summary();
     let started_pods = cluster.started.load(Ordering::SeqCst);
     println!(
