@@ -44,6 +44,27 @@ fn sealed(
     )
 }
 
+/// A stdio server's memory entry with one tool, `echo`, described so,
+/// discovered at `discovered_at_unix_ms` by `release`.
+fn echo_entry(
+    description: &str,
+    discovered_at_unix_ms: u64,
+    release: &str,
+) -> ctxsync_proto::v1::CatalogMemoryEntry {
+    ctxsync_proto::v1::CatalogMemoryEntry {
+        transport: ctxsync_proto::v1::McpTransport::Stdio as i32,
+        tools: vec![ctxsync_proto::v1::McpTool {
+            name: "echo".into(),
+            description: description.into(),
+            input_schema_json: r#"{"type":"object"}"#.into(),
+        }],
+        catalog_hash: "whatever".into(),
+        discovered_at_unix_ms,
+        release: release.into(),
+        ..Default::default()
+    }
+}
+
 /// Settings whose memory bucket is `bucket` (another prefix's, to share it).
 fn sharing(bucket: &str) -> catalog::Settings {
     let mut settings = settings();
@@ -457,18 +478,11 @@ async fn a_restarted_replicas_warmup_pins_fresh_entries_and_discovers_older_ones
         .unwrap();
     for (server, age) in [(&recent, 30 * 60), (&stale, 2 * 3600)] {
         let key = catalog::config::ServerKey::of("acme", server);
-        let entry = ctxsync_proto::v1::CatalogMemoryEntry {
-            transport: ctxsync_proto::v1::McpTransport::Stdio as i32,
-            tools: vec![ctxsync_proto::v1::McpTool {
-                name: "echo".into(),
-                description: "Echo".into(),
-                input_schema_json: r#"{"type":"object"}"#.into(),
-            }],
-            catalog_hash: "whatever".into(),
-            discovered_at_unix_ms: (now - Duration::from_secs(age)).as_millis() as _,
-            release: env!("CARGO_PKG_VERSION").into(),
-            ..Default::default()
-        };
+        let entry = echo_entry(
+            "Echo",
+            (now - Duration::from_secs(age)).as_millis() as _,
+            env!("CARGO_PKG_VERSION"),
+        );
         store
             .put(key.as_str(), sealed(&bucket, &key, &entry))
             .await
@@ -523,18 +537,7 @@ async fn an_entry_of_another_release_is_pinned_until_the_warmup_discovers_it_fir
         .await
         .unwrap();
     let key = catalog::config::ServerKey::of("acme", &old);
-    let entry = ctxsync_proto::v1::CatalogMemoryEntry {
-        transport: ctxsync_proto::v1::McpTransport::Stdio as i32,
-        tools: vec![ctxsync_proto::v1::McpTool {
-            name: "echo".into(),
-            description: "Old echo".into(),
-            input_schema_json: r#"{"type":"object"}"#.into(),
-        }],
-        catalog_hash: "whatever".into(),
-        discovered_at_unix_ms: 1,
-        release: "0.0.0-previous".into(),
-        ..Default::default()
-    };
+    let entry = echo_entry("Old echo", 1, "0.0.0-previous");
     let bucket = memory_bucket_name(first.subjects.prefix());
     store
         .put(key.as_str(), sealed(&bucket, &key, &entry))

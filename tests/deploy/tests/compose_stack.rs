@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{NATS_IMAGE, POSTGRES_IMAGE, build_images, require_engine_and_images};
+use common::{NATS_IMAGE, POSTGRES_IMAGE, build_images, require_engine_and_images, tool_names};
 use deploy_checks::{deploy_dir, run};
 use serde_json::{Value, json};
 use testkit::agent::{Answer, FakeAgent};
@@ -160,16 +160,6 @@ async fn first_turn(
     response.json().await.unwrap()
 }
 
-fn tool_names(answer: &Value) -> Vec<String> {
-    answer["projection"]["servers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|s| s["tools"].as_array().into_iter().flatten())
-        .filter_map(|t| t["name"].as_str().map(str::to_owned))
-        .collect()
-}
-
 /// The sum of `name`'s samples whose labels contain `label` (every sample
 /// when empty), or `None` while the port does not answer.
 async fn metric_sum(http: &reqwest::Client, port: u16, name: &str, label: &str) -> Option<f64> {
@@ -188,20 +178,6 @@ async fn metric_sum(http: &reqwest::Client, port: u16, name: &str, label: &str) 
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum(),
     )
-}
-
-async fn gauge(http: &reqwest::Client, port: u16, name: &str) -> Option<f64> {
-    let text = http
-        .get(format!("http://127.0.0.1:{port}/metrics"))
-        .send()
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
-    text.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -345,7 +321,9 @@ async fn the_compose_stack_answers_a_first_turn_and_survives_a_nats_restart() {
     let gate_port = stack.ports.gate;
     until("the chat waits on the gate", || {
         let http = http.clone();
-        async move { (gauge(&http, gate_port, "ctxsync_gate_waiters").await? >= 1.0).then_some(()) }
+        async move {
+            (metric_sum(&http, gate_port, "ctxsync_gate_waiters", "").await? >= 1.0).then_some(())
+        }
     })
     .await;
     run(stack.compose().args(["restart", "nats"]));

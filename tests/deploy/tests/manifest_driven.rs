@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use common::{
     BASE_IMAGE, NATS_IMAGE, POSTGRES_IMAGE, build_images, docker, require_engine_and_images,
+    tool_names,
 };
 use deploy_checks::pods::{Hook, Mount, MountSource, PodPlan, Probe, ProbeAction, ServicePlan};
 use deploy_checks::{copy_tree, deploy_dir, run, tool, yaml_documents};
@@ -885,16 +886,6 @@ async fn first_turn(
         return Err(format!("{status}: {body}"));
     }
     Ok(body)
-}
-
-fn tool_names(answer: &Value) -> Vec<String> {
-    answer["projection"]["servers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|s| s["tools"].as_array().into_iter().flatten())
-        .filter_map(|t| t["name"].as_str().map(str::to_owned))
-        .collect()
 }
 
 /// What the load saw while every pod was replaced.

@@ -70,3 +70,14 @@ pub fn build_images(context: &Path) -> (String, String) {
     }
     (tags[0].clone(), tags[1].clone())
 }
+
+/// The tool names of a first turn's answer, across its servers.
+pub fn tool_names(answer: &serde_json::Value) -> Vec<String> {
+    answer["projection"]["servers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|s| s["tools"].as_array().into_iter().flatten())
+        .filter_map(|t| t["name"].as_str().map(str::to_owned))
+        .collect()
+}
