@@ -111,10 +111,11 @@ pub const SERIES: &[Series] = &[
     ),
     Series::counter(
         "ctxsync_gate_store_reads_total",
-        "Agent reads from snapshot-store, by outcome (ok, not_found, invalid, unavailable).",
+        "Agent reads from snapshot-store, by outcome (ok, not_found, invalid, unavailable; retried: a first attempt timed out or found no responder, asked once more).",
     )
     .zeroed(&[
         &[("outcome", "ok")],
+        &[("outcome", "retried")],
         &[("outcome", "not_found")],
         &[("outcome", "invalid")],
         &[("outcome", "unavailable")],

@@ -102,6 +102,60 @@ async fn store_unavailable_fails_open_and_says_why() {
     assert_eq!(response.status(), 503);
 }
 
+#[tokio::test]
+async fn a_store_read_lost_on_the_way_is_asked_again_within_the_store_timeout() {
+    let mut h = Harness::spawn().await;
+    h.stop_store().await;
+    // A store that loses the first request (as a connection closing under
+    // it would) and answers the next: the agent is not there.
+    let mut requests = h
+        .client
+        .subscribe(h.subjects.store_get_agent_state())
+        .await
+        .unwrap();
+    h.client.flush().await.unwrap();
+    let client = h.client.clone();
+    let store = tokio::spawn(async move {
+        let mut seen = 0;
+        while let Some(request) = requests.next().await {
+            seen += 1;
+            if seen == 1 {
+                continue;
+            }
+            let reply = GetAgentStateReply {
+                state: None,
+                error: Some(ServiceError {
+                    code: service_error::Code::NotFound as i32,
+                    message: "no such agent".into(),
+                    ..Default::default()
+                }),
+            };
+            client
+                .publish(request.reply.unwrap(), reply.encode_to_vec().into())
+                .await
+                .unwrap();
+            return seen;
+        }
+        seen
+    });
+
+    let started = Instant::now();
+    let reply = h
+        .turn("chat-lost", "0b7c2f5e-8d1a-4c3e-9f2a-6b5d4e3c2a10", true)
+        .await;
+    let elapsed = started.elapsed();
+    assert_eq!(
+        reply.error.as_ref().map(|e| e.code()),
+        Some(service_error::Code::NotFound),
+        "the second attempt's answer is the turn's: {reply:?}"
+    );
+    assert!(
+        elapsed < Duration::from_secs(2),
+        "within the store timeout (2 s), both attempts: {elapsed:?}"
+    );
+    assert_eq!(store.await.unwrap(), 2, "asked twice");
+}
+
 // ---- views kept by events --------------------------------------------------
 
 #[tokio::test]

@@ -31,16 +31,32 @@ impl StateSource for StoreReader {
 }
 
 impl StoreReader {
+    /// Reads within `timeout` in all: two attempts of half of it each (see
+    /// [`Self::read`]), so the core's own bound on a read still holds.
     pub fn new(nats: &NatsConnection, subjects: &Subjects, timeout: Duration) -> Self {
         Self {
-            store: StoreClient::new(nats.client.clone(), subjects, timeout),
+            store: StoreClient::new(nats.client.clone(), subjects, timeout / 2),
             gaps: nats.gaps(),
         }
     }
 
     /// One consistent read of the agent row, its snapshot and resources.
+    /// A read that timed out or found no responder is asked once more: it
+    /// changes nothing, and a request lost with a NATS connection (a node
+    /// leaving in lame duck, a store replica replaced) would otherwise fail
+    /// the turn open. A store that is down is still said so within the
+    /// store timeout.
     pub async fn read(&self, agent_id: &str) -> Result<AgentState, ReadError> {
-        let result = self.store.agent_state(agent_id).await.map_err(read_error);
+        let mut result = self.store.agent_state(agent_id).await;
+        if matches!(
+            result,
+            Err(RpcError::TimedOut { .. } | RpcError::NoResponders { .. })
+        ) {
+            metrics::counter!("ctxsync_gate_store_reads_total", "outcome" => "retried")
+                .increment(1);
+            result = self.store.agent_state(agent_id).await;
+        }
+        let result = result.map_err(read_error);
         let outcome = match &result {
             Ok(_) => "ok",
             Err(ReadError::NotFound(_)) => "not_found",
