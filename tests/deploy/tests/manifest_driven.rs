@@ -701,12 +701,21 @@ impl Cluster {
                     .args(command)
                     .output();
                 let outcome = tokio::time::timeout(grace, hook).await;
-                let running = tokio::process::Command::new("docker")
-                    .args(["inspect", "-f", "{{.State.Running}}", &container])
-                    .output()
-                    .await
-                    .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "true")
-                    .unwrap_or(false);
+                // A hook killed with its container (its main process
+                // exited) returns a moment before the engine says so.
+                let mut running = true;
+                for _ in 0..20 {
+                    running = tokio::process::Command::new("docker")
+                        .args(["inspect", "-f", "{{.State.Running}}", &container])
+                        .output()
+                        .await
+                        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "true")
+                        .unwrap_or(false);
+                    if !running {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
                 exited_in_hook = !running;
                 match outcome {
                     // A hook cut short by its container's own exit did its work.
