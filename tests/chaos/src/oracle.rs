@@ -1,0 +1,850 @@
+//! The oracle: decides from a history alone whether every first turn could
+//! have been answered so by a correct system, and whether every acked
+//! report was kept.
+//!
+//! The promise it checks, with the bounds it allows ([`Bounds`]):
+//! * a `ready` answer shows the tools of a report of the run it names, and
+//!   that run was current at some moment of the request: no run whose
+//!   successor's Startup was acked more than the view lag before the
+//!   request began;
+//! * never a version older than one of the same run whose ack completed
+//!   more than the view lag before the request began;
+//! * `ready` only on a complete report; the tools exactly the report's;
+//! * a wait ends within the wake bound once discovery is complete on the
+//!   current run (from the later of the request and the completing ack);
+//!   a `pending` answer (the deadline passed) is an anomaly when a
+//!   completing report of a run that stayed current was acked more than
+//!   the wake bound before it;
+//! * every acked report is kept: the store's final state of each agent is
+//!   its last acked run, at a version no lower than any acked push of it.
+//!
+//! A fault stretches a bound: when one is active during the interval a
+//! bound covers, the bound ends no earlier than the fault's healing plus
+//! the recovery allowance. An answer that says the store could not be read
+//! is not held to the promise (it says so). An operation whose outcome is
+//! unknown (`info`) may have taken effect at any time after its invocation.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use crate::history::{Answer, Body, Decision, Event, Kind};
+
+/// How far the oracle lets the system lag.
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds {
+    /// An acked report reaches every gate's view within this.
+    pub view_lag: Duration,
+    /// A waiting first turn is answered within this of discovery completing.
+    pub wake: Duration,
+    /// After a fault heals, the system is back within this.
+    pub fault_recovery: Duration,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Self {
+            view_lag: Duration::from_secs(1),
+            wake: Duration::from_secs(1),
+            fault_recovery: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum AnomalyKind {
+    /// `ready` with the tools of a run superseded before the request began.
+    SupersededRun,
+    /// `ready` with a run or version no agent reported (or the store refused).
+    UnknownReport,
+    /// `ready` with tools other than the report's.
+    WrongTools,
+    /// `ready` with a version older than one acked before the request began.
+    OldVersion,
+    /// `ready` on a report whose discovery was still pending.
+    ReadyWhilePending,
+    /// A wait that went on past the wake bound after discovery completed.
+    SlowWake,
+    /// `pending` although discovery had completed on a current run.
+    PendingAfterComplete,
+    /// An acked report the store does not hold at the end.
+    LostAck,
+}
+
+/// One thing no correct system would have done, with the operations
+/// involved and the agent's history around them.
+#[derive(Debug, Clone)]
+pub struct Anomaly {
+    pub kind: AnomalyKind,
+    pub ops: Vec<u64>,
+    pub message: String,
+    pub context: Vec<Event>,
+}
+
+/// What the oracle found.
+#[derive(Debug, Default)]
+pub struct Verdict {
+    pub operations: usize,
+    pub turns_checked: usize,
+    pub reports_acked: usize,
+    pub faults: BTreeMap<String, usize>,
+    pub anomalies: Vec<Anomaly>,
+}
+
+impl Verdict {
+    pub fn acked_lost(&self) -> usize {
+        self.anomalies
+            .iter()
+            .filter(|a| a.kind == AnomalyKind::LostAck)
+            .count()
+    }
+
+    pub fn of_kind(&self, kind: AnomalyKind) -> usize {
+        self.anomalies.iter().filter(|a| a.kind == kind).count()
+    }
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "operations={} turns_checked={} reports_acked={} faults={:?} anomalies={} acked_lost={}",
+            self.operations,
+            self.turns_checked,
+            self.reports_acked,
+            self.faults,
+            self.anomalies.len(),
+            self.acked_lost()
+        )?;
+        for anomaly in &self.anomalies {
+            write!(
+                f,
+                "\n{:?} (ops {:?}): {}",
+                anomaly.kind, anomaly.ops, anomaly.message
+            )?;
+            for event in &anomaly.context {
+                write!(f, "\n    {}", crate::history::line(event))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An operation: its invocation and, when it came, its completion.
+#[derive(Debug)]
+struct Op<'h> {
+    id: u64,
+    at: u64,
+    body: &'h Body,
+    done: Option<(Kind, u64, &'h Body)>,
+}
+
+impl Op<'_> {
+    fn kind(&self) -> Option<Kind> {
+        self.done.map(|(kind, _, _)| kind)
+    }
+
+    fn acked_at(&self) -> Option<u64> {
+        match self.done {
+            Some((Kind::Ok, at, _)) => Some(at),
+            _ => None,
+        }
+    }
+
+    /// It may have taken effect: acked, or its outcome unknown.
+    fn may_have_happened(&self) -> bool {
+        !matches!(self.kind(), Some(Kind::Fail))
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+struct Checker<'h> {
+    bounds: Bounds,
+    events: &'h [Event],
+    /// Faults as (start, healed) on the monotonic clock; never healed: MAX.
+    faults: Vec<(u64, u64)>,
+}
+
+impl Checker<'_> {
+    /// The end of a bound of `base` starting at `from`, stretched by every
+    /// fault active during it to the fault's healing plus the recovery.
+    fn deadline(&self, from: u64, base: Duration) -> u64 {
+        let mut deadline = from.saturating_add(micros(base));
+        loop {
+            let stretched = self
+                .faults
+                .iter()
+                .filter(|(start, healed)| *start <= deadline && *healed >= from)
+                .map(|(_, healed)| healed.saturating_add(micros(self.bounds.fault_recovery)))
+                .fold(deadline, u64::max);
+            if stretched == deadline {
+                return deadline;
+            }
+            deadline = stretched;
+        }
+    }
+
+    /// The agent's events within the interval, a little beyond it.
+    fn context(&self, agent: &str, from: u64, to: u64) -> Vec<Event> {
+        let margin = 2_000_000;
+        self.events
+            .iter()
+            .filter(|e| e.body.agent() == Some(agent))
+            .filter(|e| e.mono_us + margin >= from && e.mono_us <= to.saturating_add(margin))
+            .take(40)
+            .cloned()
+            .collect()
+    }
+}
+
+/// The agent's operations, by kind.
+#[derive(Default)]
+struct AgentOps<'h> {
+    startups: Vec<Op<'h>>,
+    pushes: Vec<Op<'h>>,
+    turns: Vec<Op<'h>>,
+    finals: Vec<(u64, &'h Body)>,
+}
+
+/// Checks `events` against the promise within `bounds`.
+pub fn check(events: &[Event], bounds: Bounds) -> Verdict {
+    let mut verdict = Verdict::default();
+    let mut ops: BTreeMap<u64, Op<'_>> = BTreeMap::new();
+    let mut faults: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+    let mut agents: BTreeMap<&str, AgentOps<'_>> = BTreeMap::new();
+    for event in events {
+        match (&event.body, event.kind) {
+            (Body::Fault { fault, .. }, Kind::Invoke) => {
+                *verdict.faults.entry(fault.clone()).or_default() += 1;
+                faults.insert(event.op, (event.mono_us, u64::MAX));
+            }
+            (Body::Fault { .. }, _) => {
+                if let Some(fault) = faults.get_mut(&event.op) {
+                    fault.1 = event.mono_us;
+                }
+            }
+            (Body::Final { agent, .. }, _) => {
+                agents
+                    .entry(agent.as_str())
+                    .or_default()
+                    .finals
+                    .push((event.mono_us, &event.body));
+            }
+            (_, Kind::Invoke) => {
+                ops.insert(
+                    event.op,
+                    Op {
+                        id: event.op,
+                        at: event.mono_us,
+                        body: &event.body,
+                        done: None,
+                    },
+                );
+            }
+            (_, kind) => {
+                if let Some(op) = ops.get_mut(&event.op) {
+                    op.done = Some((kind, event.mono_us, &event.body));
+                }
+            }
+        }
+    }
+    verdict.operations = ops.len();
+    for op in ops.into_values() {
+        let Some(agent) = op.body.agent() else {
+            continue;
+        };
+        let entry = agents.entry(agent).or_default();
+        match op.body {
+            Body::Startup { .. } => entry.startups.push(op),
+            Body::Push { .. } => entry.pushes.push(op),
+            Body::Turn { .. } => entry.turns.push(op),
+            _ => {}
+        }
+    }
+    let checker = Checker {
+        bounds,
+        events,
+        faults: faults.into_values().collect(),
+    };
+    for (agent, agent_ops) in &agents {
+        verdict.reports_acked += agent_ops
+            .startups
+            .iter()
+            .chain(&agent_ops.pushes)
+            .filter(|op| op.acked_at().is_some())
+            .count();
+        for turn in &agent_ops.turns {
+            let Some((
+                Kind::Ok,
+                answered,
+                Body::Turn {
+                    answer: Some(answer),
+                    ..
+                },
+            )) = turn.done
+            else {
+                continue;
+            };
+            verdict.turns_checked += 1;
+            if answer.store_unavailable {
+                continue;
+            }
+            check_turn(
+                &checker,
+                agent,
+                agent_ops,
+                turn,
+                answered,
+                answer,
+                &mut verdict,
+            );
+        }
+        for (at, body) in &agent_ops.finals {
+            check_final(&checker, agent, agent_ops, *at, body, &mut verdict);
+        }
+    }
+    verdict
+}
+
+fn run_of(body: &Body) -> &str {
+    match body {
+        Body::Startup { run_id, .. } | Body::Push { run_id, .. } | Body::Final { run_id, .. } => {
+            run_id
+        }
+        _ => "",
+    }
+}
+
+fn check_turn(
+    checker: &Checker<'_>,
+    agent: &str,
+    ops: &AgentOps<'_>,
+    turn: &Op<'_>,
+    answered: u64,
+    answer: &Answer,
+    verdict: &mut Verdict,
+) {
+    let asked = turn.at;
+    let mut anomaly = |kind, involved: Vec<u64>, message: String| {
+        let mut all = vec![turn.id];
+        all.extend(involved);
+        verdict.anomalies.push(Anomaly {
+            kind,
+            ops: all,
+            message,
+            context: checker.context(agent, asked, answered),
+        });
+    };
+    let lag = checker.bounds.view_lag;
+    let wake = checker.bounds.wake;
+    match answer.decision {
+        Decision::Ready => {
+            let run = answer.snapshot_run_id.as_str();
+            let Some(startup) = ops
+                .startups
+                .iter()
+                .find(|s| run_of(s.body) == run && s.may_have_happened() && s.at <= answered)
+            else {
+                anomaly(
+                    AnomalyKind::UnknownReport,
+                    vec![],
+                    format!("ready with run {run}, which no Startup began before the answer"),
+                );
+                return;
+            };
+            // A later run whose Startup was acked long before the request.
+            if let Some(started) = startup.acked_at() {
+                for next in &ops.startups {
+                    if run_of(next.body) == run || next.at < started {
+                        continue;
+                    }
+                    if let Some(acked) = next.acked_at()
+                        && checker.deadline(acked, lag) < asked
+                    {
+                        anomaly(
+                            AnomalyKind::SupersededRun,
+                            vec![startup.id, next.id],
+                            format!(
+                                "ready with run {run}, superseded by run {} acked {} µs before the request",
+                                run_of(next.body),
+                                asked - acked
+                            ),
+                        );
+                        return;
+                    }
+                }
+            }
+            let version = answer.snapshot_version;
+            let report = ops.pushes.iter().find(|p| {
+                matches!(p.body, Body::Push { run_id, version: v, .. } if run_id == run && *v == version)
+                    && p.may_have_happened()
+            });
+            let Some(report) = report else {
+                anomaly(
+                    AnomalyKind::UnknownReport,
+                    vec![],
+                    format!(
+                        "ready with run {run} version {version}, which no accepted push reported"
+                    ),
+                );
+                return;
+            };
+            let Body::Push {
+                tools, complete, ..
+            } = report.body
+            else {
+                return;
+            };
+            let (mut shown, mut reported) = (answer.tools.clone(), tools.clone());
+            shown.sort();
+            reported.sort();
+            if shown != reported {
+                anomaly(
+                    AnomalyKind::WrongTools,
+                    vec![report.id],
+                    format!(
+                        "ready with tools {shown:?}; run {run} version {version} reported {reported:?}"
+                    ),
+                );
+            }
+            if !complete {
+                anomaly(
+                    AnomalyKind::ReadyWhilePending,
+                    vec![report.id],
+                    format!("ready on run {run} version {version}, whose discovery was pending"),
+                );
+            }
+            for newer in &ops.pushes {
+                let Body::Push {
+                    run_id, version: v, ..
+                } = newer.body
+                else {
+                    continue;
+                };
+                if run_id == run
+                    && *v > version
+                    && let Some(acked) = newer.acked_at()
+                    && checker.deadline(acked, lag) < asked
+                {
+                    anomaly(
+                        AnomalyKind::OldVersion,
+                        vec![report.id, newer.id],
+                        format!(
+                            "ready with version {version} of run {run}; version {v} was acked {} µs before the request",
+                            asked - acked
+                        ),
+                    );
+                    break;
+                }
+            }
+            // The wait ends within the wake bound of discovery completing.
+            let completed = ops
+                .pushes
+                .iter()
+                .filter(|p| {
+                    run_of(p.body) == run && matches!(p.body, Body::Push { complete: true, .. })
+                })
+                .filter_map(|p| Some((p.acked_at()?, p.id)))
+                .min();
+            if let Some((acked, push)) = completed
+                && answered > checker.deadline(acked.max(asked), wake)
+            {
+                anomaly(
+                    AnomalyKind::SlowWake,
+                    vec![push],
+                    format!(
+                        "answered {} µs after the later of the request and the completing ack",
+                        answered - acked.max(asked)
+                    ),
+                );
+            }
+        }
+        Decision::Pending => {
+            // A completing report of a run that was current from its ack to
+            // the answer: the wait should have ended.
+            for startup in ops.startups.iter().filter(|s| s.acked_at().is_some()) {
+                let run = run_of(startup.body);
+                let superseded = ops.startups.iter().any(|other| {
+                    run_of(other.body) != run
+                        && other.may_have_happened()
+                        && other.at >= startup.at
+                        && other.at <= answered
+                });
+                if superseded {
+                    continue;
+                }
+                let completed = ops
+                    .pushes
+                    .iter()
+                    .filter(|p| {
+                        run_of(p.body) == run && matches!(p.body, Body::Push { complete: true, .. })
+                    })
+                    .filter_map(|p| Some((p.acked_at()?, p.id)))
+                    .min();
+                if let Some((acked, push)) = completed
+                    && checker.deadline(acked.max(asked), wake) < answered
+                {
+                    anomaly(
+                        AnomalyKind::PendingAfterComplete,
+                        vec![startup.id, push],
+                        format!(
+                            "pending, though run {run}'s discovery was complete {} µs before the answer",
+                            answered - acked.max(asked)
+                        ),
+                    );
+                }
+            }
+        }
+        Decision::Stale => {
+            if !answer.tools.is_empty() {
+                anomaly(
+                    AnomalyKind::WrongTools,
+                    vec![],
+                    format!("stale, yet tools are shown: {:?}", answer.tools),
+                );
+            }
+        }
+        Decision::Unknown => {
+            let reported = ops
+                .startups
+                .iter()
+                .chain(&ops.pushes)
+                .filter_map(|op| Some((op.acked_at()?, op.id)))
+                .find(|(acked, _)| checker.deadline(*acked, lag) < asked);
+            if let Some((acked, op)) = reported {
+                anomaly(
+                    AnomalyKind::LostAck,
+                    vec![op],
+                    format!(
+                        "answered as never reported, {} µs after a report was acked",
+                        asked - acked
+                    ),
+                );
+            }
+        }
+    }
+}
+
+fn check_final(
+    checker: &Checker<'_>,
+    agent: &str,
+    ops: &AgentOps<'_>,
+    at: u64,
+    body: &Body,
+    verdict: &mut Verdict,
+) {
+    let Body::Final {
+        run_id, version, ..
+    } = body
+    else {
+        return;
+    };
+    let mut lost = |ops: Vec<u64>, message: String| {
+        verdict.anomalies.push(Anomaly {
+            kind: AnomalyKind::LostAck,
+            ops,
+            message,
+            context: checker.context(agent, at.saturating_sub(10_000_000), at),
+        });
+    };
+    // The last Startup that took effect for sure: acked, and no other
+    // Startup that may have taken effect was invoked after it.
+    let last = ops
+        .startups
+        .iter()
+        .filter(|s| s.acked_at().is_some())
+        .max_by_key(|s| s.at);
+    if let Some(last) = last {
+        let later = ops
+            .startups
+            .iter()
+            .any(|s| s.at > last.at && s.may_have_happened());
+        if !later && run_of(last.body) != run_id {
+            lost(
+                vec![last.id],
+                format!(
+                    "the store ends on run {run_id}; run {} was the last acked",
+                    run_of(last.body)
+                ),
+            );
+        }
+    }
+    for push in &ops.pushes {
+        let Body::Push {
+            run_id: pushed_run,
+            version: pushed,
+            ..
+        } = push.body
+        else {
+            continue;
+        };
+        if pushed_run == run_id && pushed > version && push.acked_at().is_some() {
+            lost(
+                vec![push.id],
+                format!(
+                    "the store ends on version {version} of run {run_id}; version {pushed} was acked"
+                ),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::Answer;
+
+    const MS: u64 = 1_000;
+
+    /// A history written by hand: each call adds an operation.
+    #[derive(Default)]
+    struct History {
+        events: Vec<Event>,
+        next: u64,
+    }
+
+    impl History {
+        fn op(&mut self, body: Body, at_ms: u64, done: Option<(Kind, u64, Body)>) -> u64 {
+            self.next += 1;
+            let op = self.next;
+            self.events.push(Event {
+                op,
+                kind: Kind::Invoke,
+                mono_us: at_ms * MS,
+                wall_ms: at_ms,
+                body,
+            });
+            if let Some((kind, done_ms, body)) = done {
+                self.events.push(Event {
+                    op,
+                    kind,
+                    mono_us: done_ms * MS,
+                    wall_ms: done_ms,
+                    body,
+                });
+            }
+            op
+        }
+
+        fn startup(&mut self, run: &str, at: u64, acked: u64) -> &mut Self {
+            let body = Body::Startup {
+                agent: "a".into(),
+                run_id: run.into(),
+            };
+            self.op(body.clone(), at, Some((Kind::Ok, acked, body)));
+            self
+        }
+
+        fn push(
+            &mut self,
+            run: &str,
+            version: u64,
+            complete: bool,
+            tools: &[&str],
+            at: u64,
+            acked: u64,
+        ) -> &mut Self {
+            let body = Body::Push {
+                agent: "a".into(),
+                run_id: run.into(),
+                version,
+                complete,
+                tools: tools.iter().map(|t| t.to_string()).collect(),
+            };
+            self.op(body.clone(), at, Some((Kind::Ok, acked, body)));
+            self
+        }
+
+        fn turn(&mut self, at: u64, answered: u64, answer: Answer) -> &mut Self {
+            let asked = Body::Turn {
+                agent: "a".into(),
+                chat: format!("c{}", self.next),
+                answer: None,
+            };
+            let Body::Turn { agent, chat, .. } = asked.clone() else {
+                unreachable!()
+            };
+            self.op(
+                asked,
+                at,
+                Some((
+                    Kind::Ok,
+                    answered,
+                    Body::Turn {
+                        agent,
+                        chat,
+                        answer: Some(answer),
+                    },
+                )),
+            );
+            self
+        }
+
+        fn fault(&mut self, from: u64, healed: u64) -> &mut Self {
+            let body = Body::Fault {
+                fault: "kill".into(),
+                target: "snapshot-store-0".into(),
+            };
+            self.op(body.clone(), from, Some((Kind::Ok, healed, body)));
+            self
+        }
+
+        fn final_state(&mut self, run: &str, version: u64, at: u64) -> &mut Self {
+            self.next += 1;
+            self.events.push(Event {
+                op: self.next,
+                kind: Kind::Ok,
+                mono_us: at * MS,
+                wall_ms: at,
+                body: Body::Final {
+                    agent: "a".into(),
+                    run_id: run.into(),
+                    version,
+                },
+            });
+            self
+        }
+
+        fn check(&self) -> Verdict {
+            check(&self.events, Bounds::default())
+        }
+    }
+
+    fn answer(decision: Decision, run: &str, version: u64, tools: &[&str]) -> Answer {
+        Answer {
+            decision,
+            run_id: run.into(),
+            snapshot_run_id: run.into(),
+            snapshot_version: version,
+            tools: tools.iter().map(|t| t.to_string()).collect(),
+            waited_ms: 0,
+            store_unavailable: false,
+        }
+    }
+
+    fn ready(run: &str, version: u64, tools: &[&str]) -> Answer {
+        answer(Decision::Ready, run, version, tools)
+    }
+
+    /// Run r1 complete, then r2 started and complete: the agent's usual life.
+    fn two_runs() -> History {
+        let mut h = History::default();
+        h.startup("r1", 0, 10)
+            .push("r1", 1, true, &["s__x"], 20, 30)
+            .startup("r2", 1000, 1010)
+            .push("r2", 1, false, &[], 1020, 1030)
+            .push("r2", 2, true, &["s__y"], 1040, 1050);
+        h
+    }
+
+    #[test]
+    fn a_correct_history_has_no_anomaly() {
+        let mut h = two_runs();
+        h.turn(40, 45, ready("r1", 1, &["s__x"]))
+            // Asked while r2 was pending, woken by its completion.
+            .turn(1035, 1060, ready("r2", 2, &["s__y"]))
+            // Within the view lag of r2's Startup, r1's tools may still show.
+            .turn(1500, 1510, ready("r1", 1, &["s__x"]))
+            .turn(3000, 3005, ready("r2", 2, &["s__y"]))
+            .final_state("r2", 2, 4000);
+        let verdict = h.check();
+        assert!(verdict.anomalies.is_empty(), "{verdict}");
+        assert_eq!(verdict.turns_checked, 4);
+        assert_eq!(verdict.reports_acked, 5);
+    }
+
+    #[test]
+    fn a_superseded_runs_tools_are_an_anomaly() {
+        let mut h = two_runs();
+        h.turn(3000, 3005, ready("r1", 1, &["s__x"]));
+        let verdict = h.check();
+        assert_eq!(verdict.of_kind(AnomalyKind::SupersededRun), 1, "{verdict}");
+        assert_eq!(verdict.anomalies.len(), 1, "{verdict}");
+        assert!(!verdict.anomalies[0].context.is_empty());
+    }
+
+    #[test]
+    fn an_older_version_than_one_acked_before_the_request_is_an_anomaly() {
+        let mut h = two_runs();
+        h.push("r2", 3, true, &["s__z"], 1100, 1110)
+            .turn(3000, 3005, ready("r2", 2, &["s__y"]));
+        let verdict = h.check();
+        assert_eq!(verdict.of_kind(AnomalyKind::OldVersion), 1, "{verdict}");
+    }
+
+    #[test]
+    fn tools_other_than_the_reports_and_reports_never_sent_are_anomalies() {
+        let mut h = two_runs();
+        h.turn(3000, 3005, ready("r2", 2, &["s__y", "s__planted"]))
+            .turn(3100, 3105, ready("r2", 9, &["s__y"]))
+            .turn(3200, 3205, ready("r2", 1, &[]));
+        let verdict = h.check();
+        assert_eq!(verdict.of_kind(AnomalyKind::WrongTools), 1, "{verdict}");
+        assert_eq!(verdict.of_kind(AnomalyKind::UnknownReport), 1, "{verdict}");
+        assert_eq!(
+            verdict.of_kind(AnomalyKind::ReadyWhilePending),
+            1,
+            "{verdict}"
+        );
+    }
+
+    #[test]
+    fn a_wait_past_complete_is_an_anomaly_unless_a_fault_explains_it() {
+        let mut h = two_runs();
+        // Asked while r2 was pending, answered 5 s after it completed.
+        h.turn(1035, 6050, ready("r2", 2, &["s__y"]));
+        assert_eq!(h.check().of_kind(AnomalyKind::SlowWake), 1, "{}", h.check());
+
+        let mut faulted = two_runs();
+        faulted
+            .fault(1000, 2000)
+            .turn(1035, 6050, ready("r2", 2, &["s__y"]));
+        let verdict = faulted.check();
+        assert!(
+            verdict.anomalies.is_empty(),
+            "a fault until 2 s plus 10 s of recovery: {verdict}"
+        );
+        assert_eq!(verdict.faults["kill"], 1);
+    }
+
+    #[test]
+    fn pending_after_discovery_completed_on_the_current_run_is_an_anomaly() {
+        let mut h = two_runs();
+        h.turn(1060, 16060, answer(Decision::Pending, "r2", 1, &[]));
+        assert_eq!(
+            h.check().of_kind(AnomalyKind::PendingAfterComplete),
+            1,
+            "{}",
+            h.check()
+        );
+        // Pending while r2's discovery really was pending is what it should say.
+        let mut fine = History::default();
+        fine.startup("r2", 1000, 1010)
+            .push("r2", 1, false, &[], 1020, 1030)
+            .turn(1035, 16035, answer(Decision::Pending, "r2", 1, &[]));
+        assert!(fine.check().anomalies.is_empty(), "{}", fine.check());
+    }
+
+    #[test]
+    fn an_acked_report_the_store_does_not_hold_is_lost() {
+        let mut h = two_runs();
+        h.final_state("r2", 1, 4000);
+        let verdict = h.check();
+        assert_eq!(verdict.acked_lost(), 1, "{verdict}");
+        let mut old_run = two_runs();
+        old_run.final_state("r1", 1, 4000);
+        assert_eq!(old_run.check().acked_lost(), 1, "{}", old_run.check());
+    }
+
+    #[test]
+    fn an_answer_that_says_the_store_was_unreachable_is_not_held_to_the_promise() {
+        let mut h = two_runs();
+        let mut unreachable = answer(Decision::Pending, "r1", 1, &[]);
+        unreachable.store_unavailable = true;
+        h.turn(3000, 18000, unreachable);
+        assert!(h.check().anomalies.is_empty(), "{}", h.check());
+    }
+}

@@ -1,0 +1,635 @@
+//! The harness: the deployed shape as separate processes (three NATS
+//! nodes, two replicas each of snapshot-store, agent-ingest and chat-gate,
+//! a Postgres server of its own), a workload of agents and chat backends,
+//! and faults on a schedule drawn from the seed; every operation goes into
+//! the history, which the oracle then judges.
+//!
+//! Faults built so far: kill -9 and restart of any service process,
+//! SIGSTOP/SIGCONT of one for longer than the timeouts, a NATS node killed
+//! and restarted, Postgres killed and restarted. Not yet: network delay,
+//! loss and partitions in namespaces, clock skew (see README.md).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rand::{Rng as _, SeedableRng as _};
+use testkit::agent::{Answer as Acked, FakeAgent};
+use testkit::report::{complete, pending, server};
+use testkit::{NatsCluster, PrivatePostgres, Process};
+use tokio::sync::{Mutex, mpsc};
+
+use crate::history::{Answer, Body, Decision, Event, Kind};
+use crate::oracle::{AnomalyKind, Bounds, Verdict};
+
+/// What a run does.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub duration: Duration,
+    pub seed: u64,
+    pub history: PathBuf,
+    pub agents: usize,
+    pub chats: usize,
+    /// Each gate's first-turn deadline (short, so timeouts happen).
+    pub pending_timeout: Duration,
+}
+
+/// Writes the history's events, in order, to its file and keeps them.
+#[derive(Clone)]
+struct Recorder {
+    events: mpsc::UnboundedSender<Event>,
+    started: Instant,
+    next: Arc<AtomicU64>,
+}
+
+impl Recorder {
+    fn event(&self, op: u64, kind: Kind, body: Body) {
+        let event = Event {
+            op,
+            kind,
+            mono_us: u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX),
+            wall_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            body,
+        };
+        let _ = self.events.send(event);
+    }
+
+    fn invoke(&self, body: Body) -> u64 {
+        let op = self.next.fetch_add(1, Ordering::SeqCst);
+        self.event(op, Kind::Invoke, body);
+        op
+    }
+}
+
+/// How an agent's request ended, as the history says it.
+fn kind_of(answer: &Acked) -> Kind {
+    match answer {
+        Acked::Accepted => Kind::Ok,
+        // Refused by the store or the API: certainly not applied.
+        Acked::Dropped(_) | Acked::ClientError(..) => Kind::Fail,
+        // No answer, or the store did not answer ingest in time: it may
+        // have been committed all the same.
+        Acked::ServerError(..) | Acked::Transport(_) => Kind::Info,
+    }
+}
+
+/// The service processes, for the faults.
+struct Services {
+    processes: Vec<Process>,
+}
+
+/// One registered agent.
+#[derive(Clone)]
+struct AgentKey {
+    id: String,
+    token: String,
+}
+
+/// Runs the deployed shape under the workload and faults for
+/// `options.duration`, writes the history, and judges it.
+pub async fn run(options: Options) -> anyhow::Result<(Verdict, Vec<Event>)> {
+    let nats = tokio::task::spawn_blocking(NatsCluster::start).await?;
+    let nats = Arc::new(Mutex::new(nats));
+    let postgres = Arc::new(Mutex::new(PrivatePostgres::start().await));
+    let database_url = postgres.lock().await.url();
+    let nats_urls = nats.lock().await.url_list();
+    let cluster = faults::Cluster::new(nats_urls, &database_url);
+    let pending_timeout = format!("{}ms", options.pending_timeout.as_millis());
+    let mut processes = vec![
+        cluster.store("store-a").spawn(),
+        cluster.store("store-b").spawn(),
+        cluster.ingest().named("ingest-a").spawn(),
+        cluster.ingest().named("ingest-b").spawn(),
+        cluster
+            .gate("gate-a")
+            .env("CTXSYNC_GATE_PENDING_TIMEOUT", pending_timeout.clone())
+            .spawn(),
+        cluster
+            .gate("gate-b")
+            .env("CTXSYNC_GATE_PENDING_TIMEOUT", pending_timeout)
+            .spawn(),
+    ];
+    let mut all: Vec<&mut Process> = processes.iter_mut().collect();
+    faults::all_ready(&mut all).await;
+    let ingests: Vec<String> = processes[2..4].iter().map(faults::url_of).collect();
+    let gates: Vec<std::net::SocketAddr> = processes[4..6].iter().map(faults::addr_of).collect();
+    let services = Arc::new(Mutex::new(Services { processes }));
+
+    let connection = cluster.nats("chaos").await;
+    let store = cluster.store_client(&connection.client);
+    store.create_test_tenant_key().await;
+    let mut agents = Vec::new();
+    for i in 0..options.agents {
+        let agent = FakeAgent::register(&store, &ingests[0], &format!("chaos-{i}")).await;
+        agents.push(AgentKey {
+            id: agent.agent_id().to_owned(),
+            token: agent.token().to_owned(),
+        });
+    }
+
+    let (events_tx, mut events_rx) = mpsc::unbounded_channel();
+    let recorder = Recorder {
+        events: events_tx,
+        started: Instant::now(),
+        next: Arc::new(AtomicU64::new(1)),
+    };
+    let history_path = options.history.clone();
+    let writer = tokio::spawn(async move {
+        use std::io::Write as _;
+        let file = std::fs::File::create(&history_path)?;
+        let mut out = std::io::BufWriter::new(file);
+        let mut kept = Vec::new();
+        while let Some(event) = events_rx.recv().await {
+            writeln!(out, "{}", crate::history::line(&event))?;
+            kept.push(event);
+        }
+        out.flush()?;
+        anyhow::Ok(kept)
+    });
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for (i, agent) in agents.iter().enumerate() {
+        tasks.push(tokio::spawn(agent_life(
+            recorder.clone(),
+            agent.clone(),
+            ingests.clone(),
+            options.seed ^ (i as u64 + 1),
+            stop.clone(),
+        )));
+    }
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()?;
+    for c in 0..options.chats {
+        tasks.push(tokio::spawn(chat_backend(
+            recorder.clone(),
+            http.clone(),
+            agents.iter().map(|a| a.id.clone()).collect(),
+            gates.clone(),
+            options.seed ^ (0x1000 + c as u64),
+            stop.clone(),
+        )));
+    }
+    let faults_task = tokio::spawn(fault_schedule(
+        recorder.clone(),
+        services.clone(),
+        nats.clone(),
+        postgres.clone(),
+        options.seed,
+        stop.clone(),
+    ));
+
+    tokio::time::sleep(options.duration).await;
+    stop.store(true, Ordering::SeqCst);
+    for task in tasks {
+        task.await?;
+    }
+    faults_task.await?;
+    // Everything healed: each process up again before the final reads.
+    {
+        let mut services = services.lock().await;
+        let mut all: Vec<&mut Process> = services.processes.iter_mut().collect();
+        faults::all_ready(&mut all).await;
+    }
+    for agent in &agents {
+        let state = store.state(&agent.id).await;
+        let run_id = state.agent.map(|a| a.agent_run_id).unwrap_or_default();
+        let version = state
+            .snapshot
+            .filter(|s| s.agent_run_id == run_id)
+            .map_or(0, |s| s.version);
+        let op = recorder.next.fetch_add(1, Ordering::SeqCst);
+        recorder.event(
+            op,
+            Kind::Ok,
+            Body::Final {
+                agent: agent.id.clone(),
+                run_id,
+                version,
+            },
+        );
+    }
+    drop(recorder);
+    let events = writer.await??;
+    Ok((crate::oracle::check(&events, Bounds::default()), events))
+}
+
+/// The oracle proven able to fail on this run's own history: each planted
+/// anomaly, appended or changed after every fault has healed and its
+/// recovery passed, must be reported. Returns each plant and whether it was.
+pub fn planted(events: &[Event], bounds: Bounds) -> Vec<(AnomalyKind, bool)> {
+    let end = events.iter().map(|e| e.mono_us).max().unwrap_or(0)
+        + u64::try_from((bounds.fault_recovery + Duration::from_secs(20)).as_micros()).unwrap_or(0);
+    let wall = events.iter().map(|e| e.wall_ms).max().unwrap_or(0);
+    let next = events.iter().map(|e| e.op).max().unwrap_or(0) + 1;
+    let turn = |agent: &str, answer: Answer, asked: u64, answered: u64| {
+        let invoke = Body::Turn {
+            agent: agent.to_owned(),
+            chat: "planted".into(),
+            answer: None,
+        };
+        let done = Body::Turn {
+            agent: agent.to_owned(),
+            chat: "planted".into(),
+            answer: Some(answer),
+        };
+        [(Kind::Invoke, asked, invoke), (Kind::Ok, answered, done)].map(|(kind, at, body)| Event {
+            op: next,
+            kind,
+            mono_us: at,
+            wall_ms: wall,
+            body,
+        })
+    };
+    let ready: Vec<(&str, &Answer)> = events
+        .iter()
+        .filter_map(|e| match &e.body {
+            Body::Turn {
+                agent,
+                answer: Some(answer),
+                ..
+            } if answer.decision == Decision::Ready => Some((agent.as_str(), answer)),
+            _ => None,
+        })
+        .collect();
+    let finals: BTreeMap<&str, (&str, u64)> = events
+        .iter()
+        .filter_map(|e| match &e.body {
+            Body::Final {
+                agent,
+                run_id,
+                version,
+            } => Some((agent.as_str(), (run_id.as_str(), *version))),
+            _ => None,
+        })
+        .collect();
+    let mut plants: Vec<(AnomalyKind, Vec<Event>)> = Vec::new();
+    // The last ready answer of an agent's current run, once more with a tool it never had.
+    if let Some((agent, answer)) = ready.iter().rev().find(|(agent, a)| {
+        finals
+            .get(agent)
+            .is_some_and(|(run, _)| *run == a.snapshot_run_id)
+    }) {
+        let mut wrong = (*answer).clone();
+        wrong.tools.push("s__planted".into());
+        plants.push((
+            AnomalyKind::WrongTools,
+            turn(agent, wrong, end, end + 1_000).to_vec(),
+        ));
+        // The same answer after a wait of 6 s on a run complete long before.
+        plants.push((
+            AnomalyKind::SlowWake,
+            turn(agent, (*answer).clone(), end, end + 6_000_000).to_vec(),
+        ));
+    }
+    // A superseded run's tools, shown long after its successor was acked.
+    if let Some((agent, answer)) = ready.iter().find(|(agent, a)| {
+        finals
+            .get(agent)
+            .is_some_and(|(run, _)| *run != a.snapshot_run_id)
+    }) {
+        plants.push((
+            AnomalyKind::SupersededRun,
+            turn(agent, (*answer).clone(), end, end + 1_000).to_vec(),
+        ));
+    }
+    let mut verdicts = Vec::new();
+    for (kind, extra) in plants {
+        let mut planted = events.to_vec();
+        planted.extend(extra);
+        verdicts.push((
+            kind,
+            crate::oracle::check(&planted, bounds).of_kind(kind) > 0,
+        ));
+    }
+    // An acked push the store no longer holds: the final state one version back.
+    let lost = events
+        .iter()
+        .position(|e| matches!(&e.body, Body::Final { version, .. } if *version > 0));
+    if let Some(at) = lost {
+        let mut planted = events.to_vec();
+        if let Body::Final { version, .. } = &mut planted[at].body {
+            *version -= 1;
+        }
+        verdicts.push((
+            AnomalyKind::LostAck,
+            crate::oracle::check(&planted, bounds).acked_lost() > 0,
+        ));
+    }
+    verdicts
+}
+
+/// An agent's processes, one after another: each starts, reports pending,
+/// completes with some tools, edits its config a few times; some are
+/// replaced while the old process still pushes for a while.
+async fn agent_life(
+    recorder: Recorder,
+    agent: AgentKey,
+    ingests: Vec<String>,
+    seed: u64,
+    stop: Arc<AtomicBool>,
+) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut process = 0u64;
+    let mut leftovers = Vec::new();
+    while !stop.load(Ordering::SeqCst) {
+        process += 1;
+        let run_id = format!("run-{process}-{}", rng.random::<u32>());
+        let ingest = ingests[rng.random_range(0..ingests.len())].clone();
+        let sent = send(&recorder, &agent, &ingest, &run_id, None).await;
+        if sent != Kind::Ok {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        }
+        let mut version = 1;
+        send(
+            &recorder,
+            &agent,
+            &ingest,
+            &run_id,
+            Some((version, false, vec![])),
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(rng.random_range(50..800))).await;
+        for _ in 0..rng.random_range(1..5) {
+            version += 1;
+            let tools: Vec<String> = ["a", "b", "c", "d"]
+                .into_iter()
+                .filter(|_| rng.random_bool(0.5))
+                .map(str::to_owned)
+                .collect();
+            send(
+                &recorder,
+                &agent,
+                &ingest,
+                &run_id,
+                Some((version, true, tools)),
+            )
+            .await;
+            tokio::time::sleep(Duration::from_millis(rng.random_range(100..1500))).await;
+            if stop.load(Ordering::SeqCst) {
+                return;
+            }
+        }
+        if rng.random_bool(0.3) {
+            // Replaced: this process keeps pushing a little after the next starts.
+            let (recorder, agent, ingest, run_id) = (
+                recorder.clone(),
+                agent.clone(),
+                ingest.clone(),
+                run_id.clone(),
+            );
+            let delay = rng.random_range(100..1000);
+            leftovers.push(tokio::spawn(async move {
+                for extra in 1..=2 {
+                    tokio::time::sleep(Duration::from_millis(delay)).await;
+                    let tools = vec![format!("old{extra}")];
+                    send(
+                        &recorder,
+                        &agent,
+                        &ingest,
+                        &run_id,
+                        Some((version + extra, true, tools)),
+                    )
+                    .await;
+                }
+            }));
+        }
+    }
+    for leftover in leftovers {
+        let _ = leftover.await;
+    }
+}
+
+/// A Startup (`push` None) or a push of `run_id`, recorded with its outcome.
+async fn send(
+    recorder: &Recorder,
+    agent: &AgentKey,
+    ingest: &str,
+    run_id: &str,
+    push: Option<(u64, bool, Vec<String>)>,
+) -> Kind {
+    let mut client = FakeAgent::with_token(ingest, &agent.id, &agent.token);
+    client.set_run_id(run_id);
+    match push {
+        None => {
+            let body = Body::Startup {
+                agent: agent.id.clone(),
+                run_id: run_id.to_owned(),
+            };
+            let op = recorder.invoke(body.clone());
+            let kind = kind_of(&client.startup().await.answer);
+            recorder.event(op, kind, body);
+            kind
+        }
+        Some((version, is_complete, tools)) => {
+            let names: Vec<&str> = tools.iter().map(String::as_str).collect();
+            let request = if is_complete {
+                complete(run_id, version, vec![server("s", &names)])
+            } else {
+                pending(run_id, version, vec![])
+            };
+            let shown = if is_complete {
+                tools.iter().map(|t| format!("s__{t}")).collect()
+            } else {
+                vec![]
+            };
+            let body = Body::Push {
+                agent: agent.id.clone(),
+                run_id: run_id.to_owned(),
+                version,
+                complete: is_complete,
+                tools: shown,
+            };
+            let op = recorder.invoke(body.clone());
+            let kind = kind_of(&client.push(&request).await.answer);
+            recorder.event(op, kind, body);
+            kind
+        }
+    }
+}
+
+/// A chat backend: first turns for random agents on random gates.
+async fn chat_backend(
+    recorder: Recorder,
+    http: reqwest::Client,
+    agents: Vec<String>,
+    gates: Vec<std::net::SocketAddr>,
+    seed: u64,
+    stop: Arc<AtomicBool>,
+) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut n = 0;
+    while !stop.load(Ordering::SeqCst) {
+        n += 1;
+        let agent = agents[rng.random_range(0..agents.len())].clone();
+        let gate = gates[rng.random_range(0..gates.len())];
+        let chat = format!("chat-{seed:x}-{n}");
+        let asked = Body::Turn {
+            agent: agent.clone(),
+            chat: chat.clone(),
+            answer: None,
+        };
+        let op = recorder.invoke(asked);
+        let (kind, answer) = first_turn(&http, gate, &chat, &agent).await;
+        recorder.event(
+            op,
+            kind,
+            Body::Turn {
+                agent,
+                chat,
+                answer,
+            },
+        );
+        tokio::time::sleep(Duration::from_millis(rng.random_range(10..200))).await;
+    }
+}
+
+/// A first turn over HTTP and what the history says of it.
+async fn first_turn(
+    http: &reqwest::Client,
+    gate: std::net::SocketAddr,
+    chat: &str,
+    agent: &str,
+) -> (Kind, Option<Answer>) {
+    let sent = http
+        .post(format!("http://{gate}/api/v1/gate"))
+        .bearer_auth(testkit::chat::TEST_TENANT_KEY)
+        .json(&serde_json::json!({"chat_id": chat, "agent_id": agent, "first_turn": true}))
+        .send()
+        .await;
+    let Ok(response) = sent else {
+        return (Kind::Info, None);
+    };
+    let status = response.status();
+    let Ok(body) = response.json::<serde_json::Value>().await else {
+        return (Kind::Info, None);
+    };
+    if status == reqwest::StatusCode::NOT_FOUND {
+        return (Kind::Ok, Some(unknown()));
+    }
+    if !status.is_success() {
+        return (Kind::Info, None);
+    }
+    let projection = &body["projection"];
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+    let decision = match body["decision"].as_str().unwrap_or_default() {
+        "GATE_DECISION_READY" => Decision::Ready,
+        "GATE_DECISION_TIMED_OUT_PENDING"
+        | "GATE_DECISION_TIMED_OUT_NO_SNAPSHOT"
+        | "GATE_DECISION_TIMED_OUT_STALE"
+        | "GATE_DECISION_STORE_UNAVAILABLE" => Decision::Pending,
+        // Shutting down and the rest are no answer to judge.
+        _ => return (Kind::Info, None),
+    };
+    let tools = projection["servers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|s| s["tools"].as_array().into_iter().flatten())
+        .filter_map(|t| t["name"].as_str().map(str::to_owned))
+        .collect();
+    // pbjson writes 64-bit integers as strings.
+    let version = &projection["snapshot_version"];
+    let snapshot_version = version
+        .as_u64()
+        .or_else(|| version.as_str().and_then(|v| v.parse().ok()))
+        .unwrap_or(0);
+    let answer = Answer {
+        decision,
+        run_id: text(&projection["agent_run_id"]),
+        snapshot_run_id: text(&projection["snapshot_agent_run_id"]),
+        snapshot_version,
+        tools,
+        waited_ms: body["waited_ms"].as_u64().unwrap_or(0),
+        store_unavailable: body["decision"] == "GATE_DECISION_STORE_UNAVAILABLE"
+            || !text(&projection["store_error"]).is_empty(),
+    };
+    (Kind::Ok, Some(answer))
+}
+
+fn unknown() -> Answer {
+    Answer {
+        decision: Decision::Unknown,
+        run_id: String::new(),
+        snapshot_run_id: String::new(),
+        snapshot_version: 0,
+        tools: vec![],
+        waited_ms: 0,
+        store_unavailable: false,
+    }
+}
+
+/// Faults one at a time, each on for a while and then healed, drawn from
+/// the seed: which, on what, for how long.
+async fn fault_schedule(
+    recorder: Recorder,
+    services: Arc<Mutex<Services>>,
+    nats: Arc<Mutex<NatsCluster>>,
+    postgres: Arc<Mutex<PrivatePostgres>>,
+    seed: u64,
+    stop: Arc<AtomicBool>,
+) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0xfa17);
+    while !stop.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(2000..6000))).await;
+        if stop.load(Ordering::SeqCst) {
+            break;
+        }
+        let lasting = Duration::from_millis(rng.random_range(1000..8000));
+        match rng.random_range(0..10) {
+            0..=3 => {
+                let mut services = services.lock().await;
+                let i = rng.random_range(0..services.processes.len());
+                let process = &mut services.processes[i];
+                let op = recorder.invoke(fault("kill", process.name()));
+                process.kill();
+                tokio::time::sleep(lasting).await;
+                process.restart();
+                process.wait_ready(Duration::from_secs(60)).await;
+                recorder.event(op, Kind::Ok, fault("kill", process.name()));
+            }
+            4..=6 => {
+                let services = services.lock().await;
+                let i = rng.random_range(0..services.processes.len());
+                let process = &services.processes[i];
+                let op = recorder.invoke(fault("stop", process.name()));
+                process.pause();
+                tokio::time::sleep(lasting).await;
+                process.resume();
+                recorder.event(op, Kind::Ok, fault("stop", process.name()));
+            }
+            7..=8 => {
+                let mut nats = nats.lock().await;
+                let node = rng.random_range(0..NatsCluster::SIZE);
+                let target = format!("nats-{node}");
+                let op = recorder.invoke(fault("nats_kill", &target));
+                tokio::task::block_in_place(|| nats.kill(node));
+                tokio::time::sleep(lasting).await;
+                // Blocks until the node routes to the others again.
+                tokio::task::block_in_place(|| nats.restart(node));
+                recorder.event(op, Kind::Ok, fault("nats_kill", &target));
+            }
+            _ => {
+                let mut postgres = postgres.lock().await;
+                let op = recorder.invoke(fault("postgres_kill", "postgres"));
+                postgres.kill_hard();
+                tokio::time::sleep(lasting).await;
+                postgres.restart().await;
+                recorder.event(op, Kind::Ok, fault("postgres_kill", "postgres"));
+            }
+        }
+    }
+}
+
+fn fault(kind: &str, target: &str) -> Body {
+    Body::Fault {
+        fault: kind.to_owned(),
+        target: target.to_owned(),
+    }
+}
