@@ -6,6 +6,11 @@ use std::process::Command;
 
 use deploy_checks::{deploy_dir, repo_root, run};
 
+/// Binaries of the workspace that are tools of its tests, not services:
+/// they run from the build tree and ship in no image.
+const TEST_TOOLS: [&str; 1] = ["chaos"];
+
+/// The workspace's binaries that the images ship.
 fn workspace_binaries() -> BTreeSet<String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let metadata = run(Command::new(cargo)
@@ -22,8 +27,9 @@ fn workspace_binaries() -> BTreeSet<String> {
     for package in metadata["packages"].as_array().expect("packages") {
         for target in package["targets"].as_array().expect("targets") {
             let kinds = target["kind"].as_array().expect("kind");
-            if kinds.iter().any(|k| k == "bin") {
-                bins.insert(target["name"].as_str().expect("name").to_owned());
+            let name = target["name"].as_str().expect("name");
+            if kinds.iter().any(|k| k == "bin") && !TEST_TOOLS.contains(&name) {
+                bins.insert(name.to_owned());
             }
         }
     }
