@@ -121,3 +121,122 @@ async fn first_turn_waits_reach_the_latency_report_by_outcome() {
     // Aggregates only: no chat id reaches the report.
     assert!(!report.render_json().contains("chat-1"));
 }
+
+/// A stand-in catalog on the harness's prefix: it answers the prepare
+/// requests `answer` chooses (by their order, from 1) after `delay`, each
+/// with a pin named after the request it answers, and drops the rest (as a
+/// connection closing under a request does). Returns how many it saw.
+async fn stand_in_catalog(
+    h: &Harness,
+    answer: fn(usize) -> bool,
+    delay: std::time::Duration,
+) -> tokio::task::JoinHandle<usize> {
+    use futures::StreamExt;
+    use prost::Message;
+    let mut requests = h
+        .client
+        .subscribe(h.subjects.catalog_prepare("acme"))
+        .await
+        .unwrap();
+    h.client.flush().await.unwrap();
+    let client = h.client.clone();
+    tokio::spawn(async move {
+        let mut seen = 0;
+        let deadline = tokio::time::sleep(std::time::Duration::from_secs(5));
+        tokio::pin!(deadline);
+        loop {
+            let request = tokio::select! {
+                request = requests.next() => request.unwrap(),
+                () = &mut deadline => return seen,
+            };
+            seen += 1;
+            if !answer(seen) {
+                continue;
+            }
+            let reply = CatalogPrepareReply {
+                pins: vec![CatalogPin {
+                    server_id: format!("answer-to-request-{seen}"),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            };
+            let client = client.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                client
+                    .publish(request.reply.unwrap(), reply.encode_to_vec().into())
+                    .await
+                    .unwrap();
+            });
+        }
+    })
+}
+
+fn with_catalog_timeout(config: &mut chat_gate::Config) {
+    with_catalog(config);
+    config.catalog_timeout = std::time::Duration::from_secs(2);
+}
+
+#[tokio::test]
+async fn a_preparation_lost_on_the_way_is_asked_again_within_the_catalog_timeout() {
+    let h = Harness::spawn_with(with_catalog_timeout).await;
+    let agent = h
+        .agent_reporting(complete(RUN_A, 1, vec![server("ws", &["t"])]))
+        .await;
+    let catalog = stand_in_catalog(&h, |n| n == 2, std::time::Duration::ZERO).await;
+
+    let started = std::time::Instant::now();
+    let reply = h.tenant_turn("acme", "chat-lost", &agent, true).await;
+    let elapsed = started.elapsed();
+    let section = projection(&reply).catalog.as_ref().unwrap();
+    assert_eq!(section.status(), Status::Ready, "{}", section.error);
+    assert_eq!(section.pins[0].server_id, "answer-to-request-2");
+    assert!(
+        elapsed >= std::time::Duration::from_secs(1) && elapsed < std::time::Duration::from_secs(2),
+        "asked again at half the catalog timeout (2 s) and answered within it: {elapsed:?}"
+    );
+    assert_eq!(catalog.await.unwrap(), 2, "asked twice");
+}
+
+#[tokio::test]
+async fn a_slow_preparation_is_not_abandoned_for_the_second_request() {
+    let h = Harness::spawn_with(with_catalog_timeout).await;
+    let agent = h
+        .agent_reporting(complete(RUN_A, 1, vec![server("ws", &["t"])]))
+        .await;
+    // The first request's answer comes at 1.5 s, past the second request
+    // (at 1 s), which is never answered.
+    let catalog = stand_in_catalog(&h, |n| n == 1, std::time::Duration::from_millis(1500)).await;
+
+    let reply = h.tenant_turn("acme", "chat-slow", &agent, true).await;
+    let section = projection(&reply).catalog.as_ref().unwrap();
+    assert_eq!(section.status(), Status::Ready, "{}", section.error);
+    assert_eq!(section.pins[0].server_id, "answer-to-request-1");
+    assert_eq!(catalog.await.unwrap(), 2, "asked again while waiting");
+}
+
+#[tokio::test]
+async fn a_catalog_that_never_answers_fails_the_section_at_the_catalog_timeout() {
+    let h = Harness::spawn_with(with_catalog_timeout).await;
+    let agent = h
+        .agent_reporting(complete(RUN_A, 1, vec![server("ws", &["t"])]))
+        .await;
+    let catalog = stand_in_catalog(&h, |_| false, std::time::Duration::ZERO).await;
+
+    let started = std::time::Instant::now();
+    let reply = h.tenant_turn("acme", "chat-silent", &agent, true).await;
+    let elapsed = started.elapsed();
+    assert_eq!(reply.decision(), GateDecision::Ready);
+    let section = projection(&reply).catalog.as_ref().unwrap();
+    assert_eq!(section.status(), Status::Failed);
+    assert!(
+        section.error.contains("did not answer"),
+        "{}",
+        section.error
+    );
+    assert!(
+        elapsed >= std::time::Duration::from_secs(2) && elapsed < std::time::Duration::from_secs(3),
+        "both requests within the one catalog timeout (2 s): {elapsed:?}"
+    );
+    assert_eq!(catalog.await.unwrap(), 2, "asked twice, not more");
+}

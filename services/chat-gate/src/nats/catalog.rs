@@ -7,8 +7,8 @@ use std::time::Duration;
 use ctxsync_proto::rpc::catalog;
 use ctxsync_proto::subjects::Subjects;
 use ctxsync_proto::v1::{
-    CatalogPrepareRequest, CatalogSection, CatalogStatusReply, CatalogStatusRequest,
-    catalog_section::Status,
+    CatalogPrepareReply, CatalogPrepareRequest, CatalogSection, CatalogStatusReply,
+    CatalogStatusRequest, catalog_section::Status,
 };
 use ctxsync_runtime::rpc;
 use futures::FutureExt;
@@ -38,15 +38,7 @@ impl CatalogClient {
             tenant: tenant.to_owned(),
             session_id: chat_id.to_owned(),
         };
-        let answer = rpc::call_for_tenant::<catalog::Prepare>(
-            &self.client,
-            &self.subjects,
-            tenant,
-            &request,
-            None,
-            self.timeout,
-        )
-        .await;
+        let answer = self.prepared(&request).await;
         match answer {
             Ok(reply) => CatalogSection {
                 status: Status::Ready as i32,
@@ -65,6 +57,80 @@ impl CatalogClient {
             }
         }
     }
+}
+
+impl CatalogClient {
+    /// The preparation's answer within the catalog timeout, asked again
+    /// when the first request looks lost: at once if no catalog listened,
+    /// and, with the first still waited for, at half the timeout if neither
+    /// answered by then. Core NATS delivers a request at most once, and one
+    /// in flight when a connection closes (a catalog replaced, a NATS node
+    /// in lame duck) is gone; a slow live discovery is not, so the first
+    /// request is never abandoned for the second. Asking twice is safe: a
+    /// preparation is idempotent per session (the second answers the pins
+    /// the first committed, whichever replica each reached).
+    async fn prepared(
+        &self,
+        request: &CatalogPrepareRequest,
+    ) -> Result<CatalogPrepareReply, rpc::RpcError> {
+        let started = tokio::time::Instant::now();
+        let first = self.ask(request, self.timeout);
+        tokio::pin!(first);
+        let second_at = self.timeout / 2;
+        tokio::select! {
+            answer = &mut first => match answer {
+                Err(rpc::RpcError::NoResponders { .. }) => {
+                    asked_again("no_responders");
+                    self.ask(request, self.timeout.saturating_sub(started.elapsed())).await
+                }
+                answer => answer,
+            },
+            () = tokio::time::sleep(second_at) => {
+                asked_again("no_answer_yet");
+                let second = self.ask(request, self.timeout.saturating_sub(second_at));
+                first_answer(first, second).await
+            }
+        }
+    }
+
+    async fn ask(
+        &self,
+        request: &CatalogPrepareRequest,
+        timeout: Duration,
+    ) -> Result<CatalogPrepareReply, rpc::RpcError> {
+        rpc::call_for_tenant::<catalog::Prepare>(
+            &self.client,
+            &self.subjects,
+            &request.tenant,
+            request,
+            None,
+            timeout,
+        )
+        .await
+    }
+}
+
+/// The first of two requests' answers, where an answer that may mean the
+/// request was lost waits for the other's.
+async fn first_answer<T>(
+    first: impl Future<Output = Result<T, rpc::RpcError>>,
+    second: impl Future<Output = Result<T, rpc::RpcError>>,
+) -> Result<T, rpc::RpcError> {
+    let lost = |answer: &Result<T, rpc::RpcError>| {
+        matches!(
+            answer,
+            Err(rpc::RpcError::TimedOut { .. } | rpc::RpcError::NoResponders { .. })
+        )
+    };
+    tokio::pin!(first, second);
+    tokio::select! {
+        answer = &mut first => if lost(&answer) { second.await } else { answer },
+        answer = &mut second => if lost(&answer) { first.await } else { answer },
+    }
+}
+
+fn asked_again(why: &'static str) {
+    metrics::counter!("ctxsync_gate_catalog_asked_again_total", "why" => why).increment(1);
 }
 
 impl CatalogClient {
