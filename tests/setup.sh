@@ -29,6 +29,11 @@ command -v nats-server >/dev/null || apt_install nats-server
 command -v psql >/dev/null || apt_install postgresql postgresql-client
 command -v npm >/dev/null || apt_install nodejs npm
 command -v python3 >/dev/null || apt_install python3 python3-venv
+# The chaos run's network faults (tc netem, nftables in a namespace of its
+# own) and clock skew (libfaketime preloaded into a service process).
+command -v tc >/dev/null || apt_install iproute2
+command -v nft >/dev/null || apt_install nftables
+command -v faketime >/dev/null || apt_install faketime
 
 if ! psql "$pg_url" -qtAc 'select 1' >/dev/null 2>&1; then
     if command -v pg_ctlcluster >/dev/null && ls /etc/postgresql/*/main >/dev/null 2>&1; then

@@ -51,6 +51,17 @@ pub enum Body {
     Turn {
         agent: String,
         chat: String,
+        #[serde(default)]
+        via: Via,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        answer: Option<Answer>,
+    },
+    /// A later turn of a chat whose first turn was asked: never held.
+    FollowUp {
+        agent: String,
+        chat: String,
+        #[serde(default)]
+        via: Via,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         answer: Option<Answer>,
     },
@@ -80,6 +91,15 @@ pub struct Answer {
     pub store_unavailable: bool,
 }
 
+/// Which of the gate's APIs a chat backend asked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Via {
+    #[default]
+    Http,
+    Nats,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Decision {
@@ -90,6 +110,8 @@ pub enum Decision {
     Stale,
     /// The agent has never reported.
     Unknown,
+    /// A later turn's answer: the chat's context as of now, without a wait.
+    NotFirstTurn,
 }
 
 impl Body {
@@ -98,6 +120,7 @@ impl Body {
             Body::Startup { agent, .. }
             | Body::Push { agent, .. }
             | Body::Turn { agent, .. }
+            | Body::FollowUp { agent, .. }
             | Body::Final { agent, .. } => Some(agent),
             Body::Fault { .. } => None,
         }
@@ -158,6 +181,7 @@ mod tests {
                 body: Body::Turn {
                     agent: "a".into(),
                     chat: "c".into(),
+                    via: Via::Nats,
                     answer: Some(Answer {
                         decision: Decision::Ready,
                         run_id: "r".into(),

@@ -7,5 +7,6 @@
 //! planted anomalies. See README.md for what is built and what is not yet.
 
 pub mod history;
+pub mod network;
 pub mod oracle;
 pub mod run;

@@ -1,7 +1,8 @@
 //! `chaos run --minutes M --seed S`: the deployed shape under a seeded
 //! workload and fault schedule, its history judged by the oracle;
 //! `chaos check <history.jsonl>`: the oracle over a recorded history. Both
-//! exit 1 when the oracle finds an anomaly.
+//! exit 1 when the oracle finds an anomaly. A run with network faults runs
+//! itself again inside a network namespace of its own.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -33,6 +34,13 @@ enum Command {
         agents: usize,
         #[arg(long, default_value_t = 4)]
         chats: usize,
+        /// Leave out loss, slow links and blackholes (they need root, `ip`,
+        /// `tc` and `nft`: the run makes a network namespace of its own).
+        #[arg(long)]
+        no_network_faults: bool,
+        /// Leave out clock skew (it needs libfaketime: Debian's faketime).
+        #[arg(long)]
+        no_clock_skew: bool,
     },
     /// Checks a recorded history (JSON lines) against the promise.
     Check {
@@ -50,6 +58,19 @@ enum Command {
         #[arg(long)]
         plant: bool,
     },
+}
+
+/// Where Debian's faketime package puts the library, on either architecture.
+fn libfaketime() -> anyhow::Result<PathBuf> {
+    ["x86_64-linux-gnu", "aarch64-linux-gnu"]
+        .iter()
+        .map(|arch| PathBuf::from(format!("/usr/lib/{arch}/faketime/libfaketime.so.1")))
+        .find(|path| path.is_file())
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "clock skew needs libfaketime (Debian: apt-get install faketime, or run tests/setup.sh); pass --no-clock-skew to leave it out"
+            )
+        })
 }
 
 /// `250ms` or `3s`.
@@ -86,7 +107,23 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
             history,
             agents,
             chats,
+            no_network_faults,
+            no_clock_skew,
         } => {
+            if !no_network_faults && !chaos::network::inside_namespace() {
+                // Everything runs inside: the faults touch only this run.
+                let status = chaos::network::run_again_in_namespace()?;
+                return match status.code() {
+                    Some(0) => Ok(true),
+                    Some(1) => Ok(false),
+                    _ => anyhow::bail!("the run inside its network namespace ended with {status}"),
+                };
+            }
+            let faketime = if no_clock_skew {
+                None
+            } else {
+                Some(libfaketime()?)
+            };
             let seed = seed.unwrap_or_else(|| {
                 std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
@@ -103,6 +140,8 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
                 agents,
                 chats,
                 pending_timeout: Duration::from_secs(5),
+                network_faults: !no_network_faults,
+                faketime,
             };
             let (verdict, events) = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
@@ -122,7 +161,7 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
             }
             return Ok(verdict.anomalies.is_empty()
                 && caught == planted.len()
-                && planted.len() == 4);
+                && planted.len() == 5);
         }
         Command::Check {
             history,

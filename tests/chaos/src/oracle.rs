@@ -15,12 +15,14 @@
 //!   a `pending` answer (the deadline passed) is an anomaly when a
 //!   completing report of a run that stayed current was acked more than
 //!   the wake bound before it;
+//! * a later turn is answered at once (`not_first_turn`, no wait), and a
+//!   first turn never as a later one;
 //! * every acked report is kept: the store's final state of each agent is
 //!   its last acked run, at a version no lower than any acked push of it.
 //!
 //! A fault stretches a bound: when one is active during the interval a
 //! bound covers, the bound ends no earlier than the fault's healing plus
-//! the recovery allowance. An answer that says the store could not be read
+//! the recovery allowance; a skewed clock stretches none. An answer that says the store could not be read
 //! is not held to the promise (it says so). An operation whose outcome is
 //! unknown (`info`) may have taken effect at any time after its invocation.
 
@@ -29,6 +31,9 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::history::{Answer, Body, Decision, Event, Kind};
+
+/// The fault that stretches no bound.
+pub const UNEXCUSED_FAULT: &str = "clock_skew";
 
 /// How far the oracle lets the system lag.
 #[derive(Debug, Clone, Copy)]
@@ -69,6 +74,10 @@ pub enum AnomalyKind {
     PendingAfterComplete,
     /// An acked report the store does not hold at the end.
     LostAck,
+    /// A later turn that waited, or was answered as a first turn.
+    HeldFollowUp,
+    /// A first turn answered as a later one.
+    FirstTurnAsLater,
 }
 
 /// One thing no correct system would have done, with the operations
@@ -172,12 +181,19 @@ impl Checker<'_> {
     /// The end of a bound of `base` starting at `from`, stretched by every
     /// fault active during it to the fault's healing plus the recovery.
     fn deadline(&self, from: u64, base: Duration) -> u64 {
+        self.deadline_since(from, from, base)
+    }
+
+    /// [`Self::deadline`], where a fault counts from `since` on (the
+    /// request's invocation: a fault while it was on its way delays it
+    /// however late discovery completed).
+    fn deadline_since(&self, since: u64, from: u64, base: Duration) -> u64 {
         let mut deadline = from.saturating_add(micros(base));
         loop {
             let stretched = self
                 .faults
                 .iter()
-                .filter(|(start, healed)| *start <= deadline && *healed >= from)
+                .filter(|(start, healed)| *start <= deadline && *healed >= since)
                 .map(|(_, healed)| healed.saturating_add(micros(self.bounds.fault_recovery)))
                 .fold(deadline, u64::max);
             if stretched == deadline {
@@ -206,6 +222,7 @@ struct AgentOps<'h> {
     startups: Vec<Op<'h>>,
     pushes: Vec<Op<'h>>,
     turns: Vec<Op<'h>>,
+    follow_ups: Vec<Op<'h>>,
     finals: Vec<(u64, &'h Body)>,
 }
 
@@ -219,7 +236,11 @@ pub fn check(events: &[Event], bounds: Bounds) -> Verdict {
         match (&event.body, event.kind) {
             (Body::Fault { fault, .. }, Kind::Invoke) => {
                 *verdict.faults.entry(fault.clone()).or_default() += 1;
-                faults.insert(event.op, (event.mono_us, u64::MAX));
+                // A skewed wall clock must change no answer: it excuses
+                // nothing (the restarts onto it are faults of their own).
+                if fault != UNEXCUSED_FAULT {
+                    faults.insert(event.op, (event.mono_us, u64::MAX));
+                }
             }
             (Body::Fault { .. }, _) => {
                 if let Some(fault) = faults.get_mut(&event.op) {
@@ -261,6 +282,7 @@ pub fn check(events: &[Event], bounds: Bounds) -> Verdict {
             Body::Startup { .. } => entry.startups.push(op),
             Body::Push { .. } => entry.pushes.push(op),
             Body::Turn { .. } => entry.turns.push(op),
+            Body::FollowUp { .. } => entry.follow_ups.push(op),
             _ => {}
         }
     }
@@ -293,6 +315,32 @@ pub fn check(events: &[Event], bounds: Bounds) -> Verdict {
                 continue;
             }
             check_turn(
+                &checker,
+                agent,
+                agent_ops,
+                turn,
+                answered,
+                answer,
+                &mut verdict,
+            );
+        }
+        for turn in &agent_ops.follow_ups {
+            let Some((
+                Kind::Ok,
+                answered,
+                Body::FollowUp {
+                    answer: Some(answer),
+                    ..
+                },
+            )) = turn.done
+            else {
+                continue;
+            };
+            verdict.turns_checked += 1;
+            if answer.store_unavailable {
+                continue;
+            }
+            check_follow_up(
                 &checker,
                 agent,
                 agent_ops,
@@ -450,7 +498,7 @@ fn check_turn(
                 .filter_map(|p| Some((p.acked_at()?, p.id)))
                 .min();
             if let Some((acked, push)) = completed
-                && answered > checker.deadline(acked.max(asked), wake)
+                && answered > checker.deadline_since(asked, acked.max(asked), wake)
             {
                 anomaly(
                     AnomalyKind::SlowWake,
@@ -485,7 +533,7 @@ fn check_turn(
                     .filter_map(|p| Some((p.acked_at()?, p.id)))
                     .min();
                 if let Some((acked, push)) = completed
-                    && checker.deadline(acked.max(asked), wake) < answered
+                    && checker.deadline_since(asked, acked.max(asked), wake) < answered
                 {
                     anomaly(
                         AnomalyKind::PendingAfterComplete,
@@ -508,23 +556,85 @@ fn check_turn(
             }
         }
         Decision::Unknown => {
-            let reported = ops
-                .startups
-                .iter()
-                .chain(&ops.pushes)
-                .filter_map(|op| Some((op.acked_at()?, op.id)))
-                .find(|(acked, _)| checker.deadline(*acked, lag) < asked);
-            if let Some((acked, op)) = reported {
-                anomaly(
-                    AnomalyKind::LostAck,
-                    vec![op],
-                    format!(
-                        "answered as never reported, {} µs after a report was acked",
-                        asked - acked
-                    ),
-                );
+            if let Some((op, message)) = reported_before(checker, ops, asked) {
+                anomaly(AnomalyKind::LostAck, vec![op], message);
             }
         }
+        Decision::NotFirstTurn => anomaly(
+            AnomalyKind::FirstTurnAsLater,
+            vec![],
+            "a first turn answered as a later one".into(),
+        ),
+    }
+}
+
+/// An acked report of the agent that every gate's view holds by `asked`:
+/// its op and what answering "never reported" then means.
+fn reported_before(checker: &Checker<'_>, ops: &AgentOps<'_>, asked: u64) -> Option<(u64, String)> {
+    ops.startups
+        .iter()
+        .chain(&ops.pushes)
+        .filter_map(|op| Some((op.acked_at()?, op.id)))
+        .find(|(acked, _)| checker.deadline(*acked, checker.bounds.view_lag) < asked)
+        .map(|(acked, op)| {
+            (
+                op,
+                format!(
+                    "answered as never reported, {} µs after a report was acked",
+                    asked - acked
+                ),
+            )
+        })
+}
+
+/// A later turn is answered at once with the chat's context as it is: it
+/// never waits for discovery, whatever the agent's state.
+fn check_follow_up(
+    checker: &Checker<'_>,
+    agent: &str,
+    ops: &AgentOps<'_>,
+    turn: &Op<'_>,
+    answered: u64,
+    answer: &Answer,
+    verdict: &mut Verdict,
+) {
+    let asked = turn.at;
+    let found = match answer.decision {
+        Decision::Unknown => reported_before(checker, ops, asked)
+            .map(|(op, message)| (AnomalyKind::LostAck, op, message)),
+        Decision::NotFirstTurn if answer.waited_ms > 0 => Some((
+            AnomalyKind::HeldFollowUp,
+            turn.id,
+            format!("a later turn waited {} ms", answer.waited_ms),
+        )),
+        Decision::NotFirstTurn if answered > checker.deadline(asked, checker.bounds.wake) => {
+            Some((
+                AnomalyKind::HeldFollowUp,
+                turn.id,
+                format!(
+                    "a later turn answered {} µs after it was asked",
+                    answered - asked
+                ),
+            ))
+        }
+        Decision::NotFirstTurn => None,
+        decision => Some((
+            AnomalyKind::HeldFollowUp,
+            turn.id,
+            format!("a later turn answered as a first turn ({decision:?})"),
+        )),
+    };
+    if let Some((kind, op, message)) = found {
+        let mut involved = vec![turn.id];
+        if op != turn.id {
+            involved.push(op);
+        }
+        verdict.anomalies.push(Anomaly {
+            kind,
+            ops: involved,
+            message,
+            context: checker.context(agent, asked, answered),
+        });
     }
 }
 
@@ -595,7 +705,7 @@ fn check_final(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::history::Answer;
+    use crate::history::{Answer, Via};
 
     const MS: u64 = 1_000;
 
@@ -659,33 +769,44 @@ mod tests {
         }
 
         fn turn(&mut self, at: u64, answered: u64, answer: Answer) -> &mut Self {
-            let asked = Body::Turn {
+            let chat = format!("c{}", self.next);
+            let turn = |answer| Body::Turn {
                 agent: "a".into(),
-                chat: format!("c{}", self.next),
-                answer: None,
-            };
-            let Body::Turn { agent, chat, .. } = asked.clone() else {
-                unreachable!()
+                chat: chat.clone(),
+                via: Via::Http,
+                answer,
             };
             self.op(
-                asked,
+                turn(None),
                 at,
-                Some((
-                    Kind::Ok,
-                    answered,
-                    Body::Turn {
-                        agent,
-                        chat,
-                        answer: Some(answer),
-                    },
-                )),
+                Some((Kind::Ok, answered, turn(Some(answer)))),
+            );
+            self
+        }
+
+        fn follow_up(&mut self, at: u64, answered: u64, answer: Answer) -> &mut Self {
+            let chat = format!("c{}", self.next);
+            let turn = |answer| Body::FollowUp {
+                agent: "a".into(),
+                chat: chat.clone(),
+                via: Via::Nats,
+                answer,
+            };
+            self.op(
+                turn(None),
+                at,
+                Some((Kind::Ok, answered, turn(Some(answer)))),
             );
             self
         }
 
         fn fault(&mut self, from: u64, healed: u64) -> &mut Self {
+            self.fault_of("kill", from, healed)
+        }
+
+        fn fault_of(&mut self, kind: &str, from: u64, healed: u64) -> &mut Self {
             let body = Body::Fault {
-                fault: "kill".into(),
+                fault: kind.into(),
                 target: "snapshot-store-0".into(),
             };
             self.op(body.clone(), from, Some((Kind::Ok, healed, body)));
@@ -808,6 +929,36 @@ mod tests {
             "a fault until 2 s plus 10 s of recovery: {verdict}"
         );
         assert_eq!(verdict.faults["kill"], 1);
+
+        // A link cut while the request was on its way, healed before r2
+        // completed: the request may arrive as late as the recovery.
+        let mut delayed = two_runs();
+        delayed
+            .fault(1025, 1030)
+            .turn(1020, 6050, ready("r2", 2, &["s__y"]));
+        assert!(delayed.check().anomalies.is_empty(), "{}", delayed.check());
+        let mut before = two_runs();
+        before
+            .fault(500, 600)
+            .turn(1020, 6050, ready("r2", 2, &["s__y"]));
+        assert_eq!(
+            before.check().of_kind(AnomalyKind::SlowWake),
+            1,
+            "a fault healed before the request excuses nothing: {}",
+            before.check()
+        );
+
+        let mut skewed = two_runs();
+        skewed
+            .fault_of(UNEXCUSED_FAULT, 1000, 2000)
+            .turn(1035, 6050, ready("r2", 2, &["s__y"]));
+        let verdict = skewed.check();
+        assert_eq!(
+            verdict.of_kind(AnomalyKind::SlowWake),
+            1,
+            "a skewed clock excuses nothing: {verdict}"
+        );
+        assert_eq!(verdict.faults[UNEXCUSED_FAULT], 1);
     }
 
     #[test]
@@ -846,5 +997,32 @@ mod tests {
         unreachable.store_unavailable = true;
         h.turn(3000, 18000, unreachable);
         assert!(h.check().anomalies.is_empty(), "{}", h.check());
+    }
+
+    #[test]
+    fn a_later_turn_that_waits_or_is_answered_as_a_first_is_an_anomaly() {
+        let mut h = two_runs();
+        // While r2 is pending, a later turn is answered at once.
+        h.follow_up(1032, 1034, answer(Decision::NotFirstTurn, "r2", 1, &[]));
+        assert!(h.check().anomalies.is_empty(), "{}", h.check());
+
+        let mut waited = answer(Decision::NotFirstTurn, "r2", 1, &[]);
+        waited.waited_ms = 900;
+        h.follow_up(1032, 1940, waited)
+            .follow_up(1032, 4000, answer(Decision::NotFirstTurn, "r2", 1, &[]))
+            .follow_up(3000, 3005, ready("r2", 2, &["s__y"]))
+            .turn(
+                3000,
+                3005,
+                answer(Decision::NotFirstTurn, "r2", 2, &["s__y"]),
+            );
+        let verdict = h.check();
+        assert_eq!(verdict.of_kind(AnomalyKind::HeldFollowUp), 3, "{verdict}");
+        assert_eq!(
+            verdict.of_kind(AnomalyKind::FirstTurnAsLater),
+            1,
+            "{verdict}"
+        );
+        assert_eq!(verdict.anomalies.len(), 4, "{verdict}");
     }
 }

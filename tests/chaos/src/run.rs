@@ -4,10 +4,10 @@
 //! and faults on a schedule drawn from the seed; every operation goes into
 //! the history, which the oracle then judges.
 //!
-//! Faults built so far: kill -9 and restart of any service process,
-//! SIGSTOP/SIGCONT of one for longer than the timeouts, a NATS node killed
-//! and restarted, Postgres killed and restarted. Not yet: network delay,
-//! loss and partitions in namespaces, clock skew (see README.md).
+//! Faults: kill -9 and restart of any service process, SIGSTOP/SIGCONT of
+//! one for longer than the timeouts, a NATS node killed and restarted,
+//! Postgres killed and restarted, loss, blackholes and slow links on one
+//! link at a time ([`network`]), and a service on a skewed wall clock.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -21,7 +21,8 @@ use testkit::report::{complete, pending, server};
 use testkit::{NatsCluster, PrivatePostgres, Process};
 use tokio::sync::{Mutex, mpsc};
 
-use crate::history::{Answer, Body, Decision, Event, Kind};
+use crate::history::{Answer, Body, Decision, Event, Kind, Via};
+use crate::network::{self, Link};
 use crate::oracle::{AnomalyKind, Bounds, Verdict};
 
 /// What a run does.
@@ -34,6 +35,11 @@ pub struct Options {
     pub chats: usize,
     /// Each gate's first-turn deadline (short, so timeouts happen).
     pub pending_timeout: Duration,
+    /// Loss, slow links and blackholes (the run must be in a network
+    /// namespace of its own: [`network::run_again_in_namespace`]).
+    pub network_faults: bool,
+    /// libfaketime, to run a service on a skewed wall clock; none: no skew.
+    pub faketime: Option<PathBuf>,
 }
 
 /// Writes the history's events, in order, to its file and keeps them.
@@ -162,34 +168,65 @@ pub async fn run(options: Options) -> anyhow::Result<(Verdict, Vec<Event>)> {
             stop.clone(),
         )));
     }
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()?;
+    let gates = Gates {
+        client: reqwest::Client::new(),
+        http: gates,
+        nats: connection.client.clone(),
+        subjects: cluster.subjects.clone(),
+    };
     for c in 0..options.chats {
         tasks.push(tokio::spawn(chat_backend(
             recorder.clone(),
-            http.clone(),
-            agents.iter().map(|a| a.id.clone()).collect(),
             gates.clone(),
+            agents.iter().map(|a| a.id.clone()).collect(),
             options.seed ^ (0x1000 + c as u64),
             stop.clone(),
         )));
     }
-    let faults_task = tokio::spawn(fault_schedule(
-        recorder.clone(),
-        services.clone(),
-        nats.clone(),
-        postgres.clone(),
-        options.seed,
-        stop.clone(),
-    ));
+    let links = {
+        let nats = nats.lock().await;
+        let mut links = Vec::new();
+        for node in 0..NatsCluster::SIZE {
+            links.push(Link {
+                name: format!("nats-{node}-clients"),
+                port: nats.node_port(node),
+            });
+            links.push(Link {
+                name: format!("nats-{node}-routes"),
+                port: nats.route_port(node),
+            });
+        }
+        links.push(Link {
+            name: "postgres".into(),
+            port: postgres.lock().await.port(),
+        });
+        for process in &services.lock().await.processes {
+            if let Some(addr) = process.http_addr() {
+                links.push(Link {
+                    name: format!("{}-http", process.name()),
+                    port: addr.port(),
+                });
+            }
+        }
+        links
+    };
+    let schedule = Schedule {
+        recorder: recorder.clone(),
+        services: services.clone(),
+        nats: nats.clone(),
+        postgres: postgres.clone(),
+        links,
+        faketime: options.faketime.clone(),
+        network: options.network_faults,
+    };
+    let faults_task = tokio::spawn(schedule.run(options.seed, stop.clone()));
 
     tokio::time::sleep(options.duration).await;
     stop.store(true, Ordering::SeqCst);
     for task in tasks {
         task.await?;
     }
-    faults_task.await?;
+    faults_task.await??;
     // Everything healed: each process up again before the final reads.
     {
         let mut services = services.lock().await;
@@ -228,16 +265,13 @@ pub fn planted(events: &[Event], bounds: Bounds) -> Vec<(AnomalyKind, bool)> {
     let wall = events.iter().map(|e| e.wall_ms).max().unwrap_or(0);
     let next = events.iter().map(|e| e.op).max().unwrap_or(0) + 1;
     let turn = |agent: &str, answer: Answer, asked: u64, answered: u64| {
-        let invoke = Body::Turn {
+        let body = |answer| Body::Turn {
             agent: agent.to_owned(),
             chat: "planted".into(),
-            answer: None,
+            via: Via::Http,
+            answer,
         };
-        let done = Body::Turn {
-            agent: agent.to_owned(),
-            chat: "planted".into(),
-            answer: Some(answer),
-        };
+        let (invoke, done) = (body(None), body(Some(answer)));
         [(Kind::Invoke, asked, invoke), (Kind::Ok, answered, done)].map(|(kind, at, body)| Event {
             op: next,
             kind,
@@ -286,6 +320,25 @@ pub fn planted(events: &[Event], bounds: Bounds) -> Vec<(AnomalyKind, bool)> {
             AnomalyKind::SlowWake,
             turn(agent, (*answer).clone(), end, end + 6_000_000).to_vec(),
         ));
+        // The same answer to a later turn of the chat: it waited.
+        let mut held = turn(agent, (*answer).clone(), end, end + 1_000);
+        for event in &mut held {
+            if let Body::Turn {
+                agent,
+                chat,
+                via,
+                answer,
+            } = &event.body
+            {
+                event.body = Body::FollowUp {
+                    agent: agent.clone(),
+                    chat: chat.clone(),
+                    via: *via,
+                    answer: answer.clone(),
+                };
+            }
+        }
+        plants.push((AnomalyKind::HeldFollowUp, held.to_vec()));
     }
     // A superseded run's tools, shown long after its successor was acked.
     if let Some((agent, answer)) = ready.iter().find(|(agent, a)| {
@@ -457,9 +510,8 @@ async fn send(
 /// A chat backend: first turns for random agents on random gates.
 async fn chat_backend(
     recorder: Recorder,
-    http: reqwest::Client,
+    gates: Gates,
     agents: Vec<String>,
-    gates: Vec<std::net::SocketAddr>,
     seed: u64,
     stop: Arc<AtomicBool>,
 ) {
@@ -468,39 +520,75 @@ async fn chat_backend(
     while !stop.load(Ordering::SeqCst) {
         n += 1;
         let agent = agents[rng.random_range(0..agents.len())].clone();
-        let gate = gates[rng.random_range(0..gates.len())];
         let chat = format!("chat-{seed:x}-{n}");
-        let asked = Body::Turn {
-            agent: agent.clone(),
-            chat: chat.clone(),
-            answer: None,
-        };
-        let op = recorder.invoke(asked);
-        let (kind, answer) = first_turn(&http, gate, &chat, &agent).await;
-        recorder.event(
-            op,
-            kind,
-            Body::Turn {
-                agent,
-                chat,
-                answer,
-            },
-        );
+        // A first turn, and for half the chats a later turn right after it
+        // (whatever the first was answered, or if it was not).
+        for first_turn in [true, false] {
+            if !first_turn && rng.random_bool(0.5) {
+                break;
+            }
+            let via = if rng.random_bool(0.5) {
+                Via::Http
+            } else {
+                Via::Nats
+            };
+            let body = |answer| {
+                if first_turn {
+                    Body::Turn {
+                        agent: agent.clone(),
+                        chat: chat.clone(),
+                        via,
+                        answer,
+                    }
+                } else {
+                    Body::FollowUp {
+                        agent: agent.clone(),
+                        chat: chat.clone(),
+                        via,
+                        answer,
+                    }
+                }
+            };
+            let op = recorder.invoke(body(None));
+            let (kind, answer) = match via {
+                Via::Http => {
+                    let gate = gates.http[rng.random_range(0..gates.http.len())];
+                    http_turn(&gates.client, gate, &chat, &agent, first_turn).await
+                }
+                Via::Nats => nats_turn(&gates, &chat, &agent, first_turn).await,
+            };
+            recorder.event(op, kind, body(answer));
+        }
         tokio::time::sleep(Duration::from_millis(rng.random_range(10..200))).await;
     }
 }
 
-/// A first turn over HTTP and what the history says of it.
-async fn first_turn(
+/// Where chat backends ask: the gates' HTTP addresses and their NATS subject.
+#[derive(Clone)]
+struct Gates {
+    client: reqwest::Client,
+    http: Vec<std::net::SocketAddr>,
+    nats: async_nats::Client,
+    subjects: ctxsync_proto::subjects::Subjects,
+}
+
+/// How long a chat backend waits for a turn's answer: past every gate
+/// deadline and fault.
+const TURN_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A turn over HTTP and what the history says of it.
+async fn http_turn(
     http: &reqwest::Client,
     gate: std::net::SocketAddr,
     chat: &str,
     agent: &str,
+    first_turn: bool,
 ) -> (Kind, Option<Answer>) {
     let sent = http
         .post(format!("http://{gate}/api/v1/gate"))
         .bearer_auth(testkit::chat::TEST_TENANT_KEY)
-        .json(&serde_json::json!({"chat_id": chat, "agent_id": agent, "first_turn": true}))
+        .json(&serde_json::json!({"chat_id": chat, "agent_id": agent, "first_turn": first_turn}))
+        .timeout(TURN_TIMEOUT)
         .send()
         .await;
     let Ok(response) = sent else {
@@ -516,17 +604,11 @@ async fn first_turn(
     if !status.is_success() {
         return (Kind::Info, None);
     }
+    let Some(decision) = decision_of(body["decision"].as_str().unwrap_or_default()) else {
+        return (Kind::Info, None);
+    };
     let projection = &body["projection"];
     let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
-    let decision = match body["decision"].as_str().unwrap_or_default() {
-        "GATE_DECISION_READY" => Decision::Ready,
-        "GATE_DECISION_TIMED_OUT_PENDING"
-        | "GATE_DECISION_TIMED_OUT_NO_SNAPSHOT"
-        | "GATE_DECISION_TIMED_OUT_STALE"
-        | "GATE_DECISION_STORE_UNAVAILABLE" => Decision::Pending,
-        // Shutting down and the rest are no answer to judge.
-        _ => return (Kind::Info, None),
-    };
     let tools = projection["servers"]
         .as_array()
         .into_iter()
@@ -553,6 +635,72 @@ async fn first_turn(
     (Kind::Ok, Some(answer))
 }
 
+/// A turn over NATS (`<prefix>.gate.turn.<tenant>`) and what the history
+/// says of it.
+async fn nats_turn(
+    gates: &Gates,
+    chat: &str,
+    agent: &str,
+    first_turn: bool,
+) -> (Kind, Option<Answer>) {
+    use ctxsync_proto::v1::{TurnReply, TurnRequest, service_error::Code};
+    let request = TurnRequest {
+        chat_id: chat.into(),
+        agent_id: agent.into(),
+        first_turn,
+        tenant: String::new(),
+    };
+    let subject = gates.subjects.gate_turn(testkit::chat::TEST_TENANT);
+    let reply: TurnReply =
+        match ctxsync_runtime::rpc::request(&gates.nats, subject, &request, None, TURN_TIMEOUT)
+            .await
+        {
+            Ok(reply) => reply,
+            Err(_) => return (Kind::Info, None),
+        };
+    if let Some(error) = &reply.error {
+        return if error.code() == Code::NotFound {
+            (Kind::Ok, Some(unknown()))
+        } else {
+            (Kind::Info, None)
+        };
+    }
+    let Some(decision) = decision_of(reply.decision().as_str_name()) else {
+        return (Kind::Info, None);
+    };
+    let projection = reply.projection.unwrap_or_default();
+    let answer = Answer {
+        decision,
+        tools: projection
+            .servers
+            .iter()
+            .flat_map(|server| server.tools.iter().map(|tool| tool.name.clone()))
+            .collect(),
+        run_id: projection.agent_run_id,
+        snapshot_run_id: projection.snapshot_agent_run_id,
+        snapshot_version: projection.snapshot_version,
+        waited_ms: u64::from(reply.waited_ms),
+        store_unavailable: reply.decision
+            == ctxsync_proto::v1::GateDecision::StoreUnavailable as i32
+            || !projection.store_error.is_empty(),
+    };
+    (Kind::Ok, Some(answer))
+}
+
+/// The history's name of a decision (its proto name); `None` for those
+/// that are no answer to judge (shutting down, refused).
+fn decision_of(name: &str) -> Option<Decision> {
+    Some(match name {
+        "GATE_DECISION_READY" => Decision::Ready,
+        "GATE_DECISION_TIMED_OUT_PENDING"
+        | "GATE_DECISION_TIMED_OUT_NO_SNAPSHOT"
+        | "GATE_DECISION_TIMED_OUT_STALE"
+        | "GATE_DECISION_STORE_UNAVAILABLE" => Decision::Pending,
+        "GATE_DECISION_NOT_FIRST_TURN" => Decision::NotFirstTurn,
+        _ => return None,
+    })
+}
+
 fn unknown() -> Answer {
     Answer {
         decision: Decision::Unknown,
@@ -565,26 +713,89 @@ fn unknown() -> Answer {
     }
 }
 
-/// Faults one at a time, each on for a while and then healed, drawn from
-/// the seed: which, on what, for how long.
-async fn fault_schedule(
+/// What the fault schedule acts on.
+struct Schedule {
     recorder: Recorder,
     services: Arc<Mutex<Services>>,
     nats: Arc<Mutex<NatsCluster>>,
     postgres: Arc<Mutex<PrivatePostgres>>,
-    seed: u64,
-    stop: Arc<AtomicBool>,
-) {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0xfa17);
-    while !stop.load(Ordering::SeqCst) {
-        tokio::time::sleep(Duration::from_millis(rng.random_range(2000..6000))).await;
-        if stop.load(Ordering::SeqCst) {
-            break;
+    /// The links network faults are put on.
+    links: Vec<Link>,
+    /// libfaketime, for clock skew; none: no clock skew.
+    faketime: Option<PathBuf>,
+    network: bool,
+}
+
+/// The kinds of fault, with how often each is drawn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FaultKind {
+    Kill,
+    Stop,
+    NatsKill,
+    PostgresKill,
+    Loss,
+    Slow,
+    Blackhole,
+    ClockSkew,
+}
+
+impl Schedule {
+    fn kinds(&self) -> Vec<(FaultKind, u32)> {
+        let mut kinds = vec![
+            (FaultKind::Kill, 4),
+            (FaultKind::Stop, 3),
+            (FaultKind::NatsKill, 2),
+            (FaultKind::PostgresKill, 1),
+        ];
+        if self.network {
+            kinds.extend([
+                (FaultKind::Loss, 3),
+                (FaultKind::Slow, 2),
+                (FaultKind::Blackhole, 2),
+            ]);
         }
-        let lasting = Duration::from_millis(rng.random_range(1000..8000));
-        match rng.random_range(0..10) {
-            0..=3 => {
-                let mut services = services.lock().await;
+        if self.faketime.is_some() {
+            kinds.push((FaultKind::ClockSkew, 2));
+        }
+        kinds
+    }
+
+    /// Faults one at a time, each on for a while and then healed, drawn
+    /// from the seed: which, on what, for how long.
+    async fn run(self, seed: u64, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0xfa17);
+        let kinds = self.kinds();
+        let total: u32 = kinds.iter().map(|(_, weight)| weight).sum();
+        while !stop.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(rng.random_range(2000..6000))).await;
+            if stop.load(Ordering::SeqCst) {
+                break;
+            }
+            let lasting = Duration::from_millis(rng.random_range(1000..8000));
+            let mut draw = rng.random_range(0..total);
+            let kind = kinds
+                .iter()
+                .find(|(_, weight)| {
+                    let hit = draw < *weight;
+                    draw = draw.saturating_sub(*weight);
+                    hit
+                })
+                .map_or(FaultKind::Kill, |(kind, _)| *kind);
+            self.inject(kind, lasting, &mut rng).await?;
+        }
+        Ok(())
+    }
+
+    async fn inject(
+        &self,
+        kind: FaultKind,
+        lasting: Duration,
+        rng: &mut rand::rngs::StdRng,
+    ) -> anyhow::Result<()> {
+        let recorder = &self.recorder;
+        match kind {
+            FaultKind::Kill => {
+                let mut services = self.services.lock().await;
                 let i = rng.random_range(0..services.processes.len());
                 let process = &mut services.processes[i];
                 let op = recorder.invoke(fault("kill", process.name()));
@@ -594,8 +805,8 @@ async fn fault_schedule(
                 process.wait_ready(Duration::from_secs(60)).await;
                 recorder.event(op, Kind::Ok, fault("kill", process.name()));
             }
-            4..=6 => {
-                let services = services.lock().await;
+            FaultKind::Stop => {
+                let services = self.services.lock().await;
                 let i = rng.random_range(0..services.processes.len());
                 let process = &services.processes[i];
                 let op = recorder.invoke(fault("stop", process.name()));
@@ -604,8 +815,8 @@ async fn fault_schedule(
                 process.resume();
                 recorder.event(op, Kind::Ok, fault("stop", process.name()));
             }
-            7..=8 => {
-                let mut nats = nats.lock().await;
+            FaultKind::NatsKill => {
+                let mut nats = self.nats.lock().await;
                 let node = rng.random_range(0..NatsCluster::SIZE);
                 let target = format!("nats-{node}");
                 let op = recorder.invoke(fault("nats_kill", &target));
@@ -615,15 +826,75 @@ async fn fault_schedule(
                 tokio::task::block_in_place(|| nats.restart(node));
                 recorder.event(op, Kind::Ok, fault("nats_kill", &target));
             }
-            _ => {
-                let mut postgres = postgres.lock().await;
+            FaultKind::PostgresKill => {
+                let mut postgres = self.postgres.lock().await;
                 let op = recorder.invoke(fault("postgres_kill", "postgres"));
                 postgres.kill_hard();
                 tokio::time::sleep(lasting).await;
                 postgres.restart().await;
                 recorder.event(op, Kind::Ok, fault("postgres_kill", "postgres"));
             }
+            FaultKind::Loss | FaultKind::Slow | FaultKind::Blackhole => {
+                let link = &self.links[rng.random_range(0..self.links.len())];
+                let (name, target) = match kind {
+                    FaultKind::Loss => {
+                        let percent = rng.random_range(5..=40);
+                        tokio::task::block_in_place(|| network::lossy(link, percent))?;
+                        ("loss", format!("{} {percent}%", link.name))
+                    }
+                    FaultKind::Slow => {
+                        let kbit = rng.random_range(64..=1024);
+                        tokio::task::block_in_place(|| network::slow(link, kbit))?;
+                        ("slow", format!("{} {kbit}kbit", link.name))
+                    }
+                    _ => {
+                        tokio::task::block_in_place(|| network::blackhole(link))?;
+                        ("blackhole", link.name.clone())
+                    }
+                };
+                let op = recorder.invoke(fault(name, &target));
+                tokio::time::sleep(lasting).await;
+                tokio::task::block_in_place(network::heal)?;
+                recorder.event(op, Kind::Ok, fault(name, &target));
+            }
+            FaultKind::ClockSkew => {
+                let Some(faketime) = &self.faketime else {
+                    return Ok(());
+                };
+                let mut services = self.services.lock().await;
+                let i = rng.random_range(0..services.processes.len());
+                let process = &mut services.processes[i];
+                let minutes =
+                    rng.random_range(1..=30i64) * if rng.random_bool(0.5) { 1 } else { -1 };
+                let skew = format!("{minutes:+}m");
+                let name = process.name().to_owned();
+                // Restarting onto the skewed clock, and back, are kills.
+                let op = recorder.invoke(fault("kill", &name));
+                process.kill();
+                process.set_env("LD_PRELOAD", Some(&faketime.to_string_lossy()));
+                process.set_env("FAKETIME", Some(&skew));
+                // Only the wall clock is skewed: a monotonic clock jumps
+                // on no machine.
+                process.set_env("FAKETIME_DONT_FAKE_MONOTONIC", Some("1"));
+                process.restart();
+                process.wait_ready(Duration::from_secs(60)).await;
+                recorder.event(op, Kind::Ok, fault("kill", &name));
+                // While it runs skewed, nothing is excused (see the oracle).
+                let target = format!("{name} {skew}");
+                let skewed = recorder.invoke(fault("clock_skew", &target));
+                tokio::time::sleep(lasting * 3).await;
+                recorder.event(skewed, Kind::Ok, fault("clock_skew", &target));
+                let op = recorder.invoke(fault("kill", &name));
+                process.kill();
+                for key in ["LD_PRELOAD", "FAKETIME", "FAKETIME_DONT_FAKE_MONOTONIC"] {
+                    process.set_env(key, None);
+                }
+                process.restart();
+                process.wait_ready(Duration::from_secs(60)).await;
+                recorder.event(op, Kind::Ok, fault("kill", &name));
+            }
         }
+        Ok(())
     }
 }
 

@@ -404,6 +404,11 @@ impl NatsCluster {
         self.nodes[i].client_port
     }
 
+    /// Node `i`'s route port, where the other nodes connect to it.
+    pub fn route_port(&self, i: usize) -> u16 {
+        self.nodes[i].route_port
+    }
+
     /// The node a client is connected to (by the port of the server's INFO).
     pub fn node_of(&self, client: &async_nats::Client) -> Option<usize> {
         let port = client.server_info().port;

@@ -155,6 +155,14 @@ impl Process {
         self.child = Some(child);
     }
 
+    /// Sets `key` (or removes it, given `None`) for the next start.
+    pub fn set_env(&mut self, key: &str, value: Option<&str>) {
+        self.builder.env.retain(|(k, _)| k != key);
+        if let Some(value) = value {
+            self.builder.env.push((key.to_owned(), value.to_owned()));
+        }
+    }
+
     pub fn name(&self) -> &str {
         &self.builder.name
     }
