@@ -20,6 +20,7 @@ use futures::StreamExt;
 use prost::Message;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
 use crate::nats::{NatsConnection, SubscribeError};
@@ -108,7 +109,7 @@ impl RpcError {
 
 /// Calls `M` on its subject: its reply, or every failure (the service's
 /// error envelope included) as an [`RpcError`]. The request carries its
-/// deadline (now + `timeout`) in [`DEADLINE_HEADER`].
+/// budget (`timeout`) in [`TIMEOUT_HEADER`].
 pub async fn call<M: FixedSubject>(
     client: &Client,
     subjects: &Subjects,
@@ -145,27 +146,30 @@ fn answered<R: Reply>(subject: String, mut reply: R) -> Result<R, RpcError> {
     }
 }
 
-/// The NATS header that carries a request's deadline: milliseconds since the
-/// Unix epoch after which its sender no longer waits for the answer. A server
-/// drops a request it picks up past its deadline without executing it: work
-/// nobody waits for is not done. Deadlines are an economy, never what keeps
-/// state correct (replicas' clocks may disagree; the ordering rules of the
-/// services do not read clocks).
-pub const DEADLINE_HEADER: &str = "Ctxsync-Deadline";
+/// The NATS header that carries how long a request's sender waits for the
+/// answer, in milliseconds from sending. A server reckons the request's
+/// deadline from the moment it takes the request, on its own monotonic
+/// clock, and drops one whose deadline passed before it was executed: work
+/// nobody waits for is not done. A budget rather than a time of day: the
+/// processes' wall clocks may disagree by any amount (a replica whose clock
+/// ran ahead would otherwise drop every request as late), and what is lost
+/// is only the time a request spent on its way. Deadlines are an economy,
+/// never what keeps state correct (the ordering rules read no clock).
+pub const TIMEOUT_HEADER: &str = "Ctxsync-Timeout";
 
-/// The deadline a request carries, if any.
-pub fn deadline_of(headers: Option<&HeaderMap>) -> Option<SystemTime> {
-    let millis: u64 = headers?.get(DEADLINE_HEADER)?.as_str().parse().ok()?;
-    UNIX_EPOCH.checked_add(Duration::from_millis(millis))
+/// The deadline of a request taken at `taken`, if it carries a budget.
+pub fn deadline_of(headers: Option<&HeaderMap>, taken: Instant) -> Option<Instant> {
+    let millis: u64 = headers?.get(TIMEOUT_HEADER)?.as_str().parse().ok()?;
+    taken.checked_add(Duration::from_millis(millis))
 }
 
 /// True once `deadline` has passed (a request without one never expires).
-pub fn expired(deadline: Option<SystemTime>) -> bool {
-    deadline.is_some_and(|deadline| SystemTime::now() >= deadline)
+pub fn expired(deadline: Option<Instant>) -> bool {
+    deadline.is_some_and(|deadline| Instant::now() >= deadline)
 }
 
-/// Sends `request` and decodes the answer. The request carries its deadline
-/// (now + `timeout`) in [`DEADLINE_HEADER`]. Untyped: a declared call is
+/// Sends `request` and decodes the answer. The request carries its budget
+/// (`timeout`) in [`TIMEOUT_HEADER`]. Untyped: a declared call is
 /// made with [`call`]; this remains for tests of raw NATS behaviour (a
 /// payload no declared call would send, a subject of another tenant).
 pub async fn request<Req: Message, Resp: Message + Default>(
@@ -208,11 +212,7 @@ async fn request_into<Req: Message, Resp: Message + Default>(
     timeout: Duration,
 ) -> Result<Resp, RpcError> {
     let mut headers = headers.unwrap_or_default();
-    let deadline = SystemTime::now()
-        .checked_add(timeout)
-        .and_then(|at| at.duration_since(UNIX_EPOCH).ok())
-        .map_or(u128::MAX, |since_epoch| since_epoch.as_millis());
-    headers.insert(DEADLINE_HEADER, deadline.to_string().as_str());
+    headers.insert(TIMEOUT_HEADER, timeout.as_millis().to_string().as_str());
     let mut nats_request = async_nats::Request::new()
         .payload(request.encode_to_vec().into())
         .timeout(Some(timeout))
@@ -255,6 +255,8 @@ async fn request_into<Req: Message, Resp: Message + Default>(
 pub struct Incoming {
     pub subject: async_nats::Subject,
     pub headers: Option<HeaderMap>,
+    /// When the server took the request off its subscription.
+    pub taken: Instant,
 }
 
 impl Incoming {
@@ -264,8 +266,8 @@ impl Incoming {
     }
 
     /// The request's deadline, if it carries one.
-    pub fn deadline(&self) -> Option<SystemTime> {
-        deadline_of(self.headers.as_ref())
+    pub fn deadline(&self) -> Option<Instant> {
+        deadline_of(self.headers.as_ref(), self.taken)
     }
 }
 
@@ -422,12 +424,12 @@ where
     let task = tokio::spawn(async move {
         // Set at shutdown: everything after it (the requests the server had
         // already routed here, then the ones in flight) ends by then.
-        let mut deadline: Option<tokio::time::Instant> = None;
+        let mut deadline: Option<Instant> = None;
         loop {
             let message = tokio::select! {
                 biased;
                 _ = shutdown.cancelled(), if deadline.is_none() => {
-                    deadline = Some(tokio::time::Instant::now() + grace);
+                    deadline = Some(Instant::now() + grace);
                     // Stop taking work: the server routes new requests to
                     // other replicas; the ones it already sent here still
                     // arrive, are answered, and then the subscription ends.
@@ -442,6 +444,7 @@ where
                     None => break,
                 },
             };
+            let taken = Instant::now();
             let Some(reply_to) = message.reply.clone() else {
                 tracing::debug!(%subject, "request without reply subject ignored");
                 continue;
@@ -458,7 +461,7 @@ where
             tracker.spawn(async move {
                 // Picked up after its sender gave up (a stalled replica, a
                 // long queue): nobody reads the answer, so nothing is done.
-                if expired(deadline_of(message.headers.as_ref())) {
+                if expired(deadline_of(message.headers.as_ref(), taken)) {
                     metrics::counter!("ctxsync_rpc_expired_total", "subject" => subject.clone())
                         .increment(1);
                     tracing::debug!(%subject, "request past its deadline dropped unexecuted");
@@ -467,6 +470,7 @@ where
                 let incoming = Incoming {
                     subject: message.subject,
                     headers: message.headers,
+                    taken,
                 };
                 let response = match Req::decode(message.payload) {
                     Ok(request) => handler(request, incoming).await,
@@ -484,7 +488,7 @@ where
         // Stop taking work, then finish what is in flight.
         let _ = subscriber.unsubscribe().await;
         tracker.close();
-        let deadline = deadline.unwrap_or_else(|| tokio::time::Instant::now() + grace);
+        let deadline = deadline.unwrap_or_else(|| Instant::now() + grace);
         let finished = tokio::time::timeout_at(deadline, tracker.wait()).await;
         if finished.is_err() {
             tracing::warn!(%subject, "in-flight requests did not finish within the shutdown grace");

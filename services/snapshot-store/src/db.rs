@@ -4,7 +4,7 @@
 //! The lock also raises the agent's revision, so every accepted write is
 //! numbered in commit order.
 
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 use ctxsync_proto::ids;
@@ -124,14 +124,14 @@ fn phase_from_db(text: &str) -> Result<Phase, StoreError> {
 /// waiting past the moment their senders give up.
 async fn begin(
     pool: &PgPool,
-    deadline: Option<SystemTime>,
+    deadline: Option<tokio::time::Instant>,
 ) -> Result<Transaction<'static, Postgres>, StoreError> {
     let Some(deadline) = deadline else {
         return Ok(pool.begin().await?);
     };
     let remaining = deadline
-        .duration_since(SystemTime::now())
-        .map_err(|_| StoreError::DeadlineExceeded)?;
+        .checked_duration_since(tokio::time::Instant::now())
+        .ok_or(StoreError::DeadlineExceeded)?;
     // lock_timeout 0 would mean "no limit".
     let millis = remaining.as_millis().clamp(1, i32::MAX as u128);
     let statement = format!("BEGIN; SET LOCAL lock_timeout = {millis}");
@@ -155,7 +155,7 @@ impl From<sqlx::Error> for StoreError {
 /// waits for never lands (it would be late by definition).
 async fn commit_before(
     tx: Transaction<'static, Postgres>,
-    deadline: Option<SystemTime>,
+    deadline: Option<tokio::time::Instant>,
 ) -> Result<(), StoreError> {
     if ctxsync_runtime::rpc::expired(deadline) {
         tx.rollback().await?;
@@ -286,7 +286,7 @@ impl Store {
         &self,
         agent_id: Uuid,
         startup: &StartupRequest,
-        deadline: Option<SystemTime>,
+        deadline: Option<tokio::time::Instant>,
     ) -> Result<StartupOutcome, StoreError> {
         validate::startup(startup)?;
         // A re-announcement of the current run changes nothing: answered
@@ -377,7 +377,7 @@ impl Store {
         &self,
         agent_id: Uuid,
         push: PushContextStateRequest,
-        deadline: Option<SystemTime>,
+        deadline: Option<tokio::time::Instant>,
     ) -> Result<PushOutcome, StoreError> {
         validate::push(&push)?;
         let started = Instant::now();

@@ -318,7 +318,7 @@ async fn update_startup(
     subjects: Subjects,
     limit: StateLimit,
     trace: Option<TraceContext>,
-    deadline: Option<std::time::SystemTime>,
+    deadline: Option<tokio::time::Instant>,
     req: UpdateStartupRequest,
 ) -> UpdateStartupReply {
     let result = match db::parse_agent_id(&req.agent_id) {
@@ -417,7 +417,7 @@ async fn handle_push(
     subjects: &Subjects,
     limit: StateLimit,
     trace: Option<TraceContext>,
-    deadline: Option<std::time::SystemTime>,
+    deadline: Option<tokio::time::Instant>,
     request: StorePushRequest,
 ) -> StorePushReply {
     let trace_id = trace.map(|t| t.trace_id()).unwrap_or_default();

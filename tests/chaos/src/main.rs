@@ -60,17 +60,12 @@ enum Command {
     },
 }
 
-/// Where Debian's faketime package puts the library, on either architecture.
 fn libfaketime() -> anyhow::Result<PathBuf> {
-    ["x86_64-linux-gnu", "aarch64-linux-gnu"]
-        .iter()
-        .map(|arch| PathBuf::from(format!("/usr/lib/{arch}/faketime/libfaketime.so.1")))
-        .find(|path| path.is_file())
-        .ok_or_else(|| {
-            anyhow::anyhow!(
-                "clock skew needs libfaketime (Debian: apt-get install faketime, or run tests/setup.sh); pass --no-clock-skew to leave it out"
-            )
-        })
+    faults::libfaketime().ok_or_else(|| {
+        anyhow::anyhow!(
+            "clock skew needs libfaketime (Debian: apt-get install faketime, or run tests/setup.sh); pass --no-clock-skew to leave it out"
+        )
+    })
 }
 
 /// `250ms` or `3s`.

@@ -426,3 +426,26 @@ pub fn first_turns_both_ways(
     }
     chats
 }
+
+/// Where Debian's faketime package puts libfaketime, on either architecture:
+/// preloaded (`LD_PRELOAD`, with `FAKETIME` the skew), it skews a process's
+/// wall clock.
+pub fn libfaketime() -> Option<std::path::PathBuf> {
+    ["x86_64-linux-gnu", "aarch64-linux-gnu"]
+        .iter()
+        .map(|arch| std::path::PathBuf::from(format!("/usr/lib/{arch}/faketime/libfaketime.so.1")))
+        .find(|path| path.is_file())
+}
+
+/// `builder` on a wall clock `skew` off (`+10m`, `-90s`); its monotonic
+/// clock is left alone, as no machine's jumps.
+pub fn with_clock_skew(
+    builder: ProcessBuilder,
+    libfaketime: &std::path::Path,
+    skew: &str,
+) -> ProcessBuilder {
+    builder
+        .env("LD_PRELOAD", libfaketime.to_string_lossy())
+        .env("FAKETIME", skew)
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+}

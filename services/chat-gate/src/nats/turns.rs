@@ -149,6 +149,7 @@ async fn serve(
                 None => break,
             },
         };
+        let taken = tokio::time::Instant::now();
         // The connection queued everything it read before this turn already:
         // apply what the first poll above did not see yet.
         while let Some(Some(())) = events.next().now_or_never() {}
@@ -170,7 +171,7 @@ async fn serve(
             break;
         };
         // Picked up after its sender gave up: nobody reads the answer.
-        if expired(deadline_of(message.headers.as_ref())) {
+        if expired(deadline_of(message.headers.as_ref(), taken)) {
             metrics::counter!("ctxsync_rpc_expired_total", "subject" => subject.clone())
                 .increment(1);
             tracing::debug!(%subject, "turn past its deadline dropped unexecuted");

@@ -7,6 +7,7 @@
 
 mod catalog_kill;
 mod catalog_replicas;
+mod clock_skew;
 mod cluster_failover;
 mod gate_shutdown;
 mod nats_restart;
