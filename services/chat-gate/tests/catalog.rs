@@ -172,17 +172,22 @@ async fn stand_in_catalog(
     })
 }
 
-fn with_catalog_timeout(config: &mut chat_gate::Config) {
-    with_catalog(config);
-    config.catalog_timeout = std::time::Duration::from_secs(2);
+/// A gate preparing catalogs within 2 s, and an agent complete with a tool.
+async fn gate_and_agent() -> (Harness, String) {
+    let h = Harness::spawn_with(|config| {
+        with_catalog(config);
+        config.catalog_timeout = std::time::Duration::from_secs(2);
+    })
+    .await;
+    let agent = h
+        .agent_reporting(complete(RUN_A, 1, vec![server("ws", &["t"])]))
+        .await;
+    (h, agent)
 }
 
 #[tokio::test]
 async fn a_preparation_lost_on_the_way_is_asked_again_within_the_catalog_timeout() {
-    let h = Harness::spawn_with(with_catalog_timeout).await;
-    let agent = h
-        .agent_reporting(complete(RUN_A, 1, vec![server("ws", &["t"])]))
-        .await;
+    let (h, agent) = gate_and_agent().await;
     let catalog = stand_in_catalog(&h, |n| n == 2, std::time::Duration::ZERO).await;
 
     let started = std::time::Instant::now();
@@ -200,10 +205,7 @@ async fn a_preparation_lost_on_the_way_is_asked_again_within_the_catalog_timeout
 
 #[tokio::test]
 async fn a_slow_preparation_is_not_abandoned_for_the_second_request() {
-    let h = Harness::spawn_with(with_catalog_timeout).await;
-    let agent = h
-        .agent_reporting(complete(RUN_A, 1, vec![server("ws", &["t"])]))
-        .await;
+    let (h, agent) = gate_and_agent().await;
     // The first request's answer comes at 1.5 s, past the second request
     // (at 1 s), which is never answered.
     let catalog = stand_in_catalog(&h, |n| n == 1, std::time::Duration::from_millis(1500)).await;
@@ -217,10 +219,7 @@ async fn a_slow_preparation_is_not_abandoned_for_the_second_request() {
 
 #[tokio::test]
 async fn a_catalog_that_never_answers_fails_the_section_at_the_catalog_timeout() {
-    let h = Harness::spawn_with(with_catalog_timeout).await;
-    let agent = h
-        .agent_reporting(complete(RUN_A, 1, vec![server("ws", &["t"])]))
-        .await;
+    let (h, agent) = gate_and_agent().await;
     let catalog = stand_in_catalog(&h, |_| false, std::time::Duration::ZERO).await;
 
     let started = std::time::Instant::now();

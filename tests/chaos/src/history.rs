@@ -115,6 +115,14 @@ pub enum Decision {
 }
 
 impl Body {
+    /// A turn's answer, once it came.
+    pub fn answer(&self) -> Option<&Answer> {
+        match self {
+            Body::Turn { answer, .. } | Body::FollowUp { answer, .. } => answer.as_ref(),
+            _ => None,
+        }
+    }
+
     pub fn agent(&self) -> Option<&str> {
         match self {
             Body::Startup { agent, .. }

@@ -219,11 +219,64 @@ impl Checker<'_> {
 /// The agent's operations, by kind.
 #[derive(Default)]
 struct AgentOps<'h> {
+    /// In the order they were invoked.
     startups: Vec<Op<'h>>,
     pushes: Vec<Op<'h>>,
+    /// `pushes` by run: a long run has thousands of pushes, a run a few.
+    pushes_by_run: BTreeMap<&'h str, Vec<usize>>,
     turns: Vec<Op<'h>>,
     follow_ups: Vec<Op<'h>>,
     finals: Vec<(u64, &'h Body)>,
+}
+
+impl<'h> AgentOps<'h> {
+    fn index(&mut self) {
+        self.startups.sort_by_key(|s| s.at);
+        for (i, push) in self.pushes.iter().enumerate() {
+            self.pushes_by_run
+                .entry(run_of(push.body))
+                .or_default()
+                .push(i);
+        }
+    }
+
+    fn pushes_of(&self, run: &str) -> impl Iterator<Item = &Op<'h>> {
+        self.pushes_by_run
+            .get(run)
+            .into_iter()
+            .flatten()
+            .map(|&i| &self.pushes[i])
+    }
+
+    /// The earliest ack of a complete report of `run`, and its op.
+    fn completed(&self, run: &str) -> Option<(u64, u64)> {
+        self.pushes_of(run)
+            .filter(|p| matches!(p.body, Body::Push { complete: true, .. }))
+            .filter_map(|p| Some((p.acked_at()?, p.id)))
+            .min()
+    }
+
+    /// The acked Startups whose run was current at `at`: no Startup of
+    /// another run that may have taken effect was invoked between them
+    /// and `at`.
+    fn current_at(&self, at: u64) -> Vec<&Op<'h>> {
+        let before = self.startups.partition_point(|s| s.at <= at);
+        let mut current = Vec::new();
+        let mut run = None;
+        for startup in self.startups[..before].iter().rev() {
+            if !startup.may_have_happened() {
+                continue;
+            }
+            let this = run_of(startup.body);
+            if *run.get_or_insert(this) != this {
+                break;
+            }
+            if startup.acked_at().is_some() {
+                current.push(startup);
+            }
+        }
+        current
+    }
 }
 
 /// Checks `events` against the promise within `bounds`.
@@ -286,6 +339,9 @@ pub fn check(events: &[Event], bounds: Bounds) -> Verdict {
             _ => {}
         }
     }
+    for agent_ops in agents.values_mut() {
+        agent_ops.index();
+    }
     let checker = Checker {
         bounds,
         events,
@@ -298,57 +354,32 @@ pub fn check(events: &[Event], bounds: Bounds) -> Verdict {
             .chain(&agent_ops.pushes)
             .filter(|op| op.acked_at().is_some())
             .count();
-        for turn in &agent_ops.turns {
-            let Some((
-                Kind::Ok,
-                answered,
-                Body::Turn {
-                    answer: Some(answer),
-                    ..
-                },
-            )) = turn.done
-            else {
-                continue;
-            };
-            verdict.turns_checked += 1;
-            if answer.store_unavailable {
-                continue;
+        let checks: [(&[Op<'_>], CheckTurn); 2] = [
+            (&agent_ops.turns, check_turn),
+            (&agent_ops.follow_ups, check_follow_up),
+        ];
+        for (turns, check) in checks {
+            for turn in turns {
+                let Some((Kind::Ok, answered, body)) = turn.done else {
+                    continue;
+                };
+                let Some(answer) = body.answer() else {
+                    continue;
+                };
+                verdict.turns_checked += 1;
+                if answer.store_unavailable {
+                    continue;
+                }
+                check(
+                    &checker,
+                    agent,
+                    agent_ops,
+                    turn,
+                    answered,
+                    answer,
+                    &mut verdict,
+                );
             }
-            check_turn(
-                &checker,
-                agent,
-                agent_ops,
-                turn,
-                answered,
-                answer,
-                &mut verdict,
-            );
-        }
-        for turn in &agent_ops.follow_ups {
-            let Some((
-                Kind::Ok,
-                answered,
-                Body::FollowUp {
-                    answer: Some(answer),
-                    ..
-                },
-            )) = turn.done
-            else {
-                continue;
-            };
-            verdict.turns_checked += 1;
-            if answer.store_unavailable {
-                continue;
-            }
-            check_follow_up(
-                &checker,
-                agent,
-                agent_ops,
-                turn,
-                answered,
-                answer,
-                &mut verdict,
-            );
         }
         for (at, body) in &agent_ops.finals {
             check_final(&checker, agent, agent_ops, *at, body, &mut verdict);
@@ -356,6 +387,9 @@ pub fn check(events: &[Event], bounds: Bounds) -> Verdict {
     }
     verdict
 }
+
+/// Judges one answered turn of an agent.
+type CheckTurn = fn(&Checker<'_>, &str, &AgentOps<'_>, &Op<'_>, u64, &Answer, &mut Verdict);
 
 fn run_of(body: &Body) -> &str {
     match body {
@@ -404,30 +438,34 @@ fn check_turn(
                 return;
             };
             // A later run whose Startup was acked long before the request.
+            // Startups are in invocation order, and none acked after the
+            // request began (or within the lag before it) can be one, so
+            // only those are checked against their stretched deadline.
             if let Some(started) = startup.acked_at() {
-                for next in &ops.startups {
-                    if run_of(next.body) == run || next.at < started {
-                        continue;
-                    }
-                    if let Some(acked) = next.acked_at()
-                        && checker.deadline(acked, lag) < asked
-                    {
-                        anomaly(
-                            AnomalyKind::SupersededRun,
-                            vec![startup.id, next.id],
-                            format!(
-                                "ready with run {run}, superseded by run {} acked {} µs before the request",
-                                run_of(next.body),
-                                asked - acked
-                            ),
-                        );
-                        return;
-                    }
+                let from = ops.startups.partition_point(|s| s.at < started);
+                let until = ops.startups.partition_point(|s| s.at <= asked);
+                let next = ops.startups[from..until.max(from)]
+                    .iter()
+                    .filter(|next| run_of(next.body) != run)
+                    .filter_map(|next| Some((next.acked_at()?, next)))
+                    .filter(|(acked, _)| acked.saturating_add(micros(lag)) < asked)
+                    .find(|(acked, _)| checker.deadline(*acked, lag) < asked);
+                if let Some((acked, next)) = next {
+                    anomaly(
+                        AnomalyKind::SupersededRun,
+                        vec![startup.id, next.id],
+                        format!(
+                            "ready with run {run}, superseded by run {} acked {} µs before the request",
+                            run_of(next.body),
+                            asked - acked
+                        ),
+                    );
+                    return;
                 }
             }
             let version = answer.snapshot_version;
-            let report = ops.pushes.iter().find(|p| {
-                matches!(p.body, Body::Push { run_id, version: v, .. } if run_id == run && *v == version)
+            let report = ops.pushes_of(run).find(|p| {
+                matches!(p.body, Body::Push { version: v, .. } if *v == version)
                     && p.may_have_happened()
             });
             let Some(report) = report else {
@@ -465,15 +503,11 @@ fn check_turn(
                     format!("ready on run {run} version {version}, whose discovery was pending"),
                 );
             }
-            for newer in &ops.pushes {
-                let Body::Push {
-                    run_id, version: v, ..
-                } = newer.body
-                else {
+            for newer in ops.pushes_of(run) {
+                let Body::Push { version: v, .. } = newer.body else {
                     continue;
                 };
-                if run_id == run
-                    && *v > version
+                if *v > version
                     && let Some(acked) = newer.acked_at()
                     && checker.deadline(acked, lag) < asked
                 {
@@ -489,15 +523,7 @@ fn check_turn(
                 }
             }
             // The wait ends within the wake bound of discovery completing.
-            let completed = ops
-                .pushes
-                .iter()
-                .filter(|p| {
-                    run_of(p.body) == run && matches!(p.body, Body::Push { complete: true, .. })
-                })
-                .filter_map(|p| Some((p.acked_at()?, p.id)))
-                .min();
-            if let Some((acked, push)) = completed
+            if let Some((acked, push)) = ops.completed(run)
                 && answered > checker.deadline_since(asked, acked.max(asked), wake)
             {
                 anomaly(
@@ -513,26 +539,9 @@ fn check_turn(
         Decision::Pending => {
             // A completing report of a run that was current from its ack to
             // the answer: the wait should have ended.
-            for startup in ops.startups.iter().filter(|s| s.acked_at().is_some()) {
+            for startup in ops.current_at(answered) {
                 let run = run_of(startup.body);
-                let superseded = ops.startups.iter().any(|other| {
-                    run_of(other.body) != run
-                        && other.may_have_happened()
-                        && other.at >= startup.at
-                        && other.at <= answered
-                });
-                if superseded {
-                    continue;
-                }
-                let completed = ops
-                    .pushes
-                    .iter()
-                    .filter(|p| {
-                        run_of(p.body) == run && matches!(p.body, Body::Push { complete: true, .. })
-                    })
-                    .filter_map(|p| Some((p.acked_at()?, p.id)))
-                    .min();
-                if let Some((acked, push)) = completed
+                if let Some((acked, push)) = ops.completed(run)
                     && checker.deadline_since(asked, acked.max(asked), wake) < answered
                 {
                     anomaly(

@@ -21,7 +21,9 @@ use testkit::chat::{ChatAnswer, http_turn};
 use testkit::{NatsServer, Process, ProcessBuilder, TestDatabase};
 
 /// agent-ingest's store timeout here: what the stalled replica holds is
-/// answered 503 after it, and is past its deadline when the replica resumes.
+/// answered 503 after it. The replica still executes it when it resumes (a
+/// request's budget counts from its pickup), so the store's ordering rules,
+/// not the deadline, must keep it from replacing newer state.
 const STORE_TIMEOUT: &str = "1s";
 /// The bound on reaching the live process's report after SIGCONT.
 const CONVERGE_WITHIN: Duration = Duration::from_secs(20);
