@@ -218,11 +218,14 @@ async fn another_tenants_agent_is_not_found_exactly_like_an_unknown_one() {
     assert_eq!(own.decision(), GateDecision::Ready);
 
     // A refused turn prepared no catalog session for anybody: the only
-    // preparation asked is the own tenant's turn's.
+    // preparation asked is the own tenant's turn's (twice: nothing answers
+    // it here, so the gate asks again at half its catalog timeout).
     h.api.state(&agent).await;
-    assert_eq!(
-        drain(&mut catalog_requests),
-        [h.subjects.catalog_prepare(testkit::chat::TEST_TENANT)]
+    let own = h.subjects.catalog_prepare(testkit::chat::TEST_TENANT);
+    let asked = drain(&mut catalog_requests);
+    assert!(
+        !asked.is_empty() && asked.iter().all(|subject| *subject == own),
+        "{asked:?}"
     );
 }
 
