@@ -124,4 +124,9 @@ pub const SERIES: &[Series] = &[
         "ctxsync_gate_catalog_failures_total",
         "Catalog preparations that failed, answered with a failed catalog section.",
     ),
+    Series::counter(
+        "ctxsync_gate_catalog_asked_again_total",
+        "Catalog preparations asked once more, by why (no_responders; no_answer_yet: none at half the catalog timeout).",
+    )
+    .zeroed(&[&[("why", "no_responders")], &[("why", "no_answer_yet")]]),
 ];
