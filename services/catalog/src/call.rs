@@ -282,10 +282,7 @@ impl Call {
 
     /// The server as configured now, if enabled.
     fn configured(&self, tenant: &str, server_id: &str) -> Option<ConfiguredServer> {
-        self.config
-            .get()
-            .enabled_servers(tenant)
-            .and_then(|servers| servers.into_iter().find(|s| s.id() == server_id))
+        self.config.get().enabled_server(tenant, server_id)
     }
 
     /// Re-lists a server of the session that said its tools changed, without

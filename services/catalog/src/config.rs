@@ -6,7 +6,7 @@
 //! reference, classification, limits) is a different entry. `enabled` is not
 //! part of it: switching a server off and on again does not change its tools.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -405,19 +405,72 @@ fn name_rule(tenant: Naming, server: &ServerConfig) -> NameRule {
 /// The configuration in force, replaced whole on reload; read by the parts
 /// that need it (preparation, calls, the warm-up) when they start a request.
 #[derive(Debug)]
-pub(crate) struct Current(RwLock<Arc<CatalogConfig>>);
+pub(crate) struct Current(RwLock<Arc<Resolved>>);
 
 impl Current {
     pub fn new(config: CatalogConfig) -> Self {
-        Self(RwLock::new(Arc::new(config)))
+        Self(RwLock::new(Arc::new(Resolved::of(config))))
     }
 
-    pub fn get(&self) -> Arc<CatalogConfig> {
+    pub fn get(&self) -> Arc<Resolved> {
         self.0.read().expect("config lock").clone()
     }
 
     pub fn replace(&self, config: CatalogConfig) {
-        *self.0.write().expect("config lock") = Arc::new(config);
+        let resolved = Arc::new(Resolved::of(config));
+        *self.0.write().expect("config lock") = resolved;
+    }
+}
+
+/// A configuration with its enabled servers resolved once, at load: a
+/// server's memory key hashes its whole configuration, which every
+/// preparation and call would otherwise redo for every server of the tenant.
+#[derive(Debug)]
+pub(crate) struct Resolved {
+    config: CatalogConfig,
+    /// Each tenant's enabled servers, in configured order.
+    servers: HashMap<String, Vec<ConfiguredServer>>,
+}
+
+impl Resolved {
+    fn of(config: CatalogConfig) -> Self {
+        let servers = config
+            .tenants
+            .iter()
+            .filter_map(|t| Some((t.id.clone(), config.enabled_servers(&t.id)?)))
+            .collect();
+        Self { config, servers }
+    }
+
+    /// [`CatalogConfig::enabled_servers`], resolved at load.
+    pub fn enabled_servers(&self, tenant: &str) -> Option<Vec<ConfiguredServer>> {
+        self.servers.get(tenant).cloned()
+    }
+
+    /// `tenant`'s enabled server `id`, if configured.
+    pub fn enabled_server(&self, tenant: &str, id: &str) -> Option<ConfiguredServer> {
+        self.servers
+            .get(tenant)?
+            .iter()
+            .find(|s| s.id() == id)
+            .cloned()
+    }
+
+    /// [`CatalogConfig::all_enabled_servers`], resolved at load.
+    pub fn all_enabled_servers(&self) -> Vec<ConfiguredServer> {
+        self.config
+            .tenants
+            .iter()
+            .flat_map(|t| self.servers.get(&t.id).into_iter().flatten().cloned())
+            .collect()
+    }
+}
+
+impl std::ops::Deref for Resolved {
+    type Target = CatalogConfig;
+
+    fn deref(&self) -> &CatalogConfig {
+        &self.config
     }
 }
 

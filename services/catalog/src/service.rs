@@ -207,10 +207,7 @@ impl Running {
     pub fn remembers(&self, tenant: &str, server: &str) -> bool {
         self.config
             .get()
-            .enabled_servers(tenant)
-            .unwrap_or_default()
-            .iter()
-            .find(|s| s.id() == server)
+            .enabled_server(tenant, server)
             .is_some_and(|s| self.discovery.memory().reusable(&s.key).is_some())
     }
 
