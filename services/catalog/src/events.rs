@@ -5,7 +5,10 @@
 //! Events no answer depends on (a call's `mcp.tool.called`, a follow-up
 //! preparation, a warm-up's outcome) are [`Events::queue`]d and written by
 //! one background task in batches ([`EventWriter`]), after the answer went
-//! out: no reply waits for a commit of bookkeeping. The queue is bounded
+//! out: no reply waits for a commit of bookkeeping. A batch gathers for up
+//! to `--event-batch-wait` after its first event, so busy calls share one
+//! transaction instead of each paying Postgres (and the cores the answers
+//! need) a commit; a flush or shutdown ends the wait. The queue is bounded
 //! (`--event-queue`): past it an event is dropped and counted, never a
 //! reply delayed. While Postgres is down the writer holds its batch and
 //! retries; at shutdown it writes what is queued within the grace. What a
@@ -169,9 +172,15 @@ pub(crate) struct EventWriter {
 impl EventWriter {
     /// Starts writing `queued`; once `shutdown` fires, whatever is not
     /// written within `grace` is given up (counted, logged).
-    pub fn spawn(queued: QueuedEvents, shutdown: Shutdown, grace: Duration) -> Self {
+    /// A batch gathers events for up to `batch_wait` after its first.
+    pub fn spawn(
+        queued: QueuedEvents,
+        batch_wait: Duration,
+        shutdown: Shutdown,
+        grace: Duration,
+    ) -> Self {
         let (finish, finished) = oneshot::channel();
-        let task = tokio::spawn(write_queued(queued, shutdown, grace, finished));
+        let task = tokio::spawn(write_queued(queued, batch_wait, shutdown, grace, finished));
         Self { task, finish }
     }
 
@@ -185,6 +194,7 @@ impl EventWriter {
 
 async fn write_queued(
     queued: QueuedEvents,
+    batch_wait: Duration,
     shutdown: Shutdown,
     grace: Duration,
     mut finished: oneshot::Receiver<()>,
@@ -217,21 +227,47 @@ async fn write_queued(
                 }
             }
         };
-        // A batch ends at its bound, at an empty queue, or at a flush (the
-        // flush is answered once the batch is written).
+        // A batch ends at its bound, at a flush (answered once the batch
+        // is written), or once the queue is empty after its gathering time;
+        // shutdown ends the gathering.
+        // No larger than the queue: what is held (the batch in hand and the
+        // queue) stays within twice its bound.
+        let batch_limit = MAX_BATCH.min(receiver.max_capacity());
         let mut batch = Vec::new();
         let mut flushes = Vec::new();
+        let gathered_by = tokio::time::Instant::now() + batch_wait;
         let mut next = Some(first);
-        while let Some(item) = next.take() {
-            match item {
-                Queued::Event { occurred_at, event } => batch.push((occurred_at, event)),
-                Queued::Flush(flush) => {
-                    flushes.push(flush);
-                    break;
+        loop {
+            while let Some(item) = next.take() {
+                match item {
+                    Queued::Event { occurred_at, event } => batch.push((occurred_at, event)),
+                    Queued::Flush(flush) => {
+                        flushes.push(flush);
+                        break;
+                    }
+                }
+                if batch.len() < batch_limit {
+                    next = receiver.try_recv().ok();
                 }
             }
-            if batch.len() < MAX_BATCH {
-                next = receiver.try_recv().ok();
+            if !flushes.is_empty() || batch.len() >= batch_limit || finishing || deadline.is_some()
+            {
+                break;
+            }
+            tokio::select! {
+                item = receiver.recv() => match item {
+                    Some(item) => next = Some(item),
+                    None => break,
+                },
+                () = tokio::time::sleep_until(gathered_by) => break,
+                _ = &mut finished => {
+                    finishing = true;
+                    break;
+                }
+                _ = shutdown.cancelled() => {
+                    deadline = Some(tokio::time::Instant::now() + grace);
+                    break;
+                }
             }
         }
         metrics::gauge!("ctxsync_catalog_events_queued").decrement(batch.len() as f64);

@@ -41,7 +41,8 @@ async fn serve(args: catalog::Args) -> anyhow::Result<()> {
         .into_config(args.common, args.database)
         .context("invalid configuration")?;
     let shutdown = ctxsync_runtime::shutdown::on_signals();
-    let running = catalog::start(config, shutdown).await?;
+    // Boxed: the service's start holds a large future only once.
+    let running = Box::pin(catalog::start(config, shutdown)).await?;
     tokio::spawn(reload_on_sighup(config_path, running.reloader()));
     running.join().await;
     Ok(())

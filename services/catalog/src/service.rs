@@ -344,7 +344,12 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
         subjects.clone(),
         settings.event_queue,
     );
-    let event_writer = EventWriter::spawn(queued_events, shutdown.clone(), grace);
+    let event_writer = EventWriter::spawn(
+        queued_events,
+        settings.event_batch_wait,
+        shutdown.clone(),
+        grace,
+    );
     let sessions = Arc::new(Sessions::default());
     let prepare = Arc::new(Prepare::new(
         current.clone(),

@@ -37,6 +37,9 @@ pub struct Settings {
     /// Events queued for the background writer at most (past it one is
     /// dropped and counted, no answer delayed).
     pub event_queue: usize,
+    /// How long a batch of events gathers after its first before it is
+    /// written (a flush or shutdown writes at once).
+    pub event_batch_wait: Duration,
     pub memory: MemorySettings,
     /// The Hosts and Origins `/mcp` answers (DNS-rebinding defence).
     pub browsers: ctxsync_runtime::http::browsers::BrowserArgs,
@@ -248,6 +251,12 @@ pub struct CatalogArgs {
     /// (`ctxsync_catalog_events_dropped_total`), never an answer delayed.
     #[arg(long, env = "CTXSYNC_CATALOG_EVENT_QUEUE", default_value_t = 8192)]
     pub event_queue: usize,
+
+    /// How long a batch of queued events gathers after its first before it
+    /// is written: busy calls then share one transaction (0: write at once).
+    #[arg(long, env = "CTXSYNC_CATALOG_EVENT_BATCH_WAIT", default_value = "50ms", value_parser = humantime::parse_duration)]
+    #[serde(serialize_with = "humantime_string")]
+    pub event_batch_wait: Duration,
 
     /// A session's transports are released after this many seconds without a call.
     #[arg(
@@ -483,6 +492,7 @@ impl CatalogArgs {
             )?,
             max_concurrent_starts: self.max_concurrent_starts,
             event_queue: self.event_queue,
+            event_batch_wait: self.event_batch_wait,
             browsers: self.browsers.clone(),
             session_idle_timeout: positive(
                 "CTXSYNC_CATALOG_SESSION_IDLE_SECONDS",
@@ -528,6 +538,7 @@ impl CatalogArgs {
             connect_timeout,
             max_concurrent_starts,
             event_queue,
+            event_batch_wait,
             browsers,
             session_idle_timeout,
             warmup:
@@ -592,6 +603,7 @@ impl CatalogArgs {
             )?,
             max_concurrent_starts: *max_concurrent_starts,
             event_queue: *event_queue,
+            event_batch_wait: *event_batch_wait,
             browsers: browsers.clone(),
             session_idle_seconds: seconds(
                 "CTXSYNC_CATALOG_SESSION_IDLE_SECONDS",
@@ -762,6 +774,7 @@ mod args_tests {
             connect_timeout: Duration::from_secs(8),
             max_concurrent_starts: 3,
             event_queue: 10,
+            event_batch_wait: Duration::from_millis(7),
             browsers: ctxsync_runtime::http::browsers::BrowserArgs {
                 http_allowed_hosts: ctxsync_runtime::http::browsers::AllowedHosts::parse(
                     "mcp.example.com",

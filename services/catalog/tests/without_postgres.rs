@@ -269,3 +269,69 @@ async fn a_warm_mcp_list_of_either_era_is_answered_with_postgres_down() {
     harness.stop_catalog().await;
     harness.stop().await;
 }
+
+/// How many times Postgres ran the events' INSERT since the last reset.
+async fn event_inserts(pool: &sqlx::PgPool) -> i64 {
+    statements_run(pool)
+        .await
+        .iter()
+        .filter(|(query, _)| query.contains("INSERT INTO catalog.events"))
+        .map(|(_, calls)| calls)
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_calls_share_one_write_of_their_events() {
+    let postgres = PrivatePostgres::start_counting_statements().await;
+    // Longer than the burst below can take: it falls in one gathering.
+    let settings = Settings {
+        event_batch_wait: Duration::from_secs(60),
+        ..settings()
+    };
+    let (harness, _record) = started(&postgres, settings).await;
+    let pool = sqlx::PgPool::connect(&postgres.url()).await.unwrap();
+    sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("SELECT pg_stat_statements_reset()")
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    for i in 0..20 {
+        echo(&harness, &format!("busy {i}")).await;
+    }
+    assert_eq!(
+        calls_stored(&postgres.url()).await,
+        1,
+        "the burst's events are still gathering"
+    );
+    // A flush ends the gathering: one statement writes all twenty.
+    harness.events_written().await;
+    assert_eq!(calls_stored(&postgres.url()).await, 21);
+    assert_eq!(event_inserts(&pool).await, 1);
+    pool.close().await;
+    harness.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_event_is_written_once_its_gathering_time_passes() {
+    let postgres = PrivatePostgres::start().await;
+    let settings = Settings {
+        event_batch_wait: Duration::from_millis(200),
+        ..settings()
+    };
+    let (harness, _record) = started(&postgres, settings).await;
+    echo(&harness, "alone").await;
+    // No flush: the writer's own timer ends the batch.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while calls_stored(&postgres.url()).await < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the lone event was not written within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    harness.stop().await;
+}

@@ -109,6 +109,7 @@ fn catalog_settings(key_file: &Path) -> catalog::Settings {
         connect_timeout: Duration::from_secs(8),
         max_concurrent_starts: 3,
         event_queue: 10,
+        event_batch_wait: Duration::from_millis(7),
         session_idle_timeout: Duration::from_secs(9),
         warmup: catalog::WarmupSettings {
             enabled: false,
