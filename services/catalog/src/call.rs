@@ -119,25 +119,40 @@ impl Call {
         request: CatalogCallRequest,
         relay: Option<Relay>,
     ) -> CatalogCallReply {
+        self.handle_timed(request, relay).await.0
+    }
+
+    /// [`Call::handle_relayed`], and how long the upstream server took to
+    /// answer (`None` if the call never reached it): the rest of the call's
+    /// time is the catalog's own.
+    pub async fn handle_timed(
+        &self,
+        request: CatalogCallRequest,
+        relay: Option<Relay>,
+    ) -> (CatalogCallReply, Option<Duration>) {
         let started = Instant::now();
-        let reply = self.call(&request, relay.as_ref()).await;
+        let (reply, upstream) = self.call(&request, relay.as_ref()).await;
         let outcome = match &reply.error {
             Some(e) => e.reason.clone(),
             None => "ok".to_owned(),
         };
         metrics::counter!("ctxsync_catalog_calls_total", "outcome" => outcome).increment(1);
         metrics::histogram!("ctxsync_catalog_call_seconds").record(started.elapsed().as_secs_f64());
-        reply
+        (reply, upstream)
     }
 
-    async fn call(&self, request: &CatalogCallRequest, relay: Option<&Relay>) -> CatalogCallReply {
+    async fn call(
+        &self,
+        request: &CatalogCallRequest,
+        relay: Option<&Relay>,
+    ) -> (CatalogCallReply, Option<Duration>) {
         let arguments = match valid_call(request) {
             Ok(arguments) => arguments,
-            Err(refusal) => return core::refused(&refusal),
+            Err(refusal) => return (core::refused(&refusal), None),
         };
         let session = match self.session(&request.tenant, &request.session_id).await {
             Ok(session) => session,
-            Err(reply) => return reply,
+            Err(reply) => return (reply, None),
         };
         session
             .in_flight(self.call_in_session(&session, request, arguments, relay))
@@ -229,18 +244,18 @@ impl Call {
         request: &CatalogCallRequest,
         arguments: Arguments,
         relay: Option<&Relay>,
-    ) -> CatalogCallReply {
+    ) -> (CatalogCallReply, Option<Duration>) {
         let target = match self.target(session, request) {
             Ok(target) => target,
-            Err(reply) => return reply,
+            Err(reply) => return (reply, None),
         };
         let slot = session.slot(&request.server_id);
         let ready = match self.ready(&target, &slot).await {
             Ok(ready) => ready,
-            Err(reply) => return reply,
+            Err(reply) => return (reply, None),
         };
         if let Some(reply) = self.withdrawn(&target, &ready).await {
-            return reply;
+            return (reply, None);
         }
         let Ready {
             connection,
@@ -254,7 +269,14 @@ impl Call {
         self.record(vec![called_event(
             &target, first_call, outcome, duration, &setup,
         )]);
-        reply
+        // A connect on this first use is the upstream's time too.
+        let upstream = duration
+            + if setup.connected {
+                setup.duration
+            } else {
+                Duration::ZERO
+            };
+        (reply, Some(upstream))
     }
 
     /// The session's pin of the server, holding the item, and the server as

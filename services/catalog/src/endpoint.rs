@@ -83,6 +83,8 @@ pub use crate::rate_limit::RateLimit;
 use crate::relay;
 use crate::sessions::{Sessions, Withdrawn};
 
+mod direct;
+
 /// Separates a server's id from its tool's name, as the gate does.
 pub const TOOL_NAME_SEPARATOR: &str = catalog_core::naming::SEPARATOR;
 
@@ -132,6 +134,8 @@ pub(crate) struct Endpoint {
     pinned: Mutex<PinnedKept>,
     /// Stateless clients' calls waiting on their input (bounded).
     rounds: relay::InputRounds,
+    /// The 2025 sessions whose calls the endpoint answers itself.
+    direct: direct::Direct,
 }
 
 /// The pin sets kept, and their order of arrival for eviction.
@@ -191,6 +195,7 @@ impl Endpoint {
             limiter: Limiter::new(rate_limit),
             pinned: Mutex::default(),
             rounds: relay::InputRounds::default(),
+            direct: direct::Direct::default(),
         }
     }
 
@@ -307,6 +312,7 @@ async fn authenticate(
     mut request: Request,
     next: Next,
 ) -> Response {
+    let arrived = Instant::now();
     let header = request
         .headers()
         .get(header::AUTHORIZATION)
@@ -376,9 +382,24 @@ async fn authenticate(
         },
     };
     request.extensions_mut().insert(caller);
-    let response = next.run(request).await;
-    // A stream of the session (GET, a POST's answer) ends when the session does.
-    let ended = owner.ended;
+    let response = {
+        // The session is not idle while it is asked something.
+        let _busy = owner.activity.begin();
+        match direct::take(&endpoint, &session, &owner, request, arrived).await {
+            // Whole already (its length known): nothing to end.
+            direct::Taken::Answered(response) if direct::is_whole(&response) => {
+                return response;
+            }
+            direct::Taken::Answered(response) => response,
+            direct::Taken::Passed(request) => next.run(request).await,
+        }
+    };
+    ended_with_session(response, &owner)
+}
+
+/// A stream of the session (GET, a POST's answer) ends when the session does.
+fn ended_with_session(response: Response, owner: &crate::mcp_sessions::Owner) -> Response {
+    let ended = owner.ended.clone();
     response.map(|body| {
         axum::body::Body::from_stream(
             body.into_data_stream()
@@ -653,9 +674,18 @@ struct SessionState {
     /// The client, as upstreams reach it (held here: the connections it
     /// follows hold it weakly, so it goes with the session).
     client: OnceLock<Arc<relay::Client>>,
+    /// The MCP session's id (a 2025 session's, set at `initialize`).
+    mcp_session_id: OnceLock<String>,
 }
 
 impl SessionState {
+    /// The client behind a 2025 session, reached through `peer`.
+    fn session_client(&self, peer: &Peer<RoleServer>) -> Arc<relay::Client> {
+        self.client
+            .get_or_init(|| Arc::new(relay::Client::of(peer, false)))
+            .clone()
+    }
+
     /// Remembers `withdrawn` as what the client knows; which lists it changes.
     fn announce(&self, withdrawn: Withdrawn) -> ListsChanged {
         let mut announced = self.announced.lock().expect("announced lock");
@@ -672,6 +702,9 @@ impl SessionState {
 impl Drop for SessionState {
     fn drop(&mut self) {
         self.ended.cancel();
+        if let Some(id) = self.mcp_session_id.get() {
+            self.endpoint.direct.forget(id);
+        }
         let Some(bound) = self.bound.take() else {
             return;
         };
@@ -707,6 +740,7 @@ impl McpSession {
                 announced: Mutex::default(),
                 ended: CancellationToken::new(),
                 client: OnceLock::new(),
+                mcp_session_id: OnceLock::new(),
             }),
             endpoint,
         }
@@ -828,9 +862,12 @@ impl McpSession {
 
     /// The client behind the session (or the stateless request).
     fn client(&self, context: &RequestContext<RoleServer>) -> Arc<relay::Client> {
+        if !is_stateless(context) {
+            return self.state.session_client(&context.peer);
+        }
         self.state
             .client
-            .get_or_init(|| Arc::new(relay::Client::of(&context.peer, is_stateless(context))))
+            .get_or_init(|| Arc::new(relay::Client::of(&context.peer, true)))
             .clone()
     }
 
@@ -882,6 +919,9 @@ impl McpSession {
     /// Binds the catalog session named after the MCP session (`mcp-<id>`):
     /// a restore's replay on another replica finds the same pins.
     async fn prepare(&self, caller: Caller, mcp_session: Option<&str>) -> Result<(), ErrorData> {
+        if let Some(id) = mcp_session {
+            let _ = self.state.mcp_session_id.set(id.to_owned());
+        }
         let session_id = match mcp_session {
             Some(id) => format!("mcp-{id}"),
             None => format!("mcp-{}", uuid::Uuid::new_v4()),
@@ -904,6 +944,51 @@ impl McpSession {
         }
         Ok(())
     }
+}
+
+/// The catalog call of `request`: its tool named as the server names it,
+/// or the tool error of a tool the session did not pin.
+fn offered_call(
+    bound: &Bound,
+    request: CallToolRequestParams,
+) -> Result<CatalogCallRequest, CallToolResult> {
+    let name = request.name.as_ref();
+    let Some(offered) = bound.tools.iter().find(|o| o.tool.name == name) else {
+        return Err(result_of(CatalogCallReply {
+            error: crate::request::error(
+                catalog_core::ErrorCode::tool(catalog_core::ItemError::NotFound),
+                format!("tool {name:?} is not in this session's pins"),
+            ),
+            ..Default::default()
+        }));
+    };
+    let arguments = request.arguments.unwrap_or_default();
+    Ok(CatalogCallRequest {
+        tool: offered.name.clone(),
+        arguments_json: serde_json::Value::Object(arguments).to_string(),
+        ..bound.call(&offered.server)
+    })
+}
+
+/// A `tools/call` of a 2025 session, however it reached the endpoint
+/// (rmcp's session worker, or `direct`): the catalog call, then the lists
+/// that changed under the client meanwhile announced on the session. Also
+/// how long the upstream server took, if the call reached it.
+async fn session_tool_call(
+    endpoint: &Arc<Endpoint>,
+    state: &SessionState,
+    peer: &Peer<RoleServer>,
+    bound: &Bound,
+    request: CallToolRequestParams,
+    relay: Relay,
+) -> (CallToolResponse, Option<std::time::Duration>) {
+    let call = match offered_call(bound, request) {
+        Ok(call) => call,
+        Err(refused) => return (refused.into(), None),
+    };
+    let (reply, upstream) = endpoint.commands.call.handle_timed(call, Some(relay)).await;
+    notify_lists_changed(state.announce(withdrawn(endpoint, bound).await), peer);
+    (result_of(reply).into(), upstream)
 }
 
 /// Which of the three lists differ between two readings of the memory.
@@ -1251,6 +1336,14 @@ impl ServerHandler for McpSession {
         metrics::histogram!("ctxsync_catalog_mcp_initialize_seconds")
             .record(started.elapsed().as_secs_f64());
         context.peer.set_peer_info(request.clone());
+        // Before the client learns the session's id: its first call finds it.
+        if let Some(id) = self.state.mcp_session_id.get() {
+            let direct = self
+                .endpoint
+                .direct
+                .register(id, &self.state, &context.peer);
+            tracing::debug!(mcp_session = %id, direct, "mcp session bound");
+        }
         self.negotiate_initialize(&request)
     }
 
@@ -1431,30 +1524,29 @@ impl ServerHandler for McpSession {
     ) -> Result<CallToolResponse, ErrorData> {
         counted("tools/call");
         let bound = self.bound(&context).await?;
-        let name = request.name.as_ref();
-        let Some(offered) = bound.tools.iter().find(|o| o.tool.name == name) else {
-            return Ok(result_of(CatalogCallReply {
-                error: crate::request::error(
-                    catalog_core::ErrorCode::tool(catalog_core::ItemError::NotFound),
-                    format!("tool {name:?} is not in this session's pins"),
-                ),
-                ..Default::default()
-            })
-            .into());
-        };
-        let arguments = request.arguments.unwrap_or_default();
-        let call = CatalogCallRequest {
-            tool: offered.name.clone(),
-            arguments_json: serde_json::Value::Object(arguments).to_string(),
-            ..bound.call(&offered.server)
-        };
-        if is_stateless(&context) {
-            let retry = request
-                .request_state
-                .map(|state| (state, request.input_responses.unwrap_or_default()));
-            return self.call_in_rounds(bound, call, retry, &context).await;
+        if !is_stateless(&context) {
+            let relay = self.relay_for(&context);
+            let (response, _) = session_tool_call(
+                &self.endpoint,
+                &self.state,
+                &context.peer,
+                bound,
+                request,
+                relay,
+            )
+            .await;
+            return Ok(response);
         }
-        Ok(result_of(self.relay(bound, call, &context).await).into())
+        let mut request = request;
+        let retry = request
+            .request_state
+            .take()
+            .map(|state| (state, request.input_responses.take().unwrap_or_default()));
+        let call = match offered_call(bound, request) {
+            Ok(call) => call,
+            Err(refused) => return Ok(refused.into()),
+        };
+        self.call_in_rounds(bound, call, retry, &context).await
     }
 
     async fn list_prompts(

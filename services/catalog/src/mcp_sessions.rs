@@ -16,10 +16,18 @@
 //!   replica started is restored here under a reservation like a created
 //!   one (`restore_session`); an end on purpose forgets it there too, a
 //!   shutdown does not.
+//! * **Idle ends it.** A session nobody asked anything for
+//!   [`SessionLimits::idle`], with no request in flight, is closed. The
+//!   endpoint marks each request of a session ([`Activity::begin`]),
+//!   whoever answers it: rmcp's session worker or the endpoint itself
+//!   (`endpoint::direct`), which the worker's own idle clock would not see.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use ctxsync_runtime::tenant_keys::{Caller, TenantKeys};
 use futures::Stream;
@@ -91,6 +99,52 @@ pub(crate) struct Owner {
     pub caller: Caller,
     /// Cancelled when the session ends: its streams end with it.
     pub ended: CancellationToken,
+    /// When it was last asked something, and what it is asked now.
+    pub activity: Arc<Activity>,
+}
+
+/// A session's requests, for its idle expiry.
+#[derive(Debug)]
+pub(crate) struct Activity {
+    last: Mutex<Instant>,
+    in_flight: AtomicUsize,
+}
+
+impl Activity {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            last: Mutex::new(Instant::now()),
+            in_flight: AtomicUsize::new(0),
+        })
+    }
+
+    fn touch(&self) {
+        *self.last.lock().expect("activity lock") = Instant::now();
+    }
+
+    /// A request of the session, in flight until the guard drops.
+    pub fn begin(self: &Arc<Self>) -> Busy {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        self.touch();
+        Busy(self.clone())
+    }
+
+    /// Whether nothing is in flight and nothing was asked for `idle`.
+    fn idle_for(&self, idle: Duration) -> bool {
+        self.in_flight.load(Ordering::SeqCst) == 0
+            && self.last.lock().expect("activity lock").elapsed() >= idle
+    }
+}
+
+/// A request in flight of a session (see [`Activity::begin`]).
+#[derive(Debug)]
+pub(crate) struct Busy(Arc<Activity>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 #[derive(Default)]
@@ -186,8 +240,10 @@ impl McpSessions {
         stopping: CancellationToken,
     ) -> Arc<Self> {
         let mut inner = LocalSessionManager::default();
-        inner.session_config.keep_alive = Some(limits.idle);
-        Arc::new_cyclic(|me| Self {
+        // Idle sessions are closed here (`expire_idle`): the worker would not
+        // see the calls the endpoint answers itself.
+        inner.session_config.keep_alive = None;
+        let sessions = Arc::new_cyclic(|me| Self {
             inner,
             keys,
             limits,
@@ -200,7 +256,9 @@ impl McpSessions {
                 })))
             }),
             stopping,
-        })
+        });
+        tokio::spawn(expire_idle(Arc::downgrade(&sessions)));
+        sessions
     }
 
     /// The bucket sessions are kept in for other replicas, if any.
@@ -261,6 +319,7 @@ impl McpSessions {
         let owner = Owner {
             caller: reservation.caller.clone(),
             ended: CancellationToken::new(),
+            activity: Activity::new(),
         };
         self.registry().sessions.insert(id.clone(), owner.clone());
         let key = std::mem::take(&mut reservation.key);
@@ -302,6 +361,43 @@ impl McpSessions {
         if let Some(owner) = registry.sessions.remove(id) {
             registry.release(&owner.caller);
             owner.ended.cancel();
+        }
+    }
+}
+
+/// Closes the sessions idle for the idle bound, a few times per bound,
+/// until the manager goes or stops.
+async fn expire_idle(sessions: Weak<McpSessions>) {
+    let Some((idle, stopping)) = sessions
+        .upgrade()
+        .map(|s| (s.limits.idle, s.stopping.clone()))
+    else {
+        return;
+    };
+    let every = (idle / 4).clamp(Duration::from_millis(50), Duration::from_secs(30));
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stopping.cancelled() => return,
+            _ = ticks.tick() => {}
+        }
+        let Some(sessions) = sessions.upgrade() else {
+            return;
+        };
+        let expired: Vec<SessionId> = sessions
+            .registry()
+            .sessions
+            .iter()
+            .filter(|(_, owner)| owner.activity.idle_for(idle))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in expired {
+            metrics::counter!("ctxsync_catalog_mcp_sessions_idle_total").increment(1);
+            tracing::info!(mcp_session = %id, idle_s = idle.as_secs_f64(), "mcp session ended: idle");
+            if let Err(error) = sessions.close_session(&id).await {
+                tracing::warn!(%error, mcp_session = %id, "cannot close an idle mcp session");
+            }
         }
     }
 }

@@ -2,7 +2,9 @@
 //! (or of one stateless request) as what upstream servers send reaches it.
 //!
 //! * Progress goes out with the client's own token, so rmcp's transport
-//!   puts it on the stream of the client's request.
+//!   puts it on the stream of the client's request; a call the endpoint
+//!   answers itself (`endpoint::direct`) takes its progress to its own
+//!   stream ([`Client::progress_to`]).
 //! * An upstream's elicitation or sampling request is asked of the client
 //!   on the stream of the call it came during (rmcp's originating-request
 //!   marker), and only when the client declared the capability; otherwise
@@ -62,6 +64,8 @@ pub(crate) struct Client {
     /// The token of a question asked of it → the server that asked and
     /// that server's token: its progress on the question goes back there.
     asked: std::sync::Arc<Mutex<HashMap<ProgressToken, AskedBy>>>,
+    /// The progress tokens of calls the endpoint answers itself → their streams.
+    direct: Mutex<HashMap<ProgressToken, mpsc::Sender<ProgressNotificationParam>>>,
 }
 
 impl Client {
@@ -78,7 +82,28 @@ impl Client {
             level: Mutex::new(None),
             subscribed: Mutex::default(),
             asked: Default::default(),
+            direct: Mutex::default(),
         }
+    }
+
+    /// Progress with the client's `token` goes to `stream` (a call the
+    /// endpoint answers itself), until [`Client::stop_progress_to`].
+    pub fn progress_to(
+        &self,
+        token: ProgressToken,
+        stream: mpsc::Sender<ProgressNotificationParam>,
+    ) {
+        self.direct
+            .lock()
+            .expect("direct progress lock")
+            .insert(token, stream);
+    }
+
+    pub fn stop_progress_to(&self, token: &ProgressToken) {
+        self.direct
+            .lock()
+            .expect("direct progress lock")
+            .remove(token);
     }
 
     /// The client's progress on a question a server asked it goes back to
@@ -173,6 +198,18 @@ impl Client {
 impl Downstream for Client {
     fn progress(&self, progress: ProgressNotificationParam) -> BoxFuture<'static, ()> {
         relayed("progress");
+        let stream = self
+            .direct
+            .lock()
+            .expect("direct progress lock")
+            .get(&progress.progress_token)
+            .cloned();
+        if let Some(stream) = stream {
+            // A closed stream (its client went away) drops the step.
+            return Box::pin(async move {
+                let _ = stream.send(progress).await;
+            });
+        }
         let peer = self.peer.clone();
         Box::pin(async move {
             if let Err(error) = peer.notify_progress(progress).await {

@@ -163,6 +163,19 @@ pub const SERIES: &[Series] = &[
         "MCP sessions ended because their tenant key was revoked.",
     ),
     Series::counter(
+        "ctxsync_catalog_mcp_sessions_idle_total",
+        "MCP sessions ended because nothing was asked of them for the idle bound.",
+    ),
+    Series::histogram(
+        "ctxsync_catalog_mcp_call_work_seconds",
+        "The catalog's own work on a call of a 2025 MCP session it answered itself as JSON: from the request's arrival at /mcp to its answer, less the upstream server's time, in seconds.",
+    ),
+    Series::counter(
+        "ctxsync_catalog_mcp_direct_total",
+        "Calls of 2025 MCP sessions the endpoint answered itself, by answer (json, or stream when progress came first).",
+    )
+    .zeroed(&[&[("answer", "json")], &[("answer", "stream")]]),
+    Series::counter(
         "ctxsync_catalog_mcp_sessions_restored_total",
         "MCP sessions another replica started, restored here from the sessions bucket.",
     ),

@@ -13,6 +13,12 @@ const LATENCY_BUCKETS: &[f64] = &[
     5.0, 10.0, 30.0,
 ];
 
+/// Buckets of a service's own work on a request (`*_work_seconds`), in
+/// seconds, from 10 µs to 100 ms: microseconds are what it is about.
+const WORK_BUCKETS: &[f64] = &[
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.1,
+];
+
 /// Size buckets in bytes, from 1 KiB to 4 MiB.
 const SIZE_BUCKETS: &[f64] = &[
     1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0,
@@ -26,6 +32,8 @@ pub fn handle() -> PrometheusHandle {
                 .set_buckets(LATENCY_BUCKETS)
                 .expect("static bucket list is not empty")
                 .set_buckets_for_metric(Matcher::Suffix("_bytes".into()), SIZE_BUCKETS)
+                .expect("static bucket list is not empty")
+                .set_buckets_for_metric(Matcher::Suffix("_work_seconds".into()), WORK_BUCKETS)
                 .expect("static bucket list is not empty")
                 .build_recorder();
             let handle = recorder.handle();
