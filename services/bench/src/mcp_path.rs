@@ -5,7 +5,12 @@
 //!
 //! The call's floor is the direct call, made by the same client library
 //! (rmcp, through `ctxsync-mcp`) on the same machine in the same run: what
-//! the ratio shows is what the catalog adds.
+//! the ratio shows is what the catalog adds. Beside it, what no HTTP
+//! gateway can avoid: the same call through a bare forwarder in this
+//! process (HTTP in, the call on its own warm stdio connection, HTTP out:
+//! no key, no session, no bookkeeping), by the plain HTTP client; and the
+//! catalog's own work per call, as its `/metrics` count it (the upstream's
+//! time left out).
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -29,6 +34,14 @@ pub struct McpPath {
     pub call_direct: Latency,
     /// The call through `/mcp` made by a plain HTTP JSON-RPC client.
     pub call_plain_http: Latency,
+    /// The call through `/mcp` by a 2026-07-28 (stateless) client.
+    pub call_stateless: Latency,
+    /// The call through a bare HTTP forwarder, plain HTTP client.
+    pub call_forwarder: Latency,
+    /// The catalog's own work per call through `/mcp` (its
+    /// `ctxsync_catalog_mcp_call_work_seconds`, mean over the calls), in
+    /// microseconds; `None` if it counted none.
+    pub catalog_work_us: Option<f64>,
     pub list_clients: usize,
     pub lists: u64,
     pub lists_per_second: f64,
@@ -125,8 +138,21 @@ pub async fn measure(
     let client = Connection::connect(&spec, sessions.clone())
         .await
         .step("mcp initialize")?;
+    let work_before = work_counted(addr).await;
     let through = calls(&client, "everything-1__echo", sizes.mcp_calls).await?;
+    let work_after = work_counted(addr).await;
     client.close().await;
+    let catalog_work_us = match (work_before, work_after) {
+        (Some((sum0, n0)), Some((sum1, n1))) if n1 > n0 => {
+            Some((sum1 - sum0) / (n1 - n0) * 1_000_000.0)
+        }
+        _ => None,
+    };
+    let stateless_client = Connection::connect(&spec, ConnectOptions::new(TIMEOUT))
+        .await
+        .step("mcp, 2026-07-28")?;
+    let stateless = calls(&stateless_client, "everything-1__echo", sizes.mcp_calls).await?;
+    stateless_client.close().await;
     let direct_spec = ServerSpec {
         name: "everything-direct".into(),
         transport: TransportSpec::Stdio {
@@ -143,6 +169,10 @@ pub async fn measure(
     direct_client.close().await;
 
     let plain = plain_calls(addr, &key, sizes.mcp_calls).await?;
+    let forwarder = Forwarder::start(&direct_spec).await?;
+    let forwarded = forwarder.calls(sizes.mcp_calls).await;
+    forwarder.stop().await;
+    let forwarded = forwarded?;
 
     progress.step(format!(
         "mcp: warm tools/list throughput, {} sessions",
@@ -155,6 +185,9 @@ pub async fn measure(
         call_through_catalog: through,
         call_direct: direct,
         call_plain_http: plain,
+        call_stateless: stateless,
+        call_forwarder: forwarded,
+        catalog_work_us,
         list_clients: sizes.mcp_list_clients,
         lists,
         lists_per_second: lists as f64 / elapsed.as_secs_f64(),
@@ -326,4 +359,128 @@ async fn list_once(
         ));
     }
     Ok(())
+}
+
+/// The catalog's `ctxsync_catalog_mcp_call_work_seconds` so far: its sum
+/// (seconds) and count, from the `/metrics` of the listener at `addr`.
+async fn work_counted(addr: SocketAddr) -> Option<(f64, f64)> {
+    let text = reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    let value = |name: &str| {
+        text.lines()
+            .find(|line| line.starts_with(name))
+            .and_then(|line| line.rsplit(' ').next())
+            .and_then(|value| value.parse::<f64>().ok())
+    };
+    Some((
+        value("ctxsync_catalog_mcp_call_work_seconds_sum")?,
+        value("ctxsync_catalog_mcp_call_work_seconds_count")?,
+    ))
+}
+
+/// A bare HTTP→stdio forwarder: each POSTed JSON-RPC `tools/call` is made
+/// on its own warm connection to a server, and answered as JSON. What any
+/// HTTP gateway pays at least; nothing of the catalog's.
+struct Forwarder {
+    addr: SocketAddr,
+    upstream: std::sync::Arc<Connection>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Forwarder {
+    async fn start(spec: &ServerSpec) -> Result<Self, BenchError> {
+        let upstream = std::sync::Arc::new(
+            Connection::connect(spec, ConnectOptions::new(TIMEOUT))
+                .await
+                .step("the forwarder's upstream")?,
+        );
+        let forwarding = upstream.clone();
+        let app = axum::Router::new().route(
+            "/",
+            axum::routing::post(move |body: axum::body::Bytes| {
+                let upstream = forwarding.clone();
+                async move { forward(&upstream, &body).await }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .step("the forwarder's listener")?;
+        let addr = listener.local_addr().step("the forwarder's listener")?;
+        // As the services' listeners: small answers go out at once.
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(Self {
+            addr,
+            upstream,
+            task,
+        })
+    }
+
+    /// `samples` warm calls of `echo` through it, one after another (a few
+    /// first, untimed), by the plain HTTP client.
+    async fn calls(&self, samples: usize) -> Result<Latency, BenchError> {
+        let http = reqwest::Client::new();
+        let url = format!("http://{}/", self.addr);
+        let mut durations = Vec::with_capacity(samples);
+        for id in 0..samples + 20 {
+            let call = json!({
+                "jsonrpc": "2.0", "id": id, "method": "tools/call",
+                "params": {"name": "echo", "arguments": {"message": "x"}},
+            });
+            let started = Instant::now();
+            let (answer, _) = post(&http, &url, "-", None, &call)
+                .await
+                .map_err(|e| BenchError::new("forwarder tools/call", e))?;
+            let elapsed = started.elapsed();
+            if answer
+                .as_ref()
+                .is_none_or(|a| a["result"]["isError"] != false)
+            {
+                return Err(BenchError::new(
+                    "forwarder tools/call",
+                    format!("not an echo: {answer:?}"),
+                ));
+            }
+            if id >= 20 {
+                durations.push(elapsed);
+            }
+        }
+        Ok(Latency::of(durations))
+    }
+
+    async fn stop(self) {
+        self.task.abort();
+        if let Ok(upstream) = std::sync::Arc::try_unwrap(self.upstream) {
+            upstream.close().await;
+        }
+    }
+}
+
+/// One forwarded call: the JSON-RPC answer to the POSTed request.
+async fn forward(upstream: &Connection, body: &[u8]) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    let Ok(request) = serde_json::from_slice::<Value>(body) else {
+        return (axum::http::StatusCode::BAD_REQUEST, "not JSON").into_response();
+    };
+    let params = &request["params"];
+    let name = params["name"].as_str().unwrap_or_default();
+    let arguments = params["arguments"].as_object().cloned().unwrap_or_default();
+    let result = match upstream.call_tool(name, arguments, TIMEOUT).await {
+        Ok(outcome) => json!({
+            "content": serde_json::from_str::<Value>(&outcome.content_json).unwrap_or_default(),
+            "isError": outcome.is_error,
+        }),
+        Err(error) => {
+            json!({"content": [{"type": "text", "text": error.to_string()}], "isError": true})
+        }
+    };
+    axum::Json(json!({"jsonrpc": "2.0", "id": request["id"], "result": result})).into_response()
 }

@@ -281,9 +281,13 @@ impl Report {
                     self.mcp.call_direct.p50_us,
                 ),
                 1.5,
-                floor_p50(
-                    "server-everything echo on a warm stdio connection,",
-                    &self.mcp.call_direct,
+                format!(
+                    "{}; any HTTP hop here, a bare forwarder: {:.2}× direct",
+                    floor_p50(
+                        "server-everything echo on a warm stdio connection,",
+                        &self.mcp.call_direct,
+                    ),
+                    ratio(self.mcp.call_forwarder.p50_us, self.mcp.call_direct.p50_us)
                 ),
             ));
         }
@@ -471,6 +475,9 @@ impl Report {
                 call_through_catalog: Some(self.mcp.call_through_catalog.to_proto()),
                 call_direct: Some(self.mcp.call_direct.to_proto()),
                 call_plain_http: Some(self.mcp.call_plain_http.to_proto()),
+                call_stateless: Some(self.mcp.call_stateless.to_proto()),
+                call_forwarder: Some(self.mcp.call_forwarder.to_proto()),
+                catalog_work_us: self.mcp.catalog_work_us,
                 catalog_own_us: self.mcp.catalog_own_us(),
                 list_clients: count(self.mcp.list_clients),
                 lists: self.mcp.lists,
@@ -523,16 +530,42 @@ impl Report {
         );
         row(
             out,
+            "  the same through /mcp, 2026-07-28 client",
+            &mcp.call_stateless,
+            &format!(
+                "{:.2}× direct",
+                ratio(mcp.call_stateless.p50_us, mcp.call_direct.p50_us)
+            ),
+        );
+        row(
+            out,
             "  floor: the same call direct (stdio, warm)",
             &mcp.call_direct,
             "",
         );
+        row(
+            out,
+            "  any HTTP hop: a bare forwarder, plain client",
+            &mcp.call_forwarder,
+            &format!(
+                "{:.2}× direct (no key, session or bookkeeping)",
+                ratio(mcp.call_forwarder.p50_us, mcp.call_direct.p50_us)
+            ),
+        );
         let _ = writeln!(
             out,
-            "  {:<46} {:>10}            (HTTP, session, routing, bookkeeping)",
-            "  the catalog's own work per call, p50",
+            "  {:<46} {:>10}            (the client's HTTP and the catalog, less direct)",
+            "  through /mcp less direct, p50",
             time(mcp.catalog_own_us().max(0.0))
         );
+        if let Some(work) = mcp.catalog_work_us {
+            let _ = writeln!(
+                out,
+                "  {:<46} {:>10}            (its /metrics: arrival to answer, less the upstream)",
+                "  the catalog's own work per call, mean",
+                time(work)
+            );
+        }
         row(
             out,
             &format!("tools/list, {} sessions at once", mcp.list_clients),
