@@ -108,6 +108,14 @@ fn random_hex(bytes: usize) -> String {
 }
 
 impl Env {
+    /// The private cluster the bench runs on (deployed mode), if any.
+    pub fn cluster(&self) -> Option<&ClusterDependency> {
+        match &self.nats_dep {
+            NatsDependency::Cluster(cluster) => Some(cluster),
+            NatsDependency::One(_) => None,
+        }
+    }
+
     pub async fn start(args: &BenchArgs) -> Result<Self, BenchError> {
         let suffix = random_hex(4);
         let data_dir = std::env::temp_dir().join(format!("ctxsync-bench-{suffix}"));

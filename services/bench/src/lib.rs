@@ -54,8 +54,16 @@ async fn sections(
     let idle_samples = (sizes.floor_samples / 6).max(50);
     report.floors.nats_pub_sub_idle = floors::pub_sub(env, idle_samples, floors::IDLE_GAP).await?;
     progress.step("floors: raw NATS two hops after idleness");
-    report.floors.nats_two_hops_idle =
-        floors::two_hops(env, idle_samples, floors::IDLE_GAP).await?;
+    // On a cluster, on the nodes the wake's hops use: a hop between two
+    // nodes costs a route more than one within a node.
+    let placement = floors::WakePlacement::of(env).await?;
+    report.floors.nats_two_hops_idle = match &placement {
+        Some(placed) => {
+            floors::two_hops_placed(env, placed, idle_samples, floors::IDLE_GAP).await?
+        }
+        None => floors::two_hops(env, idle_samples, floors::IDLE_GAP).await?,
+    };
+    report.floors.two_hops_placement = placement.map(|placed| placed.describe());
     progress.step("floors: raw NATS request/reply");
     report.floors.nats_request_reply = floors::request_reply(env, sizes.floor_samples).await?;
     progress.step("floors: raw NATS fan-out (one publish, ten replies)");

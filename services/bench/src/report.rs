@@ -212,8 +212,12 @@ impl Report {
                 1.5,
                 floor_p50(
                     &format!(
-                        "raw NATS 2 hops, {} ms idle before each,",
-                        crate::floors::IDLE_GAP.as_millis()
+                        "raw NATS 2 hops, {} ms idle before each{},",
+                        crate::floors::IDLE_GAP.as_millis(),
+                        f.two_hops_placement
+                            .as_ref()
+                            .map(|placed| format!(" ({placed})"))
+                            .unwrap_or_default()
                     ),
                     &f.nats_two_hops_idle,
                 ),
@@ -329,6 +333,18 @@ impl Report {
                 floor_p50("raw NATS pub→sub, back to back,", &f.nats_pub_sub),
             )));
         }
+        if let Some(single) = self.wake.iter().find(|c| c.chats == 1)
+            && f.nats_pub_sub_idle.samples > 0
+        {
+            // Both hops after idleness, as if the gate's answer found NATS
+            // and the chat as quiet as the commit found them.
+            targets.push(for_comparison(at_most(
+                "wake p50, 1 chat / 2 × raw pub→sub after idleness p50".into(),
+                ratio(single.latency.p50_us, 2.0 * f.nats_pub_sub_idle.p50_us),
+                1.5,
+                format!("2 × {}", time(f.nats_pub_sub_idle.p50_us)),
+            )));
+        }
         if let Some(single) = self.wake.iter().find(|c| c.chats == 1) {
             let bound = 2.0 * pub_sub + f.store_read.p50_us;
             targets.push(for_comparison(at_most(
@@ -380,6 +396,7 @@ impl Report {
                 nats_pub_sub: Some(f.nats_pub_sub.to_proto()),
                 nats_pub_sub_idle: Some(f.nats_pub_sub_idle.to_proto()),
                 nats_two_hops_idle: Some(f.nats_two_hops_idle.to_proto()),
+                two_hops_placement: f.two_hops_placement.clone(),
                 idle_gap_ms: count(crate::floors::IDLE_GAP.as_millis() as usize),
                 nats_request_reply: Some(f.nats_request_reply.to_proto()),
                 postgres: Some(v1::BenchPostgresFloor {
@@ -629,7 +646,7 @@ impl Report {
                 crate::floors::IDLE_GAP.as_millis()
             ),
             &f.nats_two_hops_idle,
-            "",
+            f.two_hops_placement.as_deref().unwrap_or_default(),
         );
         let fan = &f.nats_fan_out;
         row(
@@ -842,12 +859,12 @@ impl Report {
         }
         let _ = writeln!(
             out,
-            "\nfor comparison, the earlier ratios: NOT like-for-like (a back-to-back floor), no verdict"
+            "\nfor comparison, other floors: NOT like-for-like (back to back, or both hops idle), no verdict"
         );
         for t in self.targets.iter().filter(|t| !t.like_for_like) {
             let _ = writeln!(
                 out,
-                "  {:<62} {:>9}×  (was {})\n      floor: {}",
+                "  {:<62} {:>9}×  (once read against {})\n      floor: {}",
                 t.name,
                 shown(t.ratio),
                 t.target,

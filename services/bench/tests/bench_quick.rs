@@ -189,12 +189,23 @@ async fn check_report(report: &Value, mode: &str) {
     for latency in [
         "mcp.call_through_catalog",
         "mcp.call_direct",
+        "mcp.call_plain_http",
+        "mcp.call_stateless",
+        "mcp.call_forwarder",
         "mcp.list",
         "mcp.first_list",
     ] {
         assert_latency(&report, latency);
     }
     assert_eq!(number(&report, "mcp.call_through_catalog.samples"), 200.0);
+    assert_eq!(number(&report, "mcp.call_forwarder.samples"), 200.0);
+    // The warm session calls were answered by the endpoint itself, which
+    // counted its own work on each.
+    assert!(
+        number(&report, "mcp.catalog_work_us") > 0.0,
+        "{}",
+        report["mcp"]
+    );
     assert_eq!(number(&report, "mcp.list_clients"), 16.0);
     assert!(number(&report, "mcp.lists_per_second") > 0.0);
     assert!(number(&report, "mcp.tools") > 0.0);

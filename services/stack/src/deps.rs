@@ -299,6 +299,8 @@ pub async fn admin_execute(admin_url: &str, sql: String) -> Result<(), sqlx::Err
 /// this drops.
 pub struct ClusterDependency {
     urls: Vec<String>,
+    /// The nodes' monitoring ports, in the order of `urls`.
+    monitors: Vec<u16>,
     data_dir: PathBuf,
     _children: Vec<Child>,
 }
@@ -314,6 +316,19 @@ impl ClusterDependency {
     /// The URLs comma-joined: a `NATS_URL` naming the whole cluster.
     pub fn url_list(&self) -> String {
         self.urls.join(",")
+    }
+
+    /// The node (index into [`ClusterDependency::urls`]) of each client
+    /// connection named `name` now, from the nodes' `/connz`.
+    pub async fn nodes_of(&self, name: &str) -> Result<Vec<usize>, String> {
+        let mut nodes = Vec::new();
+        for (node, &port) in self.monitors.iter().enumerate() {
+            let connz = monitor_get(port, "/connz?limit=4096").await?;
+            let connections = connz["connections"].as_array().cloned().unwrap_or_default();
+            let named = connections.iter().filter(|c| c["name"] == name).count();
+            nodes.extend(std::iter::repeat_n(node, named));
+        }
+        Ok(nodes)
     }
 
     pub fn origin(&self) -> Origin {
@@ -406,6 +421,7 @@ pub async fn nats_cluster(data_dir: &Path) -> Result<ClusterDependency, Dependen
             .iter()
             .map(|(client, _, _)| format!("nats://127.0.0.1:{client}"))
             .collect(),
+        monitors,
         data_dir: dir,
         _children: children,
     })
