@@ -376,9 +376,10 @@ async fn work_counted(addr: SocketAddr) -> Option<(f64, f64)> {
             .and_then(|line| line.rsplit(' ').next())
             .and_then(|value| value.parse::<f64>().ok())
     };
+    const WORK: &str = "ctxsync_catalog_mcp_call_work_seconds";
     Some((
-        value("ctxsync_catalog_mcp_call_work_seconds_sum")?,
-        value("ctxsync_catalog_mcp_call_work_seconds_count")?,
+        value(&format!("{WORK}_sum"))?,
+        value(&format!("{WORK}_count"))?,
     ))
 }
 
