@@ -1,5 +1,5 @@
-//! Calls of 2025 MCP sessions that `/mcp` answers itself (design note: the
-//! catalog as an MCP server), spoken to in raw HTTP so each answer's shape
+//! Calls of 2025 MCP sessions that `/mcp` answers itself
+//! (design note: the catalog as an MCP server), in raw HTTP so each answer's shape
 //! is seen: a session whose client declared neither elicitation nor
 //! sampling has its `tools/call` answered as `application/json`, or as an
 //! SSE stream when progress comes first, exactly as rmcp's session worker
@@ -256,12 +256,12 @@ async fn a_cancelled_call_reaches_the_upstream() {
         let session = session.clone();
         async move { session.call(5, "slow__sleep", json!({"ms": 20000})).await }
     });
-    // The call is in flight once its server runs.
-    let running = eventually(DEADLINE, || {
-        !mcp_fixture::live_pids(record.path()).is_empty()
+    // Cancelled once the server is at it.
+    let sleeping = eventually(DEADLINE, || {
+        !mcp_fixture::read_sleeping(record.path()).is_empty()
     })
     .await;
-    assert!(running, "the call starts its server");
+    assert!(sleeping, "the call reaches its server");
     let cancelled = session
         .post(json!({
             "jsonrpc": "2.0", "method": "notifications/cancelled",

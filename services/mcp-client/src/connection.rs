@@ -514,6 +514,12 @@ impl Connection {
         let mut params = CallToolRequestParams::new(name.to_string()).with_arguments(arguments);
         let deadline = tokio::time::Instant::now() + timeout;
         for _round in 0..MAX_INPUT_ROUNDS {
+            // Cancelled before it is sent (while the server started, say):
+            // nothing to send. A cancellation sent right behind a request
+            // could overtake it (rmcp writes each message from its own task).
+            if relay.cancelled.is_cancelled() {
+                return Err(McpError::Cancelled);
+            }
             let request = ClientRequest::CallToolRequest(CallToolRequest::new(params.clone()));
             let handle = self
                 .service

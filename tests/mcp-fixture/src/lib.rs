@@ -138,6 +138,26 @@ pub fn record_cancellation(record_dir: &Path, request_id: &str) {
     }
 }
 
+/// Appends one line to `sleeping.log`: a `sleep` call began, by its
+/// request id (a test cancels only what the server is doing).
+pub fn record_sleeping(record_dir: &Path, request_id: &str) {
+    use std::io::Write as _;
+    if let Ok(mut log) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(record_dir.join("sleeping.log"))
+    {
+        let _ = log.write_all(format!("{request_id}\n").as_bytes());
+    }
+}
+
+/// The request ids of the `sleep` calls that began, in order.
+pub fn read_sleeping(record_dir: &Path) -> Vec<String> {
+    std::fs::read_to_string(record_dir.join("sleeping.log"))
+        .map(|text| text.lines().map(str::to_owned).collect())
+        .unwrap_or_default()
+}
+
 /// Appends one line to `progress.log`: a client's progress the fixture
 /// received.
 pub fn record_progress(record_dir: &Path, progress: f64) {

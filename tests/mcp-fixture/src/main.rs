@@ -431,6 +431,9 @@ impl ServerHandler for Fixture {
             // at once and is recorded (`cancelled.log` in the record dir).
             "sleep" => {
                 let ms = arguments.get("ms").and_then(Value::as_u64).unwrap_or(0);
+                if let Some(dir) = &self.args.record_dir {
+                    mcp_fixture::record_sleeping(dir, &context.id.to_string());
+                }
                 tokio::select! {
                     () = tokio::time::sleep(Duration::from_millis(ms)) => {}
                     () = context.ct.cancelled() => {
