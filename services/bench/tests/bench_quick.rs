@@ -219,7 +219,8 @@ async fn check_report(report: &Value, mode: &str) {
             .count()
     };
     // Each like-for-like target names its floor; the earlier wake ratios
-    // (three cases, and the single one's bound) are kept apart.
+    // (three cases, the single one over two idle hops, and its bound) are
+    // kept apart.
     for part in [
         "two hops after idleness",
         "raw fan-out",
@@ -243,8 +244,13 @@ async fn check_report(report: &Value, mode: &str) {
         "{targets:?}"
     );
     assert_eq!(
+        named("2 × raw pub→sub after idleness", false),
+        1,
+        "{targets:?}"
+    );
+    assert_eq!(
         targets.len(),
-        7 + usize::from(mode == "deployed") + 4,
+        7 + usize::from(mode == "deployed") + 5,
         "{targets:?}"
     );
     for target in targets {
