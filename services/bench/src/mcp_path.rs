@@ -42,6 +42,10 @@ pub struct McpPath {
     /// `ctxsync_catalog_mcp_call_work_seconds`, mean over the calls), in
     /// microseconds; `None` if it counted none.
     pub catalog_work_us: Option<f64>,
+    /// The same calls as the catalog timed them from taking one to its
+    /// result (its `ctxsync_catalog_call_seconds`, mean): the session's
+    /// lookup and the upstream's round trip from the catalog's process.
+    pub catalog_call_us: Option<f64>,
     pub list_clients: usize,
     pub lists: u64,
     pub lists_per_second: f64,
@@ -138,16 +142,12 @@ pub async fn measure(
     let client = Connection::connect(&spec, sessions.clone())
         .await
         .step("mcp initialize")?;
-    let work_before = work_counted(addr).await;
+    let before = histograms(addr).await;
     let through = calls(&client, "everything-1__echo", sizes.mcp_calls).await?;
-    let work_after = work_counted(addr).await;
+    let after = histograms(addr).await;
     client.close().await;
-    let catalog_work_us = match (work_before, work_after) {
-        (Some((sum0, n0)), Some((sum1, n1))) if n1 > n0 => {
-            Some((sum1 - sum0) / (n1 - n0) * 1_000_000.0)
-        }
-        _ => None,
-    };
+    let catalog_work_us = mean_between(&before, &after, WORK_SECONDS);
+    let catalog_call_us = mean_between(&before, &after, CALL_SECONDS);
     let stateless_client = Connection::connect(&spec, ConnectOptions::new(TIMEOUT))
         .await
         .step("mcp, 2026-07-28")?;
@@ -188,6 +188,7 @@ pub async fn measure(
         call_stateless: stateless,
         call_forwarder: forwarded,
         catalog_work_us,
+        catalog_call_us,
         list_clients: sizes.mcp_list_clients,
         lists,
         lists_per_second: lists as f64 / elapsed.as_secs_f64(),
@@ -361,26 +362,42 @@ async fn list_once(
     Ok(())
 }
 
-/// The catalog's `ctxsync_catalog_mcp_call_work_seconds` so far: its sum
-/// (seconds) and count, from the `/metrics` of the listener at `addr`.
-async fn work_counted(addr: SocketAddr) -> Option<(f64, f64)> {
-    let text = reqwest::get(format!("http://{addr}/metrics"))
+/// The catalog's own work on a call it answered itself (arrival to
+/// answer, less the upstream's time).
+const WORK_SECONDS: &str = "ctxsync_catalog_mcp_call_work_seconds";
+/// A call as the catalog's call path timed it (session lookup and upstream).
+const CALL_SECONDS: &str = "ctxsync_catalog_call_seconds";
+
+/// The `/metrics` text of the listener at `addr`, if it answers.
+async fn histograms(addr: SocketAddr) -> Option<String> {
+    reqwest::get(format!("http://{addr}/metrics"))
         .await
         .ok()?
         .text()
         .await
-        .ok()?;
-    let value = |name: &str| {
+        .ok()
+}
+
+/// Histogram `name`'s sum (seconds) and count in a `/metrics` text.
+fn counted(text: &str, name: &str) -> Option<(f64, f64)> {
+    let value = |series: String| {
         text.lines()
-            .find(|line| line.starts_with(name))
+            .find(|line| line.starts_with(&series))
             .and_then(|line| line.rsplit(' ').next())
             .and_then(|value| value.parse::<f64>().ok())
     };
-    const WORK: &str = "ctxsync_catalog_mcp_call_work_seconds";
     Some((
-        value(&format!("{WORK}_sum"))?,
-        value(&format!("{WORK}_count"))?,
+        value(format!("{name}_sum"))?,
+        value(format!("{name}_count"))?,
     ))
+}
+
+/// Histogram `name`'s mean, in microseconds, over what it counted between
+/// the two `/metrics` texts; `None` if it counted nothing.
+fn mean_between(before: &Option<String>, after: &Option<String>, name: &str) -> Option<f64> {
+    let (sum0, n0) = counted(before.as_deref()?, name)?;
+    let (sum1, n1) = counted(after.as_deref()?, name)?;
+    (n1 > n0).then(|| (sum1 - sum0) / (n1 - n0) * 1_000_000.0)
 }
 
 /// A bare HTTP→stdio forwarder: each POSTed JSON-RPC `tools/call` is made

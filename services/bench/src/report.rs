@@ -495,6 +495,7 @@ impl Report {
                 call_stateless: Some(self.mcp.call_stateless.to_proto()),
                 call_forwarder: Some(self.mcp.call_forwarder.to_proto()),
                 catalog_work_us: self.mcp.catalog_work_us,
+                catalog_call_us: self.mcp.catalog_call_us,
                 catalog_own_us: self.mcp.catalog_own_us(),
                 list_clients: count(self.mcp.list_clients),
                 lists: self.mcp.lists,
@@ -581,6 +582,14 @@ impl Report {
                 "  {:<46} {:>10}            (its /metrics: arrival to answer, less the upstream)",
                 "  the catalog's own work per call, mean",
                 time(work)
+            );
+        }
+        if let Some(call) = mcp.catalog_call_us {
+            let _ = writeln!(
+                out,
+                "  {:<46} {:>10}            (its /metrics: session lookup and the upstream's round trip)",
+                "  the call inside the catalog, mean",
+                time(call)
             );
         }
         row(

@@ -206,6 +206,12 @@ async fn check_report(report: &Value, mode: &str) {
         "{}",
         report["mcp"]
     );
+    // ... and its call path timed each call, upstream included.
+    assert!(
+        number(&report, "mcp.catalog_call_us") > 0.0,
+        "{}",
+        report["mcp"]
+    );
     assert_eq!(number(&report, "mcp.list_clients"), 16.0);
     assert!(number(&report, "mcp.lists_per_second") > 0.0);
     assert!(number(&report, "mcp.tools") > 0.0);
