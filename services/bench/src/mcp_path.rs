@@ -20,6 +20,7 @@ use ctxsync_mcp::{ConnectOptions, Connection, ServerSpec, TransportSpec};
 use serde_json::{Value, json};
 
 use crate::env::Env;
+use crate::floors::IDLE_GAP;
 use crate::stats::Latency;
 use crate::steps::{BenchError, Progress, Sizes, Step};
 
@@ -32,6 +33,11 @@ pub struct McpPath {
     pub skipped: Option<String>,
     pub call_through_catalog: Latency,
     pub call_direct: Latency,
+    /// Both again with [`IDLE_GAP`] of idleness before each call: every
+    /// process on the way (the upstream's too) as quiet as between an
+    /// agent's calls, however long the path is.
+    pub call_through_catalog_idle: Latency,
+    pub call_direct_idle: Latency,
     /// The call through `/mcp` made by a plain HTTP JSON-RPC client.
     pub call_plain_http: Latency,
     /// The call through `/mcp` by a 2026-07-28 (stateless) client.
@@ -69,9 +75,19 @@ fn echo_arguments() -> serde_json::Map<String, Value> {
 }
 
 /// `samples` warm calls of `tool`, one after another (a few first, untimed).
-async fn calls(client: &Connection, tool: &str, samples: usize) -> Result<Latency, BenchError> {
+/// `samples` calls of `tool` after 20 unmeasured ones, each after `idle`
+/// of idleness (none: back to back).
+async fn calls(
+    client: &Connection,
+    tool: &str,
+    samples: usize,
+    idle: Duration,
+) -> Result<Latency, BenchError> {
     let mut durations = Vec::with_capacity(samples);
     for i in 0..samples + 20 {
+        if !idle.is_zero() {
+            tokio::time::sleep(idle).await;
+        }
         let started = Instant::now();
         let outcome = client
             .call_tool(tool, echo_arguments(), TIMEOUT)
@@ -143,15 +159,28 @@ pub async fn measure(
         .await
         .step("mcp initialize")?;
     let before = histograms(addr).await;
-    let through = calls(&client, "everything-1__echo", sizes.mcp_calls).await?;
+    let through = calls(
+        &client,
+        "everything-1__echo",
+        sizes.mcp_calls,
+        Duration::ZERO,
+    )
+    .await?;
     let after = histograms(addr).await;
+    let through_idle = calls(&client, "everything-1__echo", sizes.mcp_calls, IDLE_GAP).await?;
     client.close().await;
     let catalog_work_us = mean_between(&before, &after, WORK_SECONDS);
     let catalog_call_us = mean_between(&before, &after, CALL_SECONDS);
     let stateless_client = Connection::connect(&spec, ConnectOptions::new(TIMEOUT))
         .await
         .step("mcp, 2026-07-28")?;
-    let stateless = calls(&stateless_client, "everything-1__echo", sizes.mcp_calls).await?;
+    let stateless = calls(
+        &stateless_client,
+        "everything-1__echo",
+        sizes.mcp_calls,
+        Duration::ZERO,
+    )
+    .await?;
     stateless_client.close().await;
     let direct_spec = ServerSpec {
         name: "everything-direct".into(),
@@ -165,7 +194,8 @@ pub async fn measure(
     let direct_client = Connection::connect(&direct_spec, ConnectOptions::new(TIMEOUT))
         .await
         .step("server-everything, directly")?;
-    let direct = calls(&direct_client, "echo", sizes.mcp_calls).await?;
+    let direct = calls(&direct_client, "echo", sizes.mcp_calls, Duration::ZERO).await?;
+    let direct_idle = calls(&direct_client, "echo", sizes.mcp_calls, IDLE_GAP).await?;
     direct_client.close().await;
 
     let plain = plain_calls(addr, &key, sizes.mcp_calls).await?;
@@ -184,6 +214,8 @@ pub async fn measure(
         skipped: None,
         call_through_catalog: through,
         call_direct: direct,
+        call_through_catalog_idle: through_idle,
+        call_direct_idle: direct_idle,
         call_plain_http: plain,
         call_stateless: stateless,
         call_forwarder: forwarded,

@@ -189,6 +189,8 @@ async fn check_report(report: &Value, mode: &str) {
     for latency in [
         "mcp.call_through_catalog",
         "mcp.call_direct",
+        "mcp.call_through_catalog_idle",
+        "mcp.call_direct_idle",
         "mcp.call_plain_http",
         "mcp.call_stateless",
         "mcp.call_forwarder",
@@ -198,6 +200,11 @@ async fn check_report(report: &Value, mode: &str) {
         assert_latency(&report, latency);
     }
     assert_eq!(number(&report, "mcp.call_through_catalog.samples"), 200.0);
+    assert_eq!(
+        number(&report, "mcp.call_through_catalog_idle.samples"),
+        200.0
+    );
+    assert_eq!(number(&report, "mcp.call_direct_idle.samples"), 200.0);
     assert_eq!(number(&report, "mcp.call_forwarder.samples"), 200.0);
     // The warm session calls were answered by the endpoint itself, which
     // counted its own work on each.
@@ -225,15 +232,15 @@ async fn check_report(report: &Value, mode: &str) {
             .count()
     };
     // Each like-for-like target names its floor; the earlier wake ratios
-    // (three cases, the single one over two idle hops, and its bound) are
-    // kept apart.
+    // (three cases, the single one over two idle hops, and its bound) and
+    // the back-to-back call ratio are kept apart.
     for part in [
         "two hops after idleness",
         "raw fan-out",
         "raw request/reply",
         "raw Postgres",
         "warm preparation",
-        "the same call direct",
+        "via /mcp / direct p50",
         "polling wake",
     ] {
         assert_eq!(named(part, true), 1, "{part}: {targets:?}");
@@ -254,9 +261,17 @@ async fn check_report(report: &Value, mode: &str) {
         1,
         "{targets:?}"
     );
+    // The call's target pairs calls after the same idleness; its back to
+    // back ratio is kept apart.
+    assert_eq!(
+        named("/ direct p50, 2 ms idle before each", true),
+        1,
+        "{targets:?}"
+    );
+    assert_eq!(named("/ direct p50, back to back", false), 1, "{targets:?}");
     assert_eq!(
         targets.len(),
-        7 + usize::from(mode == "deployed") + 5,
+        7 + usize::from(mode == "deployed") + 6,
         "{targets:?}"
     );
     for target in targets {
