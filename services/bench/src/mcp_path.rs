@@ -74,8 +74,7 @@ fn echo_arguments() -> serde_json::Map<String, Value> {
         .unwrap_or_default()
 }
 
-/// `samples` warm calls of `tool`, one after another (a few first, untimed).
-/// `samples` calls of `tool` after 20 unmeasured ones, each after `idle`
+/// `samples` warm calls of `tool` after 20 unmeasured ones, each after `idle`
 /// of idleness (none: back to back).
 async fn calls(
     client: &Connection,
