@@ -135,13 +135,11 @@ async fn relayed(
     });
     // On a cluster the subscriptions reach the other nodes a moment later:
     // the first message that comes all the way through says they have.
-    let through = primed(publisher, &first, &mut arrivals).await;
-    let latencies = match through {
-        Ok(()) => {
-            timed_publishes(publisher, &first, &mut arrivals, samples, idle, "two hops").await
-        }
-        Err(error) => Err(error),
-    };
+    let latencies = async {
+        primed(publisher, &first, &mut arrivals).await?;
+        timed_publishes(publisher, &first, &mut arrivals, samples, idle, "two hops").await
+    }
+    .await;
     forward.abort();
     latencies
 }

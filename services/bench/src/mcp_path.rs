@@ -74,20 +74,39 @@ fn echo_arguments() -> serde_json::Map<String, Value> {
         .unwrap_or_default()
 }
 
-/// `samples` warm calls of `tool` after 20 unmeasured ones, each after `idle`
-/// of idleness (none: back to back).
+/// Calls made, untimed, before a series is timed: the connection and the
+/// server warm.
+const WARMUP_CALLS: u64 = 20;
+
+/// Times `samples` calls (`call(id)`, checked by it) after the warm-up
+/// ones, each after `idle` of idleness (none: back to back).
+async fn timed<F, Fut>(samples: usize, idle: Duration, mut call: F) -> Result<Latency, BenchError>
+where
+    F: FnMut(u64) -> Fut,
+    Fut: Future<Output = Result<(), BenchError>>,
+{
+    let mut durations = Vec::with_capacity(samples);
+    for id in 0..samples as u64 + WARMUP_CALLS {
+        if !idle.is_zero() {
+            tokio::time::sleep(idle).await;
+        }
+        let started = Instant::now();
+        call(id).await?;
+        if id >= WARMUP_CALLS {
+            durations.push(started.elapsed());
+        }
+    }
+    Ok(Latency::of(durations))
+}
+
+/// `samples` warm calls of `tool` by the client library, each after `idle`.
 async fn calls(
     client: &Connection,
     tool: &str,
     samples: usize,
     idle: Duration,
 ) -> Result<Latency, BenchError> {
-    let mut durations = Vec::with_capacity(samples);
-    for i in 0..samples + 20 {
-        if !idle.is_zero() {
-            tokio::time::sleep(idle).await;
-        }
-        let started = Instant::now();
+    timed(samples, idle, |_| async move {
         let outcome = client
             .call_tool(tool, echo_arguments(), TIMEOUT)
             .await
@@ -98,11 +117,9 @@ async fn calls(
                 format!("{tool} answered an error: {}", outcome.content_json),
             ));
         }
-        if i >= 20 {
-            durations.push(started.elapsed());
-        }
-    }
-    Ok(Latency::of(durations))
+        Ok(())
+    })
+    .await
 }
 
 /// The catalog's `/mcp` for `key`, as an MCP client reaches it.
@@ -344,17 +361,15 @@ async fn plain_calls(addr: SocketAddr, key: &str, samples: usize) -> Result<Late
     let session = open_session(&http, &url, key)
         .await
         .map_err(|e| BenchError::new("mcp session", e))?;
-    let mut durations = Vec::with_capacity(samples);
-    for id in 0..samples + 20 {
+    let (http, url, session) = (&http, &url, &session);
+    timed(samples, Duration::ZERO, |id| async move {
         let call = json!({
             "jsonrpc": "2.0", "id": id, "method": "tools/call",
             "params": {"name": "everything-1__echo", "arguments": {"message": "x"}},
         });
-        let started = Instant::now();
-        let (answer, _) = post(&http, &url, key, Some(&session), &call)
+        let (answer, _) = post(http, url, key, Some(session), &call)
             .await
             .map_err(|e| BenchError::new("mcp tools/call", e))?;
-        let elapsed = started.elapsed();
         let result = answer.as_ref().map(|a| &a["result"]);
         if result.is_none_or(|r| r["isError"] == true || r["content"].is_null()) {
             return Err(BenchError::new(
@@ -362,11 +377,9 @@ async fn plain_calls(addr: SocketAddr, key: &str, samples: usize) -> Result<Late
                 format!("not an echo: {answer:?}"),
             ));
         }
-        if id >= 20 {
-            durations.push(elapsed);
-        }
-    }
-    Ok(Latency::of(durations))
+        Ok(())
+    })
+    .await
 }
 
 async fn list_once(
@@ -478,17 +491,15 @@ impl Forwarder {
     async fn calls(&self, samples: usize) -> Result<Latency, BenchError> {
         let http = reqwest::Client::new();
         let url = format!("http://{}/", self.addr);
-        let mut durations = Vec::with_capacity(samples);
-        for id in 0..samples + 20 {
+        let (http, url) = (&http, &url);
+        timed(samples, Duration::ZERO, |id| async move {
             let call = json!({
                 "jsonrpc": "2.0", "id": id, "method": "tools/call",
                 "params": {"name": "echo", "arguments": {"message": "x"}},
             });
-            let started = Instant::now();
-            let (answer, _) = post(&http, &url, "-", None, &call)
+            let (answer, _) = post(http, url, "-", None, &call)
                 .await
                 .map_err(|e| BenchError::new("forwarder tools/call", e))?;
-            let elapsed = started.elapsed();
             if answer
                 .as_ref()
                 .is_none_or(|a| a["result"]["isError"] != false)
@@ -498,11 +509,9 @@ impl Forwarder {
                     format!("not an echo: {answer:?}"),
                 ));
             }
-            if id >= 20 {
-                durations.push(elapsed);
-            }
-        }
-        Ok(Latency::of(durations))
+            Ok(())
+        })
+        .await
     }
 
     async fn stop(self) {

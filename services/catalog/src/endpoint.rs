@@ -783,19 +783,16 @@ impl McpSession {
         context: &RequestContext<RoleServer>,
     ) -> CatalogCallReply {
         let relay = self.relay_for(context);
-        let reply = self
-            .endpoint
-            .commands
-            .call
-            .handle_relayed(call, Some(relay))
-            .await;
-        if !bound.stateless {
-            notify_lists_changed(
-                self.state.announce(self.withdrawn(bound).await),
-                &context.peer,
-            );
-        }
-        reply
+        announced_call(
+            &self.endpoint,
+            &self.state,
+            &context.peer,
+            bound,
+            call,
+            relay,
+        )
+        .await
+        .0
     }
 
     /// A stateless client's call: what its server asks meanwhile comes back
@@ -986,9 +983,27 @@ async fn session_tool_call(
         Ok(call) => call,
         Err(refused) => return (refused.into(), None),
     };
-    let (reply, upstream) = endpoint.commands.call.handle_timed(call, Some(relay)).await;
-    notify_lists_changed(state.announce(withdrawn(endpoint, bound).await), peer);
+    let (reply, upstream) = announced_call(endpoint, state, peer, bound, call, relay).await;
     (result_of(reply).into(), upstream)
+}
+
+/// A catalog call for the session, then the lists that changed under the
+/// client meanwhile announced to it (a session's only: a stateless client
+/// hears of changes through `subscriptions/listen`). Also how long the
+/// upstream server took, if the call reached it.
+async fn announced_call(
+    endpoint: &Endpoint,
+    state: &SessionState,
+    peer: &Peer<RoleServer>,
+    bound: &Bound,
+    call: CatalogCallRequest,
+    relay: Relay,
+) -> (CatalogCallReply, Option<std::time::Duration>) {
+    let timed = endpoint.commands.call.handle_timed(call, Some(relay)).await;
+    if !bound.stateless {
+        notify_lists_changed(state.announce(withdrawn(endpoint, bound).await), peer);
+    }
+    timed
 }
 
 /// Which of the three lists differ between two readings of the memory.

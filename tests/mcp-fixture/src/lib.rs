@@ -122,69 +122,64 @@ pub struct Start {
     pub concurrent: usize,
 }
 
-/// Every recorded start, in order. Empty when nothing ever started.
-/// Appends one line to `cancelled.log`: a call the client cancelled
-/// (`sleep`), by its request id.
-pub fn record_cancellation(record_dir: &Path, request_id: &str) {
+/// Appends `line` to `file` in a record dir: one small write per line, so
+/// appends of concurrent copies do not interleave.
+fn append_line(record_dir: &Path, file: &str, line: &str) {
     use std::io::Write as _;
-    let line = format!("{} {request_id}\n", std::process::id());
     if let Ok(mut log) = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(record_dir.join("cancelled.log"))
+        .open(record_dir.join(file))
     {
-        // One small write per line: appends do not interleave.
-        let _ = log.write_all(line.as_bytes());
+        let _ = log.write_all(format!("{line}\n").as_bytes());
     }
+}
+
+/// The lines of `file` in a record dir; none if it was never written.
+fn read_lines(record_dir: &Path, file: &str) -> Vec<String> {
+    std::fs::read_to_string(record_dir.join(file))
+        .map(|text| text.lines().map(str::to_owned).collect())
+        .unwrap_or_default()
+}
+
+/// Appends one line to `cancelled.log`: a call the client cancelled
+/// (`sleep`), by its request id.
+pub fn record_cancellation(record_dir: &Path, request_id: &str) {
+    let line = format!("{} {request_id}", std::process::id());
+    append_line(record_dir, "cancelled.log", &line);
 }
 
 /// Appends one line to `sleeping.log`: a `sleep` call began, by its
 /// request id (a test cancels only what the server is doing).
 pub fn record_sleeping(record_dir: &Path, request_id: &str) {
-    use std::io::Write as _;
-    if let Ok(mut log) = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(record_dir.join("sleeping.log"))
-    {
-        let _ = log.write_all(format!("{request_id}\n").as_bytes());
-    }
+    append_line(record_dir, "sleeping.log", request_id);
 }
 
 /// The request ids of the `sleep` calls that began, in order.
 pub fn read_sleeping(record_dir: &Path) -> Vec<String> {
-    std::fs::read_to_string(record_dir.join("sleeping.log"))
-        .map(|text| text.lines().map(str::to_owned).collect())
-        .unwrap_or_default()
+    read_lines(record_dir, "sleeping.log")
 }
 
 /// Appends one line to `progress.log`: a client's progress the fixture
 /// received.
 pub fn record_progress(record_dir: &Path, progress: f64) {
-    use std::io::Write as _;
-    if let Ok(mut log) = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(record_dir.join("progress.log"))
-    {
-        let _ = log.write_all(format!("{progress}\n").as_bytes());
-    }
+    append_line(record_dir, "progress.log", &progress.to_string());
 }
 
 /// The client progress values the fixture received, in arrival order.
 pub fn read_progress(record_dir: &Path) -> Vec<f64> {
-    std::fs::read_to_string(record_dir.join("progress.log"))
-        .map(|text| text.lines().filter_map(|l| l.parse().ok()).collect())
-        .unwrap_or_default()
+    read_lines(record_dir, "progress.log")
+        .iter()
+        .filter_map(|l| l.parse().ok())
+        .collect()
 }
 
 /// The calls recorded as cancelled (`pid request-id` lines).
 pub fn read_cancellations(record_dir: &Path) -> Vec<String> {
-    std::fs::read_to_string(record_dir.join("cancelled.log"))
-        .map(|text| text.lines().map(str::to_owned).collect())
-        .unwrap_or_default()
+    read_lines(record_dir, "cancelled.log")
 }
 
+/// Every recorded start, in order. Empty when nothing ever started.
 pub fn read_starts(record_dir: &Path) -> Vec<Start> {
     let Ok(text) = std::fs::read_to_string(record_dir.join("starts.log")) else {
         return Vec::new();
