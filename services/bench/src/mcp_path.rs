@@ -44,6 +44,9 @@ pub struct McpPath {
     pub call_stateless: Latency,
     /// The call through a bare HTTP forwarder, plain HTTP client.
     pub call_forwarder: Latency,
+    /// The same, [`IDLE_GAP`] of idleness before each call: what no HTTP
+    /// gateway can avoid beside `call_direct_idle`.
+    pub call_forwarder_idle: Latency,
     /// The catalog's own work per call through `/mcp` (its
     /// `ctxsync_catalog_mcp_call_work_seconds`, mean over the calls), in
     /// microseconds; `None` if it counted none.
@@ -216,9 +219,10 @@ pub async fn measure(
 
     let plain = plain_calls(addr, &key, sizes.mcp_calls).await?;
     let forwarder = Forwarder::start(&direct_spec).await?;
-    let forwarded = forwarder.calls(sizes.mcp_calls).await;
+    let forwarded = forwarder.calls(sizes.mcp_calls, Duration::ZERO).await;
+    let forwarded_idle = forwarder.calls(sizes.mcp_calls, IDLE_GAP).await;
     forwarder.stop().await;
-    let forwarded = forwarded?;
+    let (forwarded, forwarded_idle) = (forwarded?, forwarded_idle?);
 
     progress.step(format!(
         "mcp: warm tools/list throughput, {} sessions",
@@ -235,6 +239,7 @@ pub async fn measure(
         call_plain_http: plain,
         call_stateless: stateless,
         call_forwarder: forwarded,
+        call_forwarder_idle: forwarded_idle,
         catalog_work_us,
         catalog_call_us,
         list_clients: sizes.mcp_list_clients,
@@ -487,12 +492,12 @@ impl Forwarder {
     }
 
     /// `samples` warm calls of `echo` through it, one after another (a few
-    /// first, untimed), by the plain HTTP client.
-    async fn calls(&self, samples: usize) -> Result<Latency, BenchError> {
+    /// first, untimed), each after `idle`, by the plain HTTP client.
+    async fn calls(&self, samples: usize, idle: Duration) -> Result<Latency, BenchError> {
         let http = reqwest::Client::new();
         let url = format!("http://{}/", self.addr);
         let (http, url) = (&http, &url);
-        timed(samples, Duration::ZERO, |id| async move {
+        timed(samples, idle, |id| async move {
             let call = json!({
                 "jsonrpc": "2.0", "id": id, "method": "tools/call",
                 "params": {"name": "echo", "arguments": {"message": "x"}},

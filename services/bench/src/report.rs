@@ -289,12 +289,15 @@ impl Report {
                 ),
                 1.5,
                 format!(
-                    "{}; any HTTP hop here, a bare forwarder back to back: {:.2}× direct",
+                    "{}; any HTTP hop here, a bare forwarder after the same idleness: {:.2}× direct",
                     floor_p50(
                         "server-everything echo on a warm stdio connection, 2 ms idle before each,",
                         &self.mcp.call_direct_idle,
                     ),
-                    ratio(self.mcp.call_forwarder.p50_us, self.mcp.call_direct.p50_us)
+                    ratio(
+                        self.mcp.call_forwarder_idle.p50_us,
+                        self.mcp.call_direct_idle.p50_us
+                    )
                 ),
             ));
         }
@@ -513,6 +516,7 @@ impl Report {
                 call_plain_http: Some(self.mcp.call_plain_http.to_proto()),
                 call_stateless: Some(self.mcp.call_stateless.to_proto()),
                 call_forwarder: Some(self.mcp.call_forwarder.to_proto()),
+                call_forwarder_idle: Some(self.mcp.call_forwarder_idle.to_proto()),
                 catalog_work_us: self.mcp.catalog_work_us,
                 catalog_call_us: self.mcp.catalog_call_us,
                 catalog_own_us: self.mcp.catalog_own_us(),
@@ -605,6 +609,15 @@ impl Report {
             &format!(
                 "{:.2}× direct (no key, session or bookkeeping)",
                 ratio(mcp.call_forwarder.p50_us, mcp.call_direct.p50_us)
+            ),
+        );
+        row(
+            out,
+            "    the same, 2 ms idle before each",
+            &mcp.call_forwarder_idle,
+            &format!(
+                "{:.2}× direct after the same idleness",
+                ratio(mcp.call_forwarder_idle.p50_us, mcp.call_direct_idle.p50_us)
             ),
         );
         let _ = writeln!(

@@ -194,6 +194,7 @@ async fn check_report(report: &Value, mode: &str) {
         "mcp.call_plain_http",
         "mcp.call_stateless",
         "mcp.call_forwarder",
+        "mcp.call_forwarder_idle",
         "mcp.list",
         "mcp.first_list",
     ] {
@@ -206,6 +207,7 @@ async fn check_report(report: &Value, mode: &str) {
     );
     assert_eq!(number(&report, "mcp.call_direct_idle.samples"), 200.0);
     assert_eq!(number(&report, "mcp.call_forwarder.samples"), 200.0);
+    assert_eq!(number(&report, "mcp.call_forwarder_idle.samples"), 200.0);
     // The warm session calls were answered by the endpoint itself, which
     // counted its own work on each.
     assert!(
@@ -269,6 +271,20 @@ async fn check_report(report: &Value, mode: &str) {
         "{targets:?}"
     );
     assert_eq!(named("/ direct p50, back to back", false), 1, "{targets:?}");
+    // Beside it, the least any HTTP hop adds after the same idleness.
+    let call_target = targets
+        .iter()
+        .find(|t| {
+            t["name"].as_str()
+                == Some("warm tools/call via /mcp / direct p50, 2 ms idle before each")
+        })
+        .expect("the /mcp call's target");
+    assert!(
+        call_target["floor"]
+            .as_str()
+            .is_some_and(|f| f.contains("a bare forwarder after the same idleness")),
+        "{call_target}"
+    );
     assert_eq!(
         targets.len(),
         7 + usize::from(mode == "deployed") + 6,
