@@ -20,6 +20,54 @@ pub const REPLICAS: usize = 2;
 /// Bound of a service process's start.
 const READY_WITHIN: Duration = Duration::from_secs(60);
 
+/// The service's Kubernetes manifest (`deploy/k8s`), built in.
+fn manifest(service: Service) -> &'static str {
+    match service {
+        Service::Store => include_str!("../../../deploy/k8s/snapshot-store.yaml"),
+        Service::Ingest => include_str!("../../../deploy/k8s/agent-ingest.yaml"),
+        Service::Gate => include_str!("../../../deploy/k8s/chat-gate.yaml"),
+        Service::Catalog => include_str!("../../../deploy/k8s/catalog.yaml"),
+    }
+}
+
+/// The CPU limit of container `name` in a Deployment of `manifest`, in
+/// whole CPUs as a cgroup quota reads (quota over period, rounded down, at
+/// least 1); `None` without one.
+fn cpu_limit(manifest: &str, name: &str) -> Option<usize> {
+    use serde::Deserialize as _;
+    serde_norway::Deserializer::from_str(manifest)
+        .filter_map(|document| serde_norway::Value::deserialize(document).ok())
+        .filter(|document| document["kind"].as_str() == Some("Deployment"))
+        .flat_map(|document| {
+            document["spec"]["template"]["spec"]["containers"]
+                .as_sequence()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .find(|container| container["name"].as_str() == Some(name))
+        .and_then(|container| {
+            let cpu = &container["resources"]["limits"]["cpu"];
+            let millis = match cpu.as_str() {
+                Some(text) => match text.strip_suffix('m') {
+                    Some(millis) => millis.parse::<f64>().ok()?,
+                    None => text.parse::<f64>().ok()? * 1000.0,
+                },
+                None => cpu.as_f64()? * 1000.0,
+            };
+            Some(((millis / 1000.0).floor() as usize).max(1))
+        })
+}
+
+/// The worker threads `service` runs with as deployed: tokio sizes its
+/// runtime from the CPUs the process may use, and in Kubernetes that is
+/// its manifest's CPU limit (the cgroup's quota), never more than the
+/// machine's CPUs. Unlimited processes on a shared machine would each
+/// start a thread per CPU instead, which no replica in the cluster has.
+pub fn worker_threads(service: Service) -> usize {
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    cpu_limit(manifest(service), service.name()).map_or(cpus, |limit| limit.min(cpus))
+}
+
 pub enum Services {
     InProcess(Stack),
     Deployed(Deployed),
@@ -92,8 +140,16 @@ impl Services {
         match self {
             Self::InProcess(_) => "single: every service in the bench's process".into(),
             Self::Deployed(deployed) => format!(
-                "deployed: {} processes ({REPLICAS} replicas each of snapshot-store, agent-ingest, chat-gate; the catalog section its own {REPLICAS})",
-                deployed.processes.len()
+                "deployed: {} processes ({REPLICAS} replicas each of snapshot-store, agent-ingest, chat-gate; the catalog section its own {REPLICAS}), worker threads as deploy/k8s limits their CPUs: {}",
+                deployed.processes.len(),
+                [
+                    Service::Store,
+                    Service::Ingest,
+                    Service::Gate,
+                    Service::Catalog
+                ]
+                .map(|service| format!("{} {}", service.name(), worker_threads(service)))
+                .join(", ")
             ),
         }
     }
@@ -140,6 +196,10 @@ impl Deployed {
                 .step("service log")?;
             let child = Command::new(&path)
                 .envs(binary.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+                .env(
+                    "TOKIO_WORKER_THREADS",
+                    worker_threads(binary.service).to_string(),
+                )
                 .stdin(Stdio::null())
                 .stdout(log.try_clone().step("service log")?)
                 .stderr(log)
@@ -285,5 +345,40 @@ mod tests {
         assert_eq!(gauge_value(text, "ctxsync_gate_waiters"), 12.0);
         assert_eq!(gauge_value(text, "ctxsync_gate_views"), 7.0);
         assert_eq!(gauge_value(text, "absent_metric"), 0.0);
+    }
+
+    #[test]
+    fn each_service_runs_with_its_manifests_cpu_limit() {
+        // As deploy/k8s limits them: a CPU each for the store, ingest and
+        // gate replicas, two for the catalog.
+        let limits: Vec<_> = [
+            Service::Store,
+            Service::Ingest,
+            Service::Gate,
+            Service::Catalog,
+        ]
+        .into_iter()
+        .map(|service| cpu_limit(manifest(service), service.name()))
+        .collect();
+        assert_eq!(limits, [Some(1), Some(1), Some(1), Some(2)]);
+        let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        assert_eq!(worker_threads(Service::Gate), 1);
+        assert_eq!(worker_threads(Service::Catalog), cpus.min(2));
+    }
+
+    #[test]
+    fn cpu_limits_read_as_a_cgroup_quota_does() {
+        let deployment = |cpu: &str| {
+            format!(
+                "kind: Service\nmetadata: {{name: x}}\n---\nkind: Deployment\nspec:\n  template:\n    spec:\n      containers:\n        - name: other\n          resources: {{limits: {{cpu: \"8\"}}}}\n        - name: x\n          resources: {{limits: {{cpu: {cpu}}}}}\n"
+            )
+        };
+        assert_eq!(cpu_limit(&deployment("\"3\""), "x"), Some(3));
+        assert_eq!(cpu_limit(&deployment("2"), "x"), Some(2));
+        assert_eq!(cpu_limit(&deployment("1500m"), "x"), Some(1));
+        assert_eq!(cpu_limit(&deployment("250m"), "x"), Some(1));
+        assert_eq!(cpu_limit(&deployment("\"1.5\""), "x"), Some(1));
+        assert_eq!(cpu_limit(&deployment("2"), "absent"), None);
+        assert_eq!(cpu_limit("kind: Deployment\nspec: {}\n", "x"), None);
     }
 }
