@@ -122,6 +122,12 @@ impl Events {
         }
     }
 
+    /// Whether this process knows `generation` is written (committed).
+    pub fn is_written(&self, generation: &GenerationRef<'_>) -> bool {
+        self.written
+            .contains(generation.key, &generation.catalog.hash)
+    }
+
     /// Writes `generation` (in the caller's transaction) unless this process
     /// knows it is written.
     pub async fn write_generation(
@@ -129,10 +135,7 @@ impl Events {
         conn: &mut PgConnection,
         generation: &GenerationRef<'_>,
     ) -> Result<(), sqlx::Error> {
-        if self
-            .written
-            .contains(generation.key, &generation.catalog.hash)
-        {
+        if self.is_written(generation) {
             return Ok(());
         }
         store::write_generation(conn, generation).await.map(|_| ())

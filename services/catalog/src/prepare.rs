@@ -198,6 +198,11 @@ impl Prepare {
     }
 
     /// The one transaction of a preparation. `None` if the session exists.
+    /// Generations this process does not know are written go first, in
+    /// configured-server order (a pin names its generation); the session,
+    /// its pins and its events then go in one statement, which is the
+    /// whole transaction when every generation is known (a warm
+    /// preparation: one round trip to Postgres).
     async fn write(
         &self,
         tenant: &str,
@@ -208,33 +213,29 @@ impl Prepare {
         timings: Timings,
     ) -> Result<Option<Vec<StoredEvent>>, sqlx::Error> {
         let write_started = Instant::now();
-        let mut tx = self.events.pool().begin().await?;
-        if !store::insert_session(&mut tx, tenant, session_id).await? {
-            tx.rollback().await?;
-            return Ok(None);
-        }
         let core::Writes {
             pins,
             mut events,
             counts,
         } = core::writes(tenant, session_id, servers, outcomes);
-        // Configured-server order: the Nth pin's generation is written after
-        // the N-1 before it, all in this transaction.
-        for pin in &pins {
-            self.events
-                .write_generation(
-                    &mut tx,
-                    &GenerationRef {
-                        key: pin.key,
-                        tenant,
-                        server_id: pin.server_id,
-                        transport: pin.transport,
-                        catalog: pin.catalog,
-                    },
-                )
-                .await?;
+        let generations: Vec<GenerationRef<'_>> = pins
+            .iter()
+            .map(|pin| GenerationRef {
+                key: pin.key,
+                tenant,
+                server_id: pin.server_id,
+                transport: pin.transport,
+                catalog: pin.catalog,
+            })
+            .filter(|generation| !self.events.is_written(generation))
+            .collect();
+        let mut tx = None;
+        if !generations.is_empty() {
+            let conn = tx.insert(self.events.pool().begin().await?);
+            for generation in &generations {
+                self.events.write_generation(conn, generation).await?;
+            }
         }
-        store::insert_pins(&mut tx, tenant, session_id, &pins).await?;
         events.push(core::prepared_event(
             tenant,
             session_id,
@@ -246,8 +247,22 @@ impl Prepare {
                 ..timings
             },
         ));
-        let written = store::insert_events(&mut tx, events).await?;
-        tx.commit().await?;
+        let written = match &mut tx {
+            Some(conn) => store::insert_prepared(conn, tenant, session_id, &pins, events).await?,
+            None => {
+                let mut conn = self.events.pool().acquire().await?;
+                store::insert_prepared(&mut conn, tenant, session_id, &pins, events).await?
+            }
+        };
+        let Some(written) = written else {
+            if let Some(tx) = tx {
+                tx.rollback().await?;
+            }
+            return Ok(None);
+        };
+        if let Some(tx) = tx {
+            tx.commit().await?;
+        }
         for (source, n) in [
             ("pinned", counts.pinned),
             ("connected", counts.connected),

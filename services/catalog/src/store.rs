@@ -253,48 +253,59 @@ impl WrittenGenerations {
     }
 }
 
-/// Creates the session row; false if it already exists (prepared before, or
-/// by a concurrent request).
-pub async fn insert_session(
-    conn: &mut PgConnection,
-    tenant: &str,
-    session_id: &str,
-) -> Result<bool, sqlx::Error> {
-    Ok(sqlx::query(
-        "INSERT INTO catalog.sessions (tenant, session_id) VALUES ($1, $2)
-         ON CONFLICT (tenant, session_id) DO NOTHING",
-    )
-    .bind(tenant)
-    .bind(session_id)
-    .execute(&mut *conn)
-    .await?
-    .rows_affected()
-        == 1)
-}
-
-/// Writes a session's pins in order, in one statement.
-pub async fn insert_pins(
+/// Creates the session with its pins (in order) and its events (in order,
+/// each stamped with the time of its insert) in ONE statement; `None`, and
+/// nothing written, if the session exists (prepared before, or by a
+/// concurrent request). One statement is atomic on its own: without
+/// generations to write first, a preparation needs no `BEGIN`/`COMMIT`
+/// round trips around it.
+pub async fn insert_prepared(
     conn: &mut PgConnection,
     tenant: &str,
     session_id: &str,
     pins: &[NewPin<'_>],
-) -> Result<(), sqlx::Error> {
-    if pins.is_empty() {
-        return Ok(());
-    }
+    events: Vec<NewEvent>,
+) -> Result<Option<Vec<StoredEvent>>, sqlx::Error> {
     let servers: Vec<&str> = pins.iter().map(|p| p.server_id).collect();
     let keys: Vec<&str> = pins.iter().map(|p| p.key).collect();
     let hashes: Vec<&str> = pins.iter().map(|p| p.catalog.hash.as_str()).collect();
     let transports: Vec<&str> = pins.iter().map(|p| p.transport.as_str()).collect();
     let sources: Vec<&str> = pins.iter().map(|p| p.source.as_str()).collect();
     let namings: Vec<String> = pins.iter().map(|p| p.naming.to_json()).collect();
-    sqlx::query(
-        "INSERT INTO catalog.pins
-             (tenant, session_id, position, server_id, server_key, catalog_hash, transport, source, naming_json)
-         SELECT $1, $2, (p.ord - 1)::integer, p.server_id, p.server_key, p.catalog_hash, p.transport, p.source, p.naming_json
-         FROM UNNEST($3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[])
-              WITH ORDINALITY AS p(server_id, server_key, catalog_hash, transport, source, naming_json, ord)
-         ORDER BY p.ord",
+    let kinds: Vec<&str> = events.iter().map(|e| e.kind).collect();
+    let tenants: Vec<&str> = events.iter().map(|e| e.tenant.as_str()).collect();
+    let sessions: Vec<Option<&str>> = events.iter().map(|e| e.session_id.as_deref()).collect();
+    let event_servers: Vec<Option<&str>> = events.iter().map(|e| e.server_id.as_deref()).collect();
+    let payloads: Vec<Value> = events.iter().map(|e| e.payload.clone()).collect();
+    // The pins' and events' inserts see no session row of their own
+    // statement; they run only if the session's insert did. The foreign
+    // keys are checked at the statement's end, with the session there.
+    let rows = sqlx::query(
+        "WITH session AS (
+             INSERT INTO catalog.sessions (tenant, session_id) VALUES ($1, $2)
+             ON CONFLICT (tenant, session_id) DO NOTHING
+             RETURNING 1
+         ), pins AS (
+             INSERT INTO catalog.pins
+                 (tenant, session_id, position, server_id, server_key, catalog_hash, transport, source, naming_json)
+             SELECT $1, $2, (p.ord - 1)::integer, p.server_id, p.server_key, p.catalog_hash, p.transport, p.source, p.naming_json
+             FROM UNNEST($3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[])
+                  WITH ORDINALITY AS p(server_id, server_key, catalog_hash, transport, source, naming_json, ord)
+             WHERE EXISTS (SELECT 1 FROM session)
+             ORDER BY p.ord
+         ), events AS (
+             INSERT INTO catalog.events
+                 (kind, tenant, session_id, server_id, payload_version, payload, occurred_at)
+             SELECT e.kind, e.tenant, e.session_id, e.server_id, $14, e.payload, clock_timestamp()
+             FROM UNNEST($9::text[], $10::text[], $11::text[], $12::text[], $13::jsonb[])
+                  WITH ORDINALITY AS e(kind, tenant, session_id, server_id, payload, ord)
+             WHERE EXISTS (SELECT 1 FROM session)
+             ORDER BY e.ord
+             RETURNING id, occurred_at
+         )
+         SELECT created.n AS created, events.id, events.occurred_at
+         FROM (SELECT count(*) AS n FROM session) AS created
+         LEFT JOIN events ON true",
     )
     .bind(tenant)
     .bind(session_id)
@@ -304,9 +315,39 @@ pub async fn insert_pins(
     .bind(&transports)
     .bind(&sources)
     .bind(&namings)
-    .execute(&mut *conn)
+    .bind(&kinds)
+    .bind(&tenants)
+    .bind(&sessions)
+    .bind(&event_servers)
+    .bind(&payloads)
+    .bind(PAYLOAD_VERSION)
+    .fetch_all(&mut *conn)
     .await?;
-    Ok(())
+    let created = match rows.first() {
+        Some(row) => row.try_get::<i64, _>("created")? == 1,
+        None => false,
+    };
+    if !created {
+        return Ok(None);
+    }
+    let mut written: Vec<(i64, DateTime<Utc>)> = Vec::with_capacity(events.len());
+    for row in &rows {
+        if let Some(id) = row.try_get::<Option<i64>, _>("id")? {
+            written.push((id, row.try_get("occurred_at")?));
+        }
+    }
+    written.sort_by_key(|(id, _)| *id);
+    Ok(Some(
+        events
+            .into_iter()
+            .zip(written)
+            .map(|(event, (id, occurred_at))| StoredEvent {
+                id,
+                occurred_at,
+                event,
+            })
+            .collect(),
+    ))
 }
 
 /// The session's pins in configured order; `None` if the session was never prepared.

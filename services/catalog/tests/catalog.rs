@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::*;
 use ctxsync_proto::Message;
 use ctxsync_proto::v1::catalog_pin::Source;
-use ctxsync_proto::v1::{CatalogCallReply, CatalogCallRequest, CatalogEvent};
+use ctxsync_proto::v1::{CatalogCallReply, CatalogCallRequest, CatalogEvent, CatalogPrepareReply};
 use futures::StreamExt;
 
 const PINNED: i32 = Source::Pinned as i32;
@@ -666,6 +666,73 @@ async fn a_generation_is_written_once_however_many_sessions_pin_it() {
         20
     );
     assert_eq!(harness.count("SELECT count(*) FROM catalog.pins").await, 40);
+    harness.stop().await;
+}
+
+#[tokio::test]
+async fn concurrent_first_preparations_from_memory_write_one_session_whole() {
+    let record = tempfile::tempdir().unwrap();
+    let harness = Harness::start_acme(vec![
+        fixture("a", record.path(), &[]),
+        fixture("b", record.path(), &[]),
+    ])
+    .await;
+    // Discovered and written once: what follows pins from memory, each
+    // session in one statement.
+    let live = harness.prepare("acme", "live").await;
+    assert!(live.error.is_none(), "{live:?}");
+    let replies = futures::future::join_all((0..6).map(|_| harness.prepare("acme", "new"))).await;
+    assert!(replies.iter().all(|r| r.error.is_none()), "{replies:?}");
+    let first: Vec<_> = replies.iter().filter(|r| !r.follow_up).collect();
+    assert_eq!(first.len(), 1, "one preparation writes it: {replies:?}");
+    assert!(first[0].pins.iter().all(|p| p.source == PINNED));
+    let hashes = |reply: &CatalogPrepareReply| {
+        reply
+            .pins
+            .iter()
+            .map(|p| (p.server_id.clone(), p.catalog_hash.clone()))
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        replies.iter().all(|r| hashes(r) == hashes(first[0])),
+        "every answer names the written pins: {replies:?}"
+    );
+    assert_eq!(
+        harness
+            .count("SELECT count(*) FROM catalog.sessions WHERE session_id = 'new'")
+            .await,
+        1
+    );
+    assert_eq!(
+        harness
+            .count("SELECT count(*) FROM catalog.pins WHERE session_id = 'new'")
+            .await,
+        2
+    );
+    let positions: Vec<(i32, String)> = sqlx::query_as(
+        "SELECT position, server_id FROM catalog.pins WHERE session_id = 'new' ORDER BY position",
+    )
+    .fetch_all(&harness.pool)
+    .await
+    .unwrap();
+    assert_eq!(positions, [(0, "a".to_owned()), (1, "b".to_owned())]);
+    // The writer's events, in order, and the prepared event last.
+    let kinds: Vec<(String, Option<String>)> = sqlx::query_as(
+        "SELECT kind, server_id FROM catalog.events
+         WHERE session_id = 'new' AND coalesce(payload->>'follow_up', 'false') = 'false'
+         ORDER BY id",
+    )
+    .fetch_all(&harness.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        kinds,
+        [
+            ("mcp.server.pinned".to_owned(), Some("a".to_owned())),
+            ("mcp.server.pinned".to_owned(), Some("b".to_owned())),
+            ("catalog.session.prepared".to_owned(), None),
+        ]
+    );
     harness.stop().await;
 }
 

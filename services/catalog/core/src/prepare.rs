@@ -208,7 +208,8 @@ pub struct Timings {
     pub lookup: Duration,
     /// The live discoveries, all at once.
     pub discovery: Duration,
-    /// The transaction so far.
+    /// The transaction before its last statement (the generations it
+    /// writes first; none on a warm preparation).
     pub write: Duration,
 }
 
