@@ -96,13 +96,10 @@ pub async fn insert_events_at(
     if events.is_empty() {
         return Ok(Vec::new());
     }
-    let kinds: Vec<&str> = events.iter().map(|e| e.kind).collect();
-    let tenants: Vec<&str> = events.iter().map(|e| e.tenant.as_str()).collect();
-    let sessions: Vec<Option<&str>> = events.iter().map(|e| e.session_id.as_deref()).collect();
-    let servers: Vec<Option<&str>> = events.iter().map(|e| e.server_id.as_deref()).collect();
-    let payloads: Vec<Value> = events.iter().map(|e| e.payload.clone()).collect();
-    let rows = sqlx::query(
-        "INSERT INTO catalog.events
+    let columns = EventColumns::of(&events);
+    let rows = columns
+        .bind(sqlx::query(
+            "INSERT INTO catalog.events
              (kind, tenant, session_id, server_id, payload_version, payload, occurred_at)
          SELECT e.kind, e.tenant, e.session_id, e.server_id, $6, e.payload,
                 COALESCE(e.occurred_at, clock_timestamp())
@@ -111,22 +108,58 @@ pub async fn insert_events_at(
               WITH ORDINALITY AS e(kind, tenant, session_id, server_id, payload, occurred_at, ord)
          ORDER BY e.ord
          RETURNING id, occurred_at",
-    )
-    .bind(&kinds)
-    .bind(&tenants)
-    .bind(&sessions)
-    .bind(&servers)
-    .bind(&payloads)
-    .bind(PAYLOAD_VERSION)
-    .bind(occurred)
-    .fetch_all(&mut *conn)
-    .await?;
-    let mut written: Vec<(i64, DateTime<Utc>)> = rows
+        ))
+        .bind(occurred)
+        .fetch_all(&mut *conn)
+        .await?;
+    let written = rows
         .iter()
         .map(|r| Ok((r.try_get("id")?, r.try_get("occurred_at")?)))
         .collect::<Result<_, sqlx::Error>>()?;
+    Ok(stored(events, written))
+}
+
+/// Events as the columns an `UNNEST` insert binds.
+struct EventColumns<'a> {
+    kinds: Vec<&'a str>,
+    tenants: Vec<&'a str>,
+    sessions: Vec<Option<&'a str>>,
+    servers: Vec<Option<&'a str>>,
+    payloads: Vec<Value>,
+}
+
+/// An `UNNEST` insert's query.
+type Insert<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
+impl<'a> EventColumns<'a> {
+    /// Binds the next six parameters: the five columns, then the payloads'
+    /// version.
+    fn bind<'q>(&'q self, query: Insert<'q>) -> Insert<'q> {
+        query
+            .bind(&self.kinds)
+            .bind(&self.tenants)
+            .bind(&self.sessions)
+            .bind(&self.servers)
+            .bind(&self.payloads)
+            .bind(PAYLOAD_VERSION)
+    }
+
+    fn of(events: &'a [NewEvent]) -> Self {
+        Self {
+            kinds: events.iter().map(|e| e.kind).collect(),
+            tenants: events.iter().map(|e| e.tenant.as_str()).collect(),
+            sessions: events.iter().map(|e| e.session_id.as_deref()).collect(),
+            servers: events.iter().map(|e| e.server_id.as_deref()).collect(),
+            payloads: events.iter().map(|e| e.payload.clone()).collect(),
+        }
+    }
+}
+
+/// `events` with the ids and times their insert returned (in id order,
+/// which is the insert's order).
+fn stored(events: Vec<NewEvent>, mut written: Vec<(i64, DateTime<Utc>)>) -> Vec<StoredEvent> {
     written.sort_by_key(|(id, _)| *id);
-    Ok(events
+    events
         .into_iter()
         .zip(written)
         .map(|(event, (id, occurred_at))| StoredEvent {
@@ -134,7 +167,7 @@ pub async fn insert_events_at(
             occurred_at,
             event,
         })
-        .collect())
+        .collect()
 }
 
 /// A generation to write if the history lacks it.
@@ -272,15 +305,11 @@ pub async fn insert_prepared(
     let transports: Vec<&str> = pins.iter().map(|p| p.transport.as_str()).collect();
     let sources: Vec<&str> = pins.iter().map(|p| p.source.as_str()).collect();
     let namings: Vec<String> = pins.iter().map(|p| p.naming.to_json()).collect();
-    let kinds: Vec<&str> = events.iter().map(|e| e.kind).collect();
-    let tenants: Vec<&str> = events.iter().map(|e| e.tenant.as_str()).collect();
-    let sessions: Vec<Option<&str>> = events.iter().map(|e| e.session_id.as_deref()).collect();
-    let event_servers: Vec<Option<&str>> = events.iter().map(|e| e.server_id.as_deref()).collect();
-    let payloads: Vec<Value> = events.iter().map(|e| e.payload.clone()).collect();
+    let columns = EventColumns::of(&events);
     // The pins' and events' inserts see no session row of their own
     // statement; they run only if the session's insert did. The foreign
     // keys are checked at the statement's end, with the session there.
-    let rows = sqlx::query(
+    let query = sqlx::query(
         "WITH session AS (
              INSERT INTO catalog.sessions (tenant, session_id) VALUES ($1, $2)
              ON CONFLICT (tenant, session_id) DO NOTHING
@@ -314,15 +343,8 @@ pub async fn insert_prepared(
     .bind(&hashes)
     .bind(&transports)
     .bind(&sources)
-    .bind(&namings)
-    .bind(&kinds)
-    .bind(&tenants)
-    .bind(&sessions)
-    .bind(&event_servers)
-    .bind(&payloads)
-    .bind(PAYLOAD_VERSION)
-    .fetch_all(&mut *conn)
-    .await?;
+    .bind(&namings);
+    let rows = columns.bind(query).fetch_all(&mut *conn).await?;
     let created = match rows.first() {
         Some(row) => row.try_get::<i64, _>("created")? == 1,
         None => false,
@@ -330,24 +352,13 @@ pub async fn insert_prepared(
     if !created {
         return Ok(None);
     }
-    let mut written: Vec<(i64, DateTime<Utc>)> = Vec::with_capacity(events.len());
+    let mut written = Vec::with_capacity(events.len());
     for row in &rows {
         if let Some(id) = row.try_get::<Option<i64>, _>("id")? {
             written.push((id, row.try_get("occurred_at")?));
         }
     }
-    written.sort_by_key(|(id, _)| *id);
-    Ok(Some(
-        events
-            .into_iter()
-            .zip(written)
-            .map(|(event, (id, occurred_at))| StoredEvent {
-                id,
-                occurred_at,
-                event,
-            })
-            .collect(),
-    ))
+    Ok(Some(stored(events, written)))
 }
 
 /// The session's pins in configured order; `None` if the session was never prepared.
