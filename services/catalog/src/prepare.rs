@@ -232,8 +232,9 @@ impl Prepare {
         let mut tx = None;
         if !generations.is_empty() {
             let conn = tx.insert(self.events.pool().begin().await?);
+            // Filtered above: each is written (or found) once here.
             for generation in &generations {
-                self.events.write_generation(conn, generation).await?;
+                store::write_generation(conn, generation).await?;
             }
         }
         events.push(core::prepared_event(
