@@ -4,12 +4,14 @@
 //! sampling has its `tools/call` answered as `application/json`, or as an
 //! SSE stream when progress comes first, exactly as rmcp's session worker
 //! answers the same call for a session it must keep (whose client may be
-//! asked questions); a `notifications/cancelled` reaches the upstream; what
+//! asked questions); a `notifications/cancelled` reaches the upstream, and
+//! a client that goes away does not end its call; what
 //! the endpoint does not take is answered as rmcp answers it; and a session
 //! in use never idles out while an unused one does.
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Harness, eventually, fixture, metric, server, settings, tenants};
@@ -230,8 +232,9 @@ async fn a_calls_progress_streams_before_its_result() {
     harness.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cancelled_call_reaches_the_upstream() {
+/// A catalog whose server `slow` has a tool `sleep`, and a session of it
+/// whose preparation's discovery process is gone (a call starts its own).
+async fn sleeper() -> (tempfile::TempDir, Harness, Arc<Raw>) {
     let record = tempfile::tempdir().unwrap();
     let tools_file = record.path().join("tools.json");
     std::fs::write(&tools_file, r#"[{"name":"sleep","description":"Sleeps"}]"#).unwrap();
@@ -243,25 +246,40 @@ async fn a_cancelled_call_reaches_the_upstream() {
     );
     let harness = catalog(vec![slow], settings()).await;
     let key = harness.tenant_key("acme").await;
-    let session = std::sync::Arc::new(Raw::open(&harness, &key, json!({})).await);
-    // The preparation discovered the server live: its process goes first.
+    let session = Arc::new(Raw::open(&harness, &key, json!({})).await);
     let discovered = eventually(DEADLINE, || {
         mcp_fixture::live_pids(record.path()).is_empty()
     })
     .await;
     assert!(discovered, "the discovery's process exits");
+    (record, harness, session)
+}
 
-    let started = tokio::time::Instant::now();
+/// A call `id` of `sleep` for `ms`, once its server is at it.
+async fn sleeping(
+    session: &Arc<Raw>,
+    record: &tempfile::TempDir,
+    id: u64,
+    ms: u64,
+) -> tokio::task::JoinHandle<Answer> {
     let call = tokio::spawn({
         let session = session.clone();
-        async move { session.call(5, "slow__sleep", json!({"ms": 20000})).await }
+        async move { session.call(id, "slow__sleep", json!({"ms": ms})).await }
     });
-    // Cancelled once the server is at it.
     let sleeping = eventually(DEADLINE, || {
         !mcp_fixture::read_sleeping(record.path()).is_empty()
     })
     .await;
     assert!(sleeping, "the call reaches its server");
+    call
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_call_reaches_the_upstream() {
+    let (record, harness, session) = sleeper().await;
+    let started = tokio::time::Instant::now();
+    // Cancelled once the server is at it.
+    let call = sleeping(&session, &record, 5, 20_000).await;
     let cancelled = session
         .post(json!({
             "jsonrpc": "2.0", "method": "notifications/cancelled",
@@ -283,6 +301,30 @@ async fn a_cancelled_call_reaches_the_upstream() {
     assert!(
         told,
         "the upstream was told of the cancellation: {answer:?}"
+    );
+    harness.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_goes_away_does_not_end_its_call() {
+    let (record, harness, session) = sleeper().await;
+    let call = sleeping(&session, &record, 7, 1500).await;
+    // The client gives up: its request's connection closes mid-call.
+    call.abort();
+    assert!(call.await.unwrap_err().is_cancelled());
+
+    let ok = "ctxsync_catalog_calls_total{outcome=\"ok\"}";
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while metric(harness.running(), ok).await < 1.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the call ends with its server's result"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        mcp_fixture::read_cancellations(record.path()).is_empty(),
+        "the upstream was not told to cancel"
     );
     harness.stop().await;
 }

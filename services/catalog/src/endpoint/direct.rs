@@ -25,7 +25,9 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
@@ -292,8 +294,11 @@ struct Call {
 type Done = (Result<CallToolResponse, ErrorData>, Option<Duration>);
 type Outcome = Result<Done, oneshot::error::RecvError>;
 
-/// Runs the call in a task of its own (a disconnected client does not end
-/// it) and answers with its result, or a stream once progress comes first.
+/// Runs the call in the request's own task (no hand-over to another task
+/// and back on the way to the answer), and answers with its result, or a
+/// stream once progress comes first; the call goes on in a task of its own
+/// if the request's task lets go first (a disconnected client does not end
+/// it, nor does a stream's answer).
 async fn answer(endpoint: Arc<Endpoint>, call: Call) -> Response {
     counted("tools/call");
     let Call {
@@ -323,7 +328,7 @@ async fn answer(endpoint: Arc<Endpoint>, call: Call) -> Response {
         cancelled: cancel,
     };
     let called = endpoint.clone();
-    tokio::spawn(async move {
+    let mut call = Detachable::new(async move {
         let _busy = busy;
         let result = match state.bound.get() {
             Some(bound) => {
@@ -345,15 +350,21 @@ async fn answer(endpoint: Arc<Endpoint>, call: Call) -> Response {
         called.direct.call_ended(&key);
         let _ = done.send(result);
     });
-    let next = tokio::select! {
-        biased;
-        outcome = &mut result => match progressed.try_recv() {
-            // Progress sent before the result is queued by now.
-            Ok(step) => Next::Step(step, Pending::Now(outcome)),
-            Err(_) => Next::Done(outcome),
-        },
-        Some(step) = progressed.recv() => Next::Step(step, Pending::Waiting(result)),
+    let next = loop {
+        tokio::select! {
+            biased;
+            outcome = &mut result => break match progressed.try_recv() {
+                // Progress sent before the result is queued by now.
+                Ok(step) => Next::Step(step, Pending::Now(outcome)),
+                Err(_) => Next::Done(outcome),
+            },
+            Some(step) = progressed.recv() => break Next::Step(step, Pending::Waiting(result)),
+            // Its end sends the result, taken on the next turn.
+            () = &mut call, if !call.is_over() => {}
+        }
     };
+    // A streamed answer outlives this task's part: the call goes on alone.
+    drop(call);
     match next {
         Next::Done(outcome) => {
             metrics::counter!("ctxsync_catalog_mcp_direct_total", "answer" => "json").increment(1);
@@ -374,6 +385,44 @@ async fn answer(endpoint: Arc<Endpoint>, call: Call) -> Response {
             metrics::counter!("ctxsync_catalog_mcp_direct_total", "answer" => "stream")
                 .increment(1);
             stream(id, step, progressed, pending)
+        }
+    }
+}
+
+/// A future polled in place by whoever holds it, until dropped: then the
+/// rest of it runs in a task of its own.
+struct Detachable(Option<Pin<Box<dyn Future<Output = ()> + Send>>>);
+
+impl Detachable {
+    fn new(future: impl Future<Output = ()> + Send + 'static) -> Self {
+        Self(Some(Box::pin(future)))
+    }
+
+    fn is_over(&self) -> bool {
+        self.0.is_none()
+    }
+}
+
+impl Future for Detachable {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(future) = self.0.as_mut() else {
+            return Poll::Ready(());
+        };
+        let polled = future.as_mut().poll(cx);
+        if polled.is_ready() {
+            self.0 = None;
+        }
+        polled
+    }
+}
+
+impl Drop for Detachable {
+    fn drop(&mut self) {
+        // Outside a runtime (its shutdown) nothing runs on anyway.
+        if let (Some(rest), Ok(runtime)) = (self.0.take(), tokio::runtime::Handle::try_current()) {
+            runtime.spawn(rest);
         }
     }
 }
@@ -463,4 +512,40 @@ fn stream(
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a request's task lets go of mid-way runs on to its end.
+    #[tokio::test]
+    async fn a_dropped_detachable_runs_on_in_a_task_of_its_own() {
+        let (go_on, wait) = oneshot::channel::<()>();
+        let (finished, ended) = oneshot::channel();
+        let mut call = Detachable::new(async move {
+            let _ = wait.await;
+            let _ = finished.send("ended");
+        });
+        let polled = futures::poll!(&mut call);
+        assert!(
+            polled.is_pending() && !call.is_over(),
+            "it waits on its upstream"
+        );
+        drop(call);
+        go_on.send(()).expect("the rest of it still waits");
+        let ended = tokio::time::timeout(Duration::from_secs(5), ended).await;
+        assert_eq!(ended.expect("it ends in time"), Ok("ended"));
+    }
+
+    #[tokio::test]
+    async fn a_detachable_polled_to_its_end_is_over() {
+        let (finished, ended) = oneshot::channel();
+        let mut call = Detachable::new(async move {
+            let _ = finished.send(());
+        });
+        (&mut call).await;
+        assert!(call.is_over());
+        assert_eq!(ended.await, Ok(()));
+    }
 }
