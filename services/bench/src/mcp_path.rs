@@ -35,7 +35,10 @@ pub struct McpPath {
     pub call_direct: Latency,
     /// Both again with [`IDLE_GAP`] of idleness before each call: every
     /// process on the way (the upstream's too) as quiet as between an
-    /// agent's calls, however long the path is.
+    /// agent's calls, however long the path is. These series and
+    /// `call_forwarder_idle` are taken interleaved, call by call
+    /// ([`idle_series`]): whatever else the machine does meanwhile falls
+    /// on all three alike.
     pub call_through_catalog_idle: Latency,
     pub call_direct_idle: Latency,
     /// The call through `/mcp` made by a plain HTTP JSON-RPC client.
@@ -82,17 +85,14 @@ fn echo_arguments() -> serde_json::Map<String, Value> {
 const WARMUP_CALLS: u64 = 20;
 
 /// Times `samples` calls (`call(id)`, checked by it) after the warm-up
-/// ones, each after `idle` of idleness (none: back to back).
-async fn timed<F, Fut>(samples: usize, idle: Duration, mut call: F) -> Result<Latency, BenchError>
+/// ones, back to back.
+async fn timed<F, Fut>(samples: usize, mut call: F) -> Result<Latency, BenchError>
 where
     F: FnMut(u64) -> Fut,
     Fut: Future<Output = Result<(), BenchError>>,
 {
     let mut durations = Vec::with_capacity(samples);
     for id in 0..samples as u64 + WARMUP_CALLS {
-        if !idle.is_zero() {
-            tokio::time::sleep(idle).await;
-        }
         let started = Instant::now();
         call(id).await?;
         if id >= WARMUP_CALLS {
@@ -102,27 +102,55 @@ where
     Ok(Latency::of(durations))
 }
 
-/// `samples` warm calls of `tool` by the client library, each after `idle`.
-async fn calls(
-    client: &Connection,
-    tool: &str,
+/// `samples` warm calls of `tool` by the client library, back to back.
+async fn calls(client: &Connection, tool: &str, samples: usize) -> Result<Latency, BenchError> {
+    timed(samples, |_| call(client, tool)).await
+}
+
+/// One warm call of `tool` by the client library, checked.
+async fn call(client: &Connection, tool: &str) -> Result<(), BenchError> {
+    let outcome = client
+        .call_tool(tool, echo_arguments(), TIMEOUT)
+        .await
+        .step("mcp tools/call")?;
+    if outcome.is_error {
+        return Err(BenchError::new(
+            "mcp tools/call",
+            format!("{tool} answered an error: {}", outcome.content_json),
+        ));
+    }
+    Ok(())
+}
+
+/// The same call through `/mcp` (`through`), directly (`direct`) and
+/// through the bare forwarder, `samples` of each after the warm-up ones,
+/// each after [`IDLE_GAP`] of idleness, taken in turn call by call: taken
+/// one series after another, a drift in what else the machine does
+/// (another process's burst, a writer's commit) would read as a difference
+/// between the paths.
+async fn idle_series(
+    through: &Connection,
+    direct: &Connection,
+    forwarder: &Forwarder,
     samples: usize,
-    idle: Duration,
-) -> Result<Latency, BenchError> {
-    timed(samples, idle, |_| async move {
-        let outcome = client
-            .call_tool(tool, echo_arguments(), TIMEOUT)
-            .await
-            .step("mcp tools/call")?;
-        if outcome.is_error {
-            return Err(BenchError::new(
-                "mcp tools/call",
-                format!("{tool} answered an error: {}", outcome.content_json),
-            ));
+) -> Result<[Latency; 3], BenchError> {
+    let http = reqwest::Client::new();
+    let mut series: [Vec<Duration>; 3] = Default::default();
+    for id in 0..samples as u64 + WARMUP_CALLS {
+        for (path, durations) in series.iter_mut().enumerate() {
+            tokio::time::sleep(IDLE_GAP).await;
+            let started = Instant::now();
+            match path {
+                0 => call(through, "everything-1__echo").await?,
+                1 => call(direct, "echo").await?,
+                _ => forwarder.call(&http, id).await?,
+            }
+            if id >= WARMUP_CALLS {
+                durations.push(started.elapsed());
+            }
         }
-        Ok(())
-    })
-    .await
+    }
+    Ok(series.map(Latency::of))
 }
 
 /// The catalog's `/mcp` for `key`, as an MCP client reaches it.
@@ -178,28 +206,14 @@ pub async fn measure(
         .await
         .step("mcp initialize")?;
     let before = histograms(addr).await;
-    let through = calls(
-        &client,
-        "everything-1__echo",
-        sizes.mcp_calls,
-        Duration::ZERO,
-    )
-    .await?;
+    let through = calls(&client, "everything-1__echo", sizes.mcp_calls).await?;
     let after = histograms(addr).await;
-    let through_idle = calls(&client, "everything-1__echo", sizes.mcp_calls, IDLE_GAP).await?;
-    client.close().await;
     let catalog_work_us = mean_between(&before, &after, WORK_SECONDS);
     let catalog_call_us = mean_between(&before, &after, CALL_SECONDS);
     let stateless_client = Connection::connect(&spec, ConnectOptions::new(TIMEOUT))
         .await
         .step("mcp, 2026-07-28")?;
-    let stateless = calls(
-        &stateless_client,
-        "everything-1__echo",
-        sizes.mcp_calls,
-        Duration::ZERO,
-    )
-    .await?;
+    let stateless = calls(&stateless_client, "everything-1__echo", sizes.mcp_calls).await?;
     stateless_client.close().await;
     let direct_spec = ServerSpec {
         name: "everything-direct".into(),
@@ -213,16 +227,19 @@ pub async fn measure(
     let direct_client = Connection::connect(&direct_spec, ConnectOptions::new(TIMEOUT))
         .await
         .step("server-everything, directly")?;
-    let direct = calls(&direct_client, "echo", sizes.mcp_calls, Duration::ZERO).await?;
-    let direct_idle = calls(&direct_client, "echo", sizes.mcp_calls, IDLE_GAP).await?;
-    direct_client.close().await;
+    let direct = calls(&direct_client, "echo", sizes.mcp_calls).await?;
 
     let plain = plain_calls(addr, &key, sizes.mcp_calls).await?;
     let forwarder = Forwarder::start(&direct_spec).await?;
-    let forwarded = forwarder.calls(sizes.mcp_calls, Duration::ZERO).await;
-    let forwarded_idle = forwarder.calls(sizes.mcp_calls, IDLE_GAP).await;
+    let forwarded = forwarder.calls(sizes.mcp_calls).await;
+    let idle = match forwarded {
+        Ok(_) => idle_series(&client, &direct_client, &forwarder, sizes.mcp_calls).await,
+        Err(_) => Ok(Default::default()),
+    };
     forwarder.stop().await;
-    let (forwarded, forwarded_idle) = (forwarded?, forwarded_idle?);
+    direct_client.close().await;
+    client.close().await;
+    let (forwarded, [through_idle, direct_idle, forwarded_idle]) = (forwarded?, idle?);
 
     progress.step(format!(
         "mcp: warm tools/list throughput, {} sessions",
@@ -367,7 +384,7 @@ async fn plain_calls(addr: SocketAddr, key: &str, samples: usize) -> Result<Late
         .await
         .map_err(|e| BenchError::new("mcp session", e))?;
     let (http, url, session) = (&http, &url, &session);
-    timed(samples, Duration::ZERO, |id| async move {
+    timed(samples, |id| async move {
         let call = json!({
             "jsonrpc": "2.0", "id": id, "method": "tools/call",
             "params": {"name": "everything-1__echo", "arguments": {"message": "x"}},
@@ -491,32 +508,33 @@ impl Forwarder {
         })
     }
 
-    /// `samples` warm calls of `echo` through it, one after another (a few
-    /// first, untimed), each after `idle`, by the plain HTTP client.
-    async fn calls(&self, samples: usize, idle: Duration) -> Result<Latency, BenchError> {
+    /// `samples` warm calls of `echo` through it, back to back (a few
+    /// first, untimed), by the plain HTTP client.
+    async fn calls(&self, samples: usize) -> Result<Latency, BenchError> {
         let http = reqwest::Client::new();
+        timed(samples, |id| self.call(&http, id)).await
+    }
+
+    /// One call of `echo` through it, by the plain HTTP client `http`.
+    async fn call(&self, http: &reqwest::Client, id: u64) -> Result<(), BenchError> {
+        let call = json!({
+            "jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "echo", "arguments": {"message": "x"}},
+        });
         let url = format!("http://{}/", self.addr);
-        let (http, url) = (&http, &url);
-        timed(samples, idle, |id| async move {
-            let call = json!({
-                "jsonrpc": "2.0", "id": id, "method": "tools/call",
-                "params": {"name": "echo", "arguments": {"message": "x"}},
-            });
-            let (answer, _) = post(http, url, "-", None, &call)
-                .await
-                .map_err(|e| BenchError::new("forwarder tools/call", e))?;
-            if answer
-                .as_ref()
-                .is_none_or(|a| a["result"]["isError"] != false)
-            {
-                return Err(BenchError::new(
-                    "forwarder tools/call",
-                    format!("not an echo: {answer:?}"),
-                ));
-            }
-            Ok(())
-        })
-        .await
+        let (answer, _) = post(http, &url, "-", None, &call)
+            .await
+            .map_err(|e| BenchError::new("forwarder tools/call", e))?;
+        if answer
+            .as_ref()
+            .is_none_or(|a| a["result"]["isError"] != false)
+        {
+            return Err(BenchError::new(
+                "forwarder tools/call",
+                format!("not an echo: {answer:?}"),
+            ));
+        }
+        Ok(())
     }
 
     async fn stop(self) {

@@ -291,7 +291,7 @@ impl Report {
                 format!(
                     "{}; any HTTP hop here, a bare forwarder after the same idleness: {:.2}× direct",
                     floor_p50(
-                        "server-everything echo on a warm stdio connection, 2 ms idle before each,",
+                        "server-everything echo on a warm stdio connection, 2 ms idle before each, taken in turn with the /mcp calls,",
                         &self.mcp.call_direct_idle,
                     ),
                     ratio(
