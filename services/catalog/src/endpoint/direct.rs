@@ -25,6 +25,7 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
@@ -35,7 +36,7 @@ use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::Response;
 use ctxsync_mcp::relay::Relay;
-use futures::StreamExt as _;
+use futures::{FutureExt as _, StreamExt as _};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ClientJsonRpcMessage, ClientNotification,
     ClientRequest, ErrorData, GetMeta, ProgressNotificationParam, ProgressToken, ProtocolVersion,
@@ -394,8 +395,11 @@ async fn answer(endpoint: Arc<Endpoint>, call: Call) -> Response {
 struct Detachable(Option<Pin<Box<dyn Future<Output = ()> + Send>>>);
 
 impl Detachable {
+    /// A panic ends the future alone, as it would end a task of its own:
+    /// the request's task lives on to answer that the call had no result.
     fn new(future: impl Future<Output = ()> + Send + 'static) -> Self {
-        Self(Some(Box::pin(future)))
+        let contained = AssertUnwindSafe(future).catch_unwind().map(|_| ());
+        Self(Some(Box::pin(contained)))
     }
 
     fn is_over(&self) -> bool {
@@ -536,6 +540,18 @@ mod tests {
         go_on.send(()).expect("the rest of it still waits");
         let ended = tokio::time::timeout(Duration::from_secs(5), ended).await;
         assert_eq!(ended.expect("it ends in time"), Ok("ended"));
+    }
+
+    #[tokio::test]
+    async fn a_panic_ends_the_detachable_alone() {
+        let (done, result) = oneshot::channel::<()>();
+        let mut call = Detachable::new(async move {
+            let _done = done;
+            panic!("a bug in the call");
+        });
+        (&mut call).await;
+        assert!(call.is_over());
+        assert!(result.await.is_err(), "the call ended without a result");
     }
 
     #[tokio::test]
