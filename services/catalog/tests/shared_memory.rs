@@ -716,6 +716,15 @@ async fn until_refused(h: &Harness, reason: &str, at_least: f64) {
     }
 }
 
+/// Writes a forged value and waits until it is refused for `reason`. The
+/// bucket keeps one value per key, so a value replaced before the watch
+/// delivered it is never seen: each forgery is refused before the next.
+async fn refused_once<T>(h: &Harness, reason: &str, write: impl Future<Output = T>) {
+    let before = memory_refused(h, reason).await;
+    write.await;
+    until_refused(h, reason, before + 1.0).await;
+}
+
 /// Entries only a catalog replica sealed are applied: what a request aimed
 /// at the bucket makes the catalog write (its own reply payload published
 /// on the bucket key's subject), a well-formed entry with no tools put by a user allowed
@@ -763,11 +772,6 @@ async fn forged_memory_entries_are_ignored_and_the_other_tenants_tools_stay_pinn
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    let (unsealed, bad_tag) = (
-        memory_refused(&h, "unsealed").await,
-        memory_refused(&h, "bad_tag").await,
-    );
-
     // The attack: a call's reply (the catalog's own answer) published on the key's subject.
     let reply = h
         .call(
@@ -790,7 +794,7 @@ async fn forged_memory_entries_are_ignored_and_the_other_tenants_tools_stay_pinn
                 .expect("a user allowed to write the bucket writes it")
         }
     };
-    publish(reply.encode_to_vec()).await;
+    refused_once(&h, "unsealed", publish(reply.encode_to_vec())).await;
     // A well-formed entry saying the server has no tools, put as the catalog would, unsealed.
     let empty = ctxsync_proto::v1::CatalogMemoryEntry {
         transport: ctxsync_proto::v1::McpTransport::Stdio as i32,
@@ -799,17 +803,15 @@ async fn forged_memory_entries_are_ignored_and_the_other_tenants_tools_stay_pinn
         ..Default::default()
     }
     .encode_to_vec();
-    kv.put(beta_key.as_str(), empty.clone().into())
-        .await
-        .unwrap();
+    let put = kv.put(beta_key.as_str(), empty.clone().into());
+    refused_once(&h, "unsealed", async { put.await.unwrap() }).await;
     // The same, sealed under a key no replica holds.
     let other = catalog::MemoryKey::new(&[9; 32]).unwrap();
-    publish(other.seal(&bucket, beta_key.as_str(), &empty).to_vec()).await;
+    let sealed = other.seal(&bucket, beta_key.as_str(), &empty).to_vec();
+    refused_once(&h, "bad_tag", publish(sealed)).await;
     // A replica's real entry of acme's server, replayed under beta's key.
-    publish(acme_value.to_vec()).await;
+    refused_once(&h, "bad_tag", publish(acme_value.to_vec())).await;
 
-    until_refused(&h, "unsealed", unsealed + 2.0).await;
-    until_refused(&h, "bad_tag", bad_tag + 2.0).await;
     let pinned = h.prepare("beta", "b2").await;
     assert_eq!(sources(&pinned), [("fb".to_owned(), PINNED)], "{pinned:?}");
     assert_eq!(pinned.pins[0].tools, live.pins[0].tools);
