@@ -509,6 +509,17 @@ fn ready_in(state: &AgentState, run: &str) -> Option<SystemTime> {
     Some(SystemTime::from(at))
 }
 
+/// Where in the poller's period round `round` of `rounds` commits: one
+/// phase at random within each of `rounds` equal slices of the period. A
+/// poller's wait is the rest of its period, so the median of phases drawn
+/// at random from the whole period would move by tens of milliseconds from
+/// run to run with 20 rounds; one per slice, it is the period's half within
+/// a slice's width, the same median without the draw's spread.
+fn commit_phase(round: usize, rounds: usize, interval: Duration) -> Duration {
+    let slice = interval / rounds.max(1) as u32;
+    slice * (round % rounds.max(1)) as u32 + slice.mul_f64(rand::random::<f64>())
+}
+
 /// A peer system's waiter: read the store every `interval` until the run is
 /// complete. A gate chat waits on the same commit, for the head-to-head ratio.
 pub async fn polling(
@@ -542,8 +553,9 @@ pub async fn polling(
         let store = env.store();
         let agent_id = agent[0].id.clone();
         let poll_run = run.clone();
+        let ticking = tokio::time::Instant::now();
         let poller = tokio::spawn(async move {
-            let mut tick = tokio::time::interval(interval);
+            let mut tick = tokio::time::interval_at(ticking, interval);
             loop {
                 tick.tick().await;
                 let state = read_state(&store, &agent_id).await?;
@@ -563,9 +575,7 @@ pub async fn polling(
         ctxsync_runtime::nats::sync_with_server(&env.client)
             .await
             .step("subscribe to discovery events")?;
-        // The commit lands anywhere in the poller's period.
-        let offset = rand::random_range(0..interval.as_millis() as u64);
-        tokio::time::sleep(Duration::from_millis(offset)).await;
+        tokio::time::sleep_until(ticking + commit_phase(r, sizes.polling_rounds, interval)).await;
         complete_runs(env, agent, &runs).await?;
         let wanted = HashMap::from([(agent[0].id.clone(), run.clone())]);
         let (commits, _) = collect_commits(events, wanted).await?;
@@ -588,4 +598,30 @@ pub async fn polling(
         polling_latency: Latency::of(polled),
         wake_latency: Latency::of(woken),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each round commits within its own slice of the period, so the
+    /// rounds cover the period evenly and their median wait is its half.
+    #[test]
+    fn each_polling_round_commits_in_its_own_slice_of_the_period() {
+        let interval = Duration::from_millis(500);
+        let slice = Duration::from_millis(25);
+        for round in 0..20 {
+            let phase = commit_phase(round, 20, interval);
+            let start = slice * round as u32;
+            assert!(
+                phase >= start && phase < start + slice,
+                "round {round} commits at {phase:?}, outside [{start:?}, {:?})",
+                start + slice
+            );
+        }
+        assert!(
+            commit_phase(0, 0, interval) < interval,
+            "no rounds: no panic"
+        );
+    }
 }
