@@ -4,6 +4,7 @@
 //! The lock also raises the agent's revision, so every accepted write is
 //! numbered in commit order.
 
+use std::collections::HashMap;
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
@@ -52,6 +53,12 @@ pub enum StoreError {
     Database(sqlx::Error),
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
+    /// COMMIT failed in a way that leaves unknown whether it landed.
+    #[error("the commit's outcome is unknown: {0}")]
+    CommitUnknown(String),
+    /// The store is shutting down and took no more work.
+    #[error("the store is stopping")]
+    Stopped,
     /// The request's sender gave up before it could commit: rolled back.
     #[error("the request's deadline passed before it committed: nothing was written")]
     DeadlineExceeded,
@@ -380,12 +387,9 @@ impl Store {
         deadline: Option<tokio::time::Instant>,
     ) -> Result<PushOutcome, StoreError> {
         validate::push(&push)?;
+        let version = checked_version(&push)?;
         let started = Instant::now();
         let content = PushContent::of(&push);
-        let version = i64::try_from(push.version).map_err(|_| ValidationError::Invalid {
-            field: "version".into(),
-            reason: "must fit in a signed 64-bit integer".into(),
-        })?;
 
         let mut tx = begin(&self.pool, deadline).await?;
         let locked = lock_agent(&mut tx, agent_id).await?;
@@ -468,6 +472,182 @@ impl Store {
             snapshot_committed,
             state: Box::new(state),
         })
+    }
+
+    /// Several agents' pushes in one transaction (group commit): every rule
+    /// of [`Self::push`] applied to each, with its own answer, but one lock
+    /// statement, one snapshot read, one upsert and one resource rewrite for
+    /// all of them, and one commit. Each report stays atomic: the batch
+    /// commits whole or not at all.
+    ///
+    /// The agents must be distinct (a second push for one agent waits for
+    /// the next batch). A batch never waits for a row lock: an agent whose
+    /// row another transaction holds (or that does not exist) is handed back
+    /// [`BatchOutcome::Unlocked`], to be pushed alone. A dropped push raises
+    /// no revision: only written agents' revisions are raised, after the
+    /// decisions. `deadline` is the earliest of the pushes'.
+    pub async fn push_batch(
+        &self,
+        mut pushes: Vec<(Uuid, PushContextStateRequest)>,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<Vec<BatchOutcome>, BatchError> {
+        let started = Instant::now();
+        let mut outcomes: Vec<Option<Result<PushOutcome, StoreError>>> =
+            (0..pushes.len()).map(|_| None).collect();
+        let planned = match self
+            .write_batch(&pushes, &mut outcomes, deadline, started)
+            .await
+        {
+            Ok(planned) => planned,
+            Err(error) => return Err(BatchError::Before { error, pushes }),
+        };
+        if let Some((tx, writes)) = planned {
+            match commit_before(tx, deadline).await {
+                Ok(()) => {}
+                Err(error @ StoreError::DeadlineExceeded) => {
+                    record_push_transaction(started, "expired");
+                    return Err(BatchError::Before { error, pushes });
+                }
+                Err(error) => return Err(BatchError::Commit(error)),
+            }
+            let committed_at = Timestamp::from(Utc::now());
+            for batch in writes {
+                record_push_transaction(started, "accepted");
+                let id = batch.agent_id.to_string();
+                let discovery_changed = batch
+                    .write
+                    .discovery_changed(&id, batch.revision, committed_at)
+                    .map(Box::new);
+                let snapshot_committed = Box::new(batch.write.snapshot_committed(
+                    &id,
+                    batch.revision,
+                    committed_at,
+                ));
+                let state = batch.write.state(
+                    batch.agent,
+                    batch.revision,
+                    batch.content.context_config,
+                    std::mem::take(&mut pushes[batch.n].1.resources),
+                    batch.received_at.into(),
+                );
+                outcomes[batch.n] = Some(Ok(PushOutcome::Accepted {
+                    discovery_changed,
+                    snapshot_committed,
+                    state: Box::new(state),
+                }));
+            }
+        }
+        metrics::histogram!("ctxsync_store_push_batch_size").record(outcomes.len() as f64);
+        Ok(outcomes
+            .into_iter()
+            .zip(pushes)
+            .map(|(outcome, (_, push))| match outcome {
+                Some(outcome) => BatchOutcome::Done(outcome),
+                None => BatchOutcome::Unlocked(push),
+            })
+            .collect())
+    }
+
+    /// [`Self::push_batch`] up to its commit: the pushes that are not
+    /// written are answered in `outcomes` (but those whose agent row it did
+    /// not lock); the written ones are returned with the transaction that
+    /// wrote them (none: it was rolled back).
+    async fn write_batch(
+        &self,
+        pushes: &[(Uuid, PushContextStateRequest)],
+        outcomes: &mut [Option<Result<PushOutcome, StoreError>>],
+        deadline: Option<tokio::time::Instant>,
+        started: Instant,
+    ) -> Result<Option<(Transaction<'static, Postgres>, Vec<BatchWrite>)>, StoreError> {
+        let mut checked = Vec::with_capacity(pushes.len());
+        for (n, (agent_id, push)) in pushes.iter().enumerate() {
+            match validate::push(push)
+                .map_err(StoreError::from)
+                .and_then(|()| checked_version(push))
+            {
+                Ok(version) => checked.push((n, *agent_id, version)),
+                Err(error) => outcomes[n] = Some(Err(error)),
+            }
+        }
+        let ids: Vec<Uuid> = checked.iter().map(|c| c.1).collect();
+
+        let mut tx = begin(&self.pool, deadline).await?;
+        let agent_rows = sqlx::query(
+            "SELECT agent_id, tenant, workspace, name, agent_run_id, agent_version,
+                    created_at, startup_at
+             FROM snapshot.agents WHERE agent_id = ANY($1)
+             ORDER BY agent_id FOR UPDATE SKIP LOCKED",
+        )
+        .bind(&ids)
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut agents: HashMap<Uuid, Agent> = agent_rows
+            .iter()
+            .map(|row| {
+                let id: Uuid = row.get("agent_id");
+                (id, agent_from_row(id, row))
+            })
+            .collect();
+        // A later statement than the lock's: see lock_agent.
+        let snapshot_rows = sqlx::query(
+            "SELECT agent_id, agent_run_id, version, phase, hash
+             FROM snapshot.snapshots WHERE agent_id = ANY($1)",
+        )
+        .bind(&ids)
+        .fetch_all(&mut *tx)
+        .await?;
+        let snapshots: HashMap<Uuid, &PgRow> = snapshot_rows
+            .iter()
+            .map(|row| (row.get("agent_id"), row))
+            .collect();
+
+        let mut writes = Vec::with_capacity(checked.len());
+        for (n, agent_id, version) in checked {
+            let push = &pushes[n].1;
+            // Locked by another transaction, or absent: left unanswered.
+            let Some(agent) = agents.remove(&agent_id) else {
+                continue;
+            };
+            let stored = match snapshots.get(&agent_id) {
+                None => None,
+                Some(row) => match phase_from_db(row.get("phase")) {
+                    Ok(phase) => Some(StoredSnapshot {
+                        agent_run_id: row.get("agent_run_id"),
+                        // Only ever written from a validated version: never negative.
+                        version: row.get::<i64, _>("version") as u64,
+                        phase,
+                        hash: row.get("hash"),
+                    }),
+                    Err(error) => {
+                        outcomes[n] = Some(Err(error));
+                        continue;
+                    }
+                },
+            };
+            let content = PushContent::of(push);
+            match store_core::plan_push(&agent.agent_run_id, stored, push, &content) {
+                PushPlan::Dropped { reason, message } => {
+                    record_push_transaction(started, "dropped");
+                    outcomes[n] = Some(Ok(PushOutcome::Dropped { reason, message }));
+                }
+                PushPlan::Write(write) => writes.push(BatchWrite {
+                    n,
+                    agent_id,
+                    agent,
+                    version,
+                    content,
+                    write,
+                    revision: 0,
+                    received_at: DateTime::<Utc>::MIN_UTC,
+                }),
+            }
+        }
+        if writes.is_empty() {
+            tx.rollback().await?;
+            return Ok(None);
+        }
+        write_rows(&mut tx, pushes, &mut writes).await?;
+        Ok(Some((tx, writes)))
     }
 
     /// One page of a tenant's agents (ordered by id, after `after`), each
@@ -697,6 +877,204 @@ async fn record_superseded(
     Ok(())
 }
 
+/// What a batch did with one of its pushes.
+#[derive(Debug)]
+pub enum BatchOutcome {
+    /// Its answer.
+    Done(Result<PushOutcome, StoreError>),
+    /// Nothing: its agent's row was locked by another transaction (or is
+    /// absent), so the push, handed back, is for [`Store::push`] alone.
+    Unlocked(PushContextStateRequest),
+}
+
+/// Why a batch of pushes was not committed.
+#[derive(Debug, thiserror::Error)]
+pub enum BatchError {
+    /// Failed before COMMIT was sent: nothing was written, so each push
+    /// (handed back) can be tried again on its own.
+    #[error("{error}")]
+    Before {
+        error: StoreError,
+        pushes: Vec<(Uuid, PushContextStateRequest)>,
+    },
+    /// COMMIT itself failed: whether it landed is unknown, so no push of the
+    /// batch may be tried again (a second try could answer "stale version"
+    /// for a push that was written).
+    #[error("{0}")]
+    Commit(StoreError),
+}
+
+/// A push of a batch that is written.
+struct BatchWrite {
+    /// Its place in the batch.
+    n: usize,
+    agent_id: Uuid,
+    /// The agent row as locked, before the revision was raised.
+    agent: Agent,
+    version: i64,
+    content: PushContent,
+    write: store_core::PushWrite,
+    /// Set by [`write_rows`]: the raised revision and the stored receive time.
+    revision: u64,
+    received_at: DateTime<Utc>,
+}
+
+/// The version as the snapshots table stores it.
+fn checked_version(push: &PushContextStateRequest) -> Result<i64, StoreError> {
+    i64::try_from(push.version).map_err(|_| {
+        ValidationError::Invalid {
+            field: "version".into(),
+            reason: "must fit in a signed 64-bit integer".into(),
+        }
+        .into()
+    })
+}
+
+/// A batch's rows: the written agents' revisions raised, their snapshots
+/// upserted, the changed ones' resources replaced; each write learns its
+/// raised revision and stored receive time.
+async fn write_rows(
+    tx: &mut PgConnection,
+    pushes: &[(Uuid, PushContextStateRequest)],
+    writes: &mut [BatchWrite],
+) -> Result<(), StoreError> {
+    let ids: Vec<Uuid> = writes.iter().map(|w| w.agent_id).collect();
+    let revisions: HashMap<Uuid, u64> = sqlx::query(
+        "UPDATE snapshot.agents SET revision = revision + 1 WHERE agent_id = ANY($1)
+         RETURNING agent_id, revision",
+    )
+    .bind(&ids)
+    .fetch_all(&mut *tx)
+    .await?
+    .iter()
+    .map(|row| (row.get("agent_id"), revision_from_row(row)))
+    .collect();
+
+    let run_ids: Vec<&str> = writes
+        .iter()
+        .map(|w| pushes[w.n].1.agent_run_id.as_str())
+        .collect();
+    let versions: Vec<i64> = writes.iter().map(|w| w.version).collect();
+    let phases: Vec<&str> = writes
+        .iter()
+        .map(|w| phase_to_db(w.content.phase))
+        .collect();
+    let hashes: Vec<&str> = writes.iter().map(|w| w.content.hash.as_str()).collect();
+    let configs: Vec<&[u8]> = writes.iter().map(|w| w.content.config.as_slice()).collect();
+    // clock_timestamp(), as in a single push: the time after the lock wait.
+    let received: HashMap<Uuid, DateTime<Utc>> = sqlx::query(
+        "INSERT INTO snapshot.snapshots
+             (agent_id, agent_run_id, version, phase, hash, context_config, received_at)
+         SELECT *, clock_timestamp()
+         FROM UNNEST($1::uuid[], $2::text[], $3::int8[], $4::text[], $5::text[], $6::bytea[])
+         ON CONFLICT (agent_id) DO UPDATE SET
+             agent_run_id = EXCLUDED.agent_run_id, version = EXCLUDED.version,
+             phase = EXCLUDED.phase, hash = EXCLUDED.hash,
+             context_config = EXCLUDED.context_config, received_at = EXCLUDED.received_at
+         RETURNING agent_id, received_at",
+    )
+    .bind(&ids)
+    .bind(&run_ids)
+    .bind(&versions)
+    .bind(&phases)
+    .bind(&hashes)
+    .bind(&configs)
+    .fetch_all(&mut *tx)
+    .await?
+    .iter()
+    .map(|row| (row.get("agent_id"), row.get("received_at")))
+    .collect();
+    for write in writes.iter_mut() {
+        let (Some(&revision), Some(&received_at)) = (
+            revisions.get(&write.agent_id),
+            received.get(&write.agent_id),
+        ) else {
+            return Err(StoreError::Corrupt(format!(
+                "agent {} locked but not written",
+                write.agent_id
+            )));
+        };
+        write.revision = revision;
+        write.received_at = received_at;
+    }
+
+    let rewritten: Vec<Uuid> = writes
+        .iter()
+        .filter(|w| w.write.rewrites_resources)
+        .map(|w| w.agent_id)
+        .collect();
+    if !rewritten.is_empty() {
+        sqlx::query("DELETE FROM snapshot.resources WHERE agent_id = ANY($1)")
+            .bind(&rewritten)
+            .execute(&mut *tx)
+            .await?;
+        let mut rows = ResourceRows::default();
+        for write in writes.iter().filter(|w| w.write.rewrites_resources) {
+            rows.extend(write.agent_id, &pushes[write.n].1.resources);
+        }
+        rows.insert(tx).await?;
+    }
+    Ok(())
+}
+
+/// Resource rows for one UNNEST insert, of one agent or several.
+#[derive(Default)]
+struct ResourceRows<'a> {
+    agent_ids: Vec<Uuid>,
+    sources: Vec<&'a str>,
+    positions: Vec<i32>,
+    kinds: Vec<i16>,
+    statuses: Vec<i16>,
+    errors: Vec<&'a str>,
+    warnings: Vec<&'a str>,
+    bodies: Vec<Vec<u8>>,
+}
+
+impl<'a> ResourceRows<'a> {
+    fn extend(&mut self, agent_id: Uuid, resources: &'a [ContextResource]) {
+        for (position, resource) in resources.iter().enumerate() {
+            self.agent_ids.push(agent_id);
+            self.sources.push(resource.source.as_str());
+            self.positions.push(position as i32);
+            // Validated enums fit in a smallint.
+            self.kinds.push(resource.kind as i16);
+            self.statuses.push(resource.status as i16);
+            self.errors.push(resource.error.as_str());
+            self.warnings.push(resource.warning.as_str());
+            self.bodies.push(
+                ContextResource {
+                    body: resource.body.clone(),
+                    ..Default::default()
+                }
+                .encode_to_vec(),
+            );
+        }
+    }
+
+    async fn insert(self, tx: &mut PgConnection) -> Result<(), sqlx::Error> {
+        if self.agent_ids.is_empty() {
+            return Ok(());
+        }
+        sqlx::query(
+            "INSERT INTO snapshot.resources
+                 (agent_id, source, position, kind, status, error, warning, body)
+             SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::int4[], $4::int2[],
+                                  $5::int2[], $6::text[], $7::text[], $8::bytea[])",
+        )
+        .bind(&self.agent_ids)
+        .bind(&self.sources)
+        .bind(&self.positions)
+        .bind(&self.kinds)
+        .bind(&self.statuses)
+        .bind(&self.errors)
+        .bind(&self.warnings)
+        .bind(&self.bodies)
+        .execute(&mut *tx)
+        .await?;
+        Ok(())
+    }
+}
+
 /// Replaces the agent's resources: sources absent from the push are deleted.
 async fn write_resources(
     tx: &mut PgConnection,
@@ -707,47 +1085,7 @@ async fn write_resources(
         .bind(agent_id)
         .execute(&mut *tx)
         .await?;
-    if resources.is_empty() {
-        return Ok(());
-    }
-    let mut sources = Vec::with_capacity(resources.len());
-    let mut positions = Vec::with_capacity(resources.len());
-    let mut kinds = Vec::with_capacity(resources.len());
-    let mut statuses = Vec::with_capacity(resources.len());
-    let mut errors = Vec::with_capacity(resources.len());
-    let mut warnings = Vec::with_capacity(resources.len());
-    let mut bodies = Vec::with_capacity(resources.len());
-    for (position, resource) in resources.iter().enumerate() {
-        sources.push(resource.source.as_str());
-        positions.push(position as i32);
-        // Validated enums fit in a smallint.
-        kinds.push(resource.kind as i16);
-        statuses.push(resource.status as i16);
-        errors.push(resource.error.as_str());
-        warnings.push(resource.warning.as_str());
-        bodies.push(
-            ContextResource {
-                body: resource.body.clone(),
-                ..Default::default()
-            }
-            .encode_to_vec(),
-        );
-    }
-    sqlx::query(
-        "INSERT INTO snapshot.resources
-             (agent_id, source, position, kind, status, error, warning, body)
-         SELECT $1, * FROM UNNEST($2::text[], $3::int4[], $4::int2[], $5::int2[],
-                                  $6::text[], $7::text[], $8::bytea[])",
-    )
-    .bind(agent_id)
-    .bind(&sources)
-    .bind(&positions)
-    .bind(&kinds)
-    .bind(&statuses)
-    .bind(&errors)
-    .bind(&warnings)
-    .bind(&bodies)
-    .execute(&mut *tx)
-    .await?;
-    Ok(())
+    let mut rows = ResourceRows::default();
+    rows.extend(agent_id, resources);
+    rows.insert(tx).await
 }

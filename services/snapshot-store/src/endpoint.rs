@@ -27,7 +27,10 @@ pub(crate) fn error_reply(error: &StoreError) -> ServiceError {
         }
         StoreError::AlreadyExists { .. } | StoreError::KeyExists => Code::AlreadyExists,
         StoreError::DeadlineExceeded => Code::DeadlineExceeded,
-        StoreError::Database(_) | StoreError::Corrupt(_) => Code::Internal,
+        StoreError::Stopped => Code::Unavailable,
+        StoreError::Database(_) | StoreError::Corrupt(_) | StoreError::CommitUnknown(_) => {
+            Code::Internal
+        }
     };
     if code == Code::Internal {
         tracing::error!(%error, "store request failed");

@@ -1,13 +1,15 @@
 //! snapshot-store: the only writer of agents and discovery snapshots.
 //!
 //! It serves the store API over NATS request/reply in a queue group (so
-//! replicas share the load), commits each push in one transaction, and only
+//! replicas share the load), commits each push in one transaction (alone,
+//! or with other agents' pushes that came while it waited), and only
 //! after commit publishes `DiscoveryChanged` when the phase or run id changed
 //! and `SnapshotCommitted` after every accepted push. Both carry the agent's
 //! state after the commit, unless it is over the event size limit.
 
 pub mod db;
 mod endpoint;
+pub mod push_batch;
 pub mod series;
 pub mod tenant_keys;
 
@@ -30,6 +32,7 @@ use tracing::Instrument as _;
 
 pub use db::{PushOutcome, StartupOutcome, Store, StoreError};
 use endpoint::{endpoint, error_reply, publish, reply};
+pub use push_batch::PushBatcher;
 
 /// snapshot-store's configuration: its flags (see [`CommonArgs`] on `Serialize`).
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args, serde::Serialize)]
@@ -49,7 +52,14 @@ pub struct Config {
         default_value_t = 256 * 1024
     )]
     pub event_state_max_bytes: usize,
+    /// Push transactions in flight at once; pushes that arrive while all are
+    /// busy are committed together in the next one (group commit). At most
+    /// the pool's connections (CTXSYNC_DB_MAX_CONNECTIONS).
+    #[arg(long, env = PUSH_TRANSACTIONS_ENV, default_value_t = 2)]
+    pub push_transactions: usize,
 }
+
+const PUSH_TRANSACTIONS_ENV: &str = "CTXSYNC_STORE_PUSH_TRANSACTIONS";
 
 /// The flags' defaults.
 impl Default for Config {
@@ -119,6 +129,10 @@ pub enum StartError {
     Subscribe(#[from] ctxsync_runtime::nats::SubscribeError),
     #[error(transparent)]
     Http(#[from] ctxsync_runtime::http::BindError),
+    #[error(
+        "invalid {PUSH_TRANSACTIONS_ENV} {value}: must be from 1 to the pool's connections ({connections})"
+    )]
+    PushTransactions { value: usize, connections: u32 },
 }
 
 /// A running snapshot-store.
@@ -157,6 +171,13 @@ async fn start_unboxed(config: Config, shutdown: Shutdown) -> Result<RunningStor
     ctxsync_runtime::metrics::init("snapshot-store", env!("CARGO_PKG_VERSION"), series::SERIES);
     let subjects = config.common.subjects()?;
     let http_limits = config.common.http.limits()?;
+    let connections = config.database.db_max_connections;
+    if config.push_transactions == 0 || config.push_transactions > connections as usize {
+        return Err(StartError::PushTransactions {
+            value: config.push_transactions,
+            connections,
+        });
+    }
     let pool = ctxsync_runtime::db::connect(&config.database).await?;
     Store::migrate(&pool)
         .await
@@ -167,7 +188,8 @@ async fn start_unboxed(config: Config, shutdown: Shutdown) -> Result<RunningStor
     let limit = StateLimit {
         max_bytes: config.event_state_max_bytes,
     };
-    let servers = serve_all(&nats, &subjects, &store, limit, &shutdown, grace).await?;
+    let pushes = PushBatcher::start(store.clone(), config.push_transactions);
+    let servers = serve_all(&nats, &subjects, &store, &pushes, limit, &shutdown, grace).await?;
     let readiness = Readiness::new().with_nats(&nats).with_postgres(&pool);
     let http = HttpServer::start(
         config.common.http_addr,
@@ -207,6 +229,7 @@ async fn serve_all(
     nats: &NatsConnection,
     subjects: &Subjects,
     store: &Store,
+    pushes: &PushBatcher,
     limit: StateLimit,
     shutdown: &Shutdown,
     grace: Duration,
@@ -252,13 +275,13 @@ async fn serve_all(
         }
     });
     let push = endpoint(store::PushContextState, nats, subjects, shutdown, grace, {
-        let (s, n, j) = (s.clone(), n.clone(), j.clone());
+        let (p, n, j) = (pushes.clone(), n.clone(), j.clone());
         move |req: StorePushRequest, incoming: rpc::Incoming| {
             let trace = TraceContext::from_nats(incoming.headers.as_ref());
             let span = continue_trace(tracing::info_span!("store.push"), trace.as_ref());
             let deadline = incoming.deadline();
-            let (s, n, j) = (s.clone(), n.clone(), j.clone());
-            async move { handle_push(&s, &n, &j, limit, trace, deadline, req).await }
+            let (p, n, j) = (p.clone(), n.clone(), j.clone());
+            async move { handle_push(&p, &n, &j, limit, trace, deadline, req).await }
                 .instrument(span)
         }
     });
@@ -412,7 +435,7 @@ async fn list_agents(
 }
 
 async fn handle_push(
-    store: &Store,
+    pushes: &PushBatcher,
     nats: &async_nats::Client,
     subjects: &Subjects,
     limit: StateLimit,
@@ -425,7 +448,7 @@ async fn handle_push(
     let version = push.version;
     let result = async {
         let agent_id = db::parse_agent_id(&request.agent_id)?;
-        store.push(agent_id, push, deadline).await
+        pushes.push(agent_id, push, deadline).await
     }
     .await;
     match result {

@@ -27,6 +27,10 @@ pub const SERIES: &[Series] = &[
         "Time of a push's Postgres transaction, in seconds, by outcome.",
     )
     .zeroed(&[&[("outcome", "accepted")]]),
+    Series::histogram(
+        "ctxsync_store_push_batch_size",
+        "Pushes taken together into one group-commit transaction.",
+    ),
     Series::counter(
         "ctxsync_store_event_state_omitted_total",
         "Discovery events published without the agent's state, which was over the size limit.",

@@ -54,6 +54,7 @@ fn store() -> snapshot_store::Config {
         common: common(18081),
         database: database(),
         event_state_max_bytes: 7,
+        push_transactions: 3,
     }
 }
 
