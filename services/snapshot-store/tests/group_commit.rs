@@ -11,7 +11,7 @@ use ctxsync_proto::v1::mcp_discovery::Phase;
 use ctxsync_proto::v1::*;
 use snapshot_store::db::BatchOutcome;
 use snapshot_store::{PushBatcher, PushOutcome, Store, StoreError};
-use sqlx::PgPool;
+use sqlx::{PgPool, Postgres, Transaction};
 use testkit::TestDatabase;
 use uuid::Uuid;
 
@@ -178,19 +178,25 @@ async fn one_batch_gives_each_push_the_answer_rows_and_revision_it_would_have_al
     assert_eq!(sources(&kept), ["mcp_server:s"]);
 }
 
+/// Another replica, stalled while holding `agent`'s row lock (until the
+/// transaction returned is rolled back).
+async fn replica_stalled_holding(pool: &PgPool, agent: Uuid) -> Transaction<'static, Postgres> {
+    let mut stalled = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM snapshot.agents WHERE agent_id = $1 FOR UPDATE")
+        .bind(agent)
+        .execute(&mut *stalled)
+        .await
+        .unwrap();
+    stalled
+}
+
 #[tokio::test]
 async fn a_batch_never_waits_for_an_agent_locked_elsewhere_and_hands_its_push_back() {
     let (_db, pool, store) = store().await;
     let free = agent(&store, "free", RUN_A).await;
     let held = agent(&store, "held", RUN_A).await;
 
-    // Another replica, stalled while holding one agent's row.
-    let mut stalled = pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM snapshot.agents WHERE agent_id = $1 FOR UPDATE")
-        .bind(held)
-        .execute(&mut *stalled)
-        .await
-        .unwrap();
+    let stalled = replica_stalled_holding(&pool, held).await;
 
     // No deadline: a batch that waited for the lock would never return.
     let batch = vec![
@@ -237,12 +243,7 @@ async fn a_push_waiting_for_a_row_lock_holds_up_no_other_agents_push() {
     let (_db, pool, store) = store().await;
     let free = agent(&store, "free", RUN_A).await;
     let held = agent(&store, "held", RUN_A).await;
-    let mut stalled = pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM snapshot.agents WHERE agent_id = $1 FOR UPDATE")
-        .bind(held)
-        .execute(&mut *stalled)
-        .await
-        .unwrap();
+    let stalled = replica_stalled_holding(&pool, held).await;
 
     // One transaction slot only: were it held by the waiting push, the free
     // agent's push could not go until the lock is released.
