@@ -99,49 +99,149 @@ pub async fn pub_sub(env: &Env, samples: usize, idle: Duration) -> Result<Latenc
     Ok(Latency::of(latencies))
 }
 
-/// Two hops, each publish after `idle` of idleness: to a relay on a second
-/// connection, which publishes what it got to a subscriber on a third.
-pub async fn two_hops(env: &Env, samples: usize, idle: Duration) -> Result<Latency, BenchError> {
-    let publisher = connect(env, "bench-floor-hop-pub").await?;
-    let relay = connect(env, "bench-floor-hop-relay").await?;
-    let receiver = connect(env, "bench-floor-hop-sub").await?;
-    Ok(Latency::of(
-        relayed(env, &publisher, relay, &receiver, samples, idle).await?,
-    ))
+/// The two-hop floor, kept open so that its samples can be taken between
+/// the 1-chat wake's rounds: a floor sampled minutes apart from what it is
+/// compared with moves with whatever else the machine did meanwhile.
+///
+/// Each path publishes (after `idle` of idleness) to a relay on a second
+/// connection, which publishes what it got to a receiver on a third. On a
+/// cluster there is one path per pair of a store replica's node and a gate
+/// replica's, taken in turn (a wake's store and gate replicas are each one
+/// of theirs at random), the relay on the gate's node and the receiver on
+/// the chat's.
+pub struct TwoHops {
+    paths: Vec<HopPath>,
+    next: usize,
+    samples: Vec<Duration>,
 }
 
-/// The timed publishes of a two-hop floor on these three connections.
-async fn relayed(
-    env: &Env,
-    publisher: &async_nats::Client,
-    relay: async_nats::Client,
-    receiver: &async_nats::Client,
-    samples: usize,
-    idle: Duration,
-) -> Result<Vec<Duration>, BenchError> {
-    let first = env.subjects.bench_floor("hop1");
-    let second = env.subjects.bench_floor("hop2");
-    let mut relayed = relay.subscribe(first.clone()).await.step("subscribe")?;
-    let mut arrivals = receiver.subscribe(second.clone()).await.step("subscribe")?;
-    for client in [&relay, receiver] {
-        ctxsync_runtime::nats::sync_with_server(client)
-            .await
-            .step("subscribe")?;
+struct HopPath {
+    publisher: async_nats::Client,
+    first: String,
+    arrivals: async_nats::Subscriber,
+    forward: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for HopPath {
+    fn drop(&mut self) {
+        self.forward.abort();
     }
-    let forward = tokio::spawn(async move {
-        while let Some(message) = relayed.next().await {
-            let _ = relay.publish(second.clone(), message.payload).await;
+}
+
+impl TwoHops {
+    /// Opens the paths (on one server, one; on a cluster, placed as the
+    /// wake's hops are) and warms them up.
+    pub async fn open(env: &Env, placement: Option<&WakePlacement>) -> Result<Self, BenchError> {
+        let mut paths = Vec::new();
+        match placement {
+            None => {
+                let publisher = connect(env, "bench-floor-hop-pub").await?;
+                let relay = connect(env, "bench-floor-hop-relay").await?;
+                let receiver = connect(env, "bench-floor-hop-sub").await?;
+                paths.push(HopPath::open(env, 0, publisher, relay, &receiver).await?);
+            }
+            Some(placement) => {
+                let on = |node: usize, name: &'static str| {
+                    let url = placement.urls[node].clone();
+                    async move {
+                        ctxsync_runtime::nats::connect(&url, name)
+                            .await
+                            .step("nats")
+                            .map(|c| c.client)
+                    }
+                };
+                for &store in &placement.stores {
+                    for &gate in &placement.gates {
+                        let publisher = on(store, "bench-floor-hop-pub").await?;
+                        let relay = on(gate, "bench-floor-hop-relay").await?;
+                        let receiver = on(placement.chat, "bench-floor-hop-sub").await?;
+                        let path =
+                            HopPath::open(env, paths.len(), publisher, relay, &receiver).await?;
+                        paths.push(path);
+                    }
+                }
+            }
         }
-    });
-    // On a cluster the subscriptions reach the other nodes a moment later:
-    // the first message that comes all the way through says they have.
-    let latencies = async {
-        primed(publisher, &first, &mut arrivals).await?;
-        timed_publishes(publisher, &first, &mut arrivals, samples, idle, "two hops").await
+        let mut two_hops = Self {
+            paths,
+            next: 0,
+            samples: Vec::new(),
+        };
+        for _ in 0..WARMUP {
+            two_hops.once(IDLE_GAP).await?;
+        }
+        Ok(two_hops)
     }
-    .await;
-    forward.abort();
-    latencies
+
+    /// Takes `count` samples, each after `idle` of idleness, on the paths in
+    /// turn.
+    pub async fn sample(&mut self, count: usize, idle: Duration) -> Result<(), BenchError> {
+        for _ in 0..count {
+            let took = self.once(idle).await?;
+            self.samples.push(took);
+        }
+        Ok(())
+    }
+
+    async fn once(&mut self, idle: Duration) -> Result<Duration, BenchError> {
+        let n = self.next % self.paths.len();
+        self.next += 1;
+        self.paths[n].once(idle).await
+    }
+
+    pub fn taken(&self) -> usize {
+        self.samples.len()
+    }
+
+    /// The samples taken so far.
+    pub fn latency(&self) -> Latency {
+        Latency::of(self.samples.clone())
+    }
+}
+
+impl HopPath {
+    async fn open(
+        env: &Env,
+        n: usize,
+        publisher: async_nats::Client,
+        relay: async_nats::Client,
+        receiver: &async_nats::Client,
+    ) -> Result<Self, BenchError> {
+        let first = env.subjects.bench_floor(&format!("hop1-{n}"));
+        let second = env.subjects.bench_floor(&format!("hop2-{n}"));
+        let mut relayed = relay.subscribe(first.clone()).await.step("subscribe")?;
+        let mut arrivals = receiver.subscribe(second.clone()).await.step("subscribe")?;
+        for client in [&relay, receiver] {
+            ctxsync_runtime::nats::sync_with_server(client)
+                .await
+                .step("subscribe")?;
+        }
+        let forward = tokio::spawn(async move {
+            while let Some(message) = relayed.next().await {
+                let _ = relay.publish(second.clone(), message.payload).await;
+            }
+        });
+        // On a cluster the subscriptions reach the other nodes a moment later:
+        // the first message that comes all the way through says they have.
+        primed(&publisher, &first, &mut arrivals).await?;
+        Ok(Self {
+            publisher,
+            first,
+            arrivals,
+            forward,
+        })
+    }
+
+    async fn once(&mut self, idle: Duration) -> Result<Duration, BenchError> {
+        timed_publish(
+            &self.publisher,
+            &self.first,
+            &mut self.arrivals,
+            idle,
+            "two hops",
+        )
+        .await
+    }
 }
 
 /// Publishes on `subject` until one arrives on `arrivals` (at most 5 s).
@@ -229,40 +329,6 @@ impl WakePlacement {
     }
 }
 
-/// [`two_hops`] on the nodes the wake's hops use: for each store replica's
-/// node and each gate replica's, a publisher there, a relay on the gate's
-/// node and a receiver on the chat's, the same number of samples each (a
-/// wake's store and gate replicas are each one of theirs at random).
-pub async fn two_hops_placed(
-    env: &Env,
-    placement: &WakePlacement,
-    samples: usize,
-    idle: Duration,
-) -> Result<Latency, BenchError> {
-    let pairs = placement.stores.len() * placement.gates.len();
-    let per_pair = samples.div_ceil(pairs.max(1));
-    let mut all = Vec::with_capacity(per_pair * pairs);
-    for &store in &placement.stores {
-        for &gate in &placement.gates {
-            let on = |node: usize, name: &str| {
-                let url = placement.urls[node].clone();
-                let name = name.to_owned();
-                async move {
-                    ctxsync_runtime::nats::connect(&url, &name)
-                        .await
-                        .step("nats")
-                        .map(|c| c.client)
-                }
-            };
-            let publisher = on(store, "bench-floor-hop-pub").await?;
-            let relay = on(gate, "bench-floor-hop-relay").await?;
-            let receiver = on(placement.chat, "bench-floor-hop-sub").await?;
-            all.extend(relayed(env, &publisher, relay, &receiver, per_pair, idle).await?);
-        }
-    }
-    Ok(Latency::of(all))
-}
-
 /// `WARMUP + samples` publishes on `subject`, each after `idle` of
 /// idleness and timed until it arrives on `arrivals`: the timed ones.
 async fn timed_publishes(
@@ -275,23 +341,36 @@ async fn timed_publishes(
 ) -> Result<Vec<Duration>, BenchError> {
     let mut latencies = Vec::with_capacity(samples);
     for i in 0..WARMUP + samples {
-        if !idle.is_zero() {
-            tokio::time::sleep(idle).await;
-        }
-        let started = Instant::now();
-        publisher
-            .publish(subject.to_owned(), PAYLOAD.into())
-            .await
-            .step("publish")?;
-        tokio::time::timeout(Duration::from_secs(5), arrivals.next())
-            .await
-            .map_err(|_| BenchError::new(what, "a message did not arrive within 5 s"))?
-            .ok_or_else(|| BenchError::new(what, "subscription closed"))?;
+        let took = timed_publish(publisher, subject, arrivals, idle, what).await?;
         if i >= WARMUP {
-            latencies.push(started.elapsed());
+            latencies.push(took);
         }
     }
     Ok(latencies)
+}
+
+/// One publish on `subject` after `idle` of idleness, timed until it
+/// arrives on `arrivals`.
+async fn timed_publish(
+    publisher: &async_nats::Client,
+    subject: &str,
+    arrivals: &mut async_nats::Subscriber,
+    idle: Duration,
+    what: &str,
+) -> Result<Duration, BenchError> {
+    if !idle.is_zero() {
+        tokio::time::sleep(idle).await;
+    }
+    let started = Instant::now();
+    publisher
+        .publish(subject.to_owned(), PAYLOAD.into())
+        .await
+        .step("publish")?;
+    tokio::time::timeout(Duration::from_secs(5), arrivals.next())
+        .await
+        .map_err(|_| BenchError::new(what, "a message did not arrive within 5 s"))?
+        .ok_or_else(|| BenchError::new(what, "subscription closed"))?;
+    Ok(started.elapsed())
 }
 
 /// One request at a time to a responder on another connection.

@@ -55,14 +55,10 @@ async fn sections(
     report.floors.nats_pub_sub_idle = floors::pub_sub(env, idle_samples, floors::IDLE_GAP).await?;
     progress.step("floors: raw NATS two hops after idleness");
     // On a cluster, on the nodes the wake's hops use: a hop between two
-    // nodes costs a route more than one within a node.
+    // nodes costs a route more than one within a node. Sampled between the
+    // 1-chat wake's rounds, which it is the floor of.
     let placement = floors::WakePlacement::of(env).await?;
-    report.floors.nats_two_hops_idle = match &placement {
-        Some(placed) => {
-            floors::two_hops_placed(env, placed, idle_samples, floors::IDLE_GAP).await?
-        }
-        None => floors::two_hops(env, idle_samples, floors::IDLE_GAP).await?,
-    };
+    let mut two_hops = floors::TwoHops::open(env, placement.as_ref()).await?;
     report.floors.two_hops_placement = placement.map(|placed| placed.describe());
     progress.step("floors: raw NATS request/reply");
     report.floors.nats_request_reply = floors::request_reply(env, sizes.floor_samples).await?;
@@ -74,7 +70,13 @@ async fn sections(
     progress.step(format!("registering {} agents", sizes.agents));
     let agents = env.register_agents("chat", sizes.agents).await?;
 
-    report.wake = wake::all_cases(env, &agents, sizes, progress).await?;
+    report.wake =
+        wake::all_cases(env, &agents, sizes, &mut two_hops, idle_samples, progress).await?;
+    // Without 1-chat rounds (or with few), the rest of the floor now.
+    let missing = idle_samples.saturating_sub(two_hops.taken());
+    two_hops.sample(missing, floors::IDLE_GAP).await?;
+    report.floors.nats_two_hops_idle = two_hops.latency();
+    drop(two_hops);
     report.memory = wake::memory(&report.wake, env.services.is_deployed());
 
     progress.step("gate answer when discovery is complete");

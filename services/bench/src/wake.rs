@@ -17,6 +17,7 @@ use futures::StreamExt;
 use prost::Message;
 
 use crate::env::{BenchAgent, CALL_TIMEOUT, Env, run_id};
+use crate::floors;
 use crate::push::{push_request, resources, server};
 use crate::stats::Latency;
 use crate::steps::{BenchError, Progress, Sizes, Step};
@@ -361,10 +362,15 @@ fn in_front_note(waiting: usize, chats: usize) -> Option<String> {
     })
 }
 
+/// Every wake case. The two-hop floor's `floor_samples` are taken between
+/// the 1-chat rounds, a share before each, so the floor and the wake it is
+/// compared with are measured in the same minutes.
 pub async fn all_cases(
     env: &Env,
     agents: &[BenchAgent],
     sizes: &Sizes,
+    two_hops: &mut floors::TwoHops,
+    floor_samples: usize,
     progress: &Progress,
 ) -> Result<Vec<WakeCase>, BenchError> {
     let mut cases = Vec::new();
@@ -386,6 +392,8 @@ pub async fn all_cases(
                         sizes.single_wake_rounds
                     ));
                 }
+                let per_round = floor_samples.div_ceil(sizes.single_wake_rounds);
+                two_hops.sample(per_round, floors::IDLE_GAP).await?;
                 let agent = &agents[r % agents.len()..][..1];
                 let one = round(env, agent, 1, &format!("w{n}r{r}"), None).await?;
                 total.rounds += 1;
