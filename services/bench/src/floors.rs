@@ -415,7 +415,7 @@ pub async fn fan_out(env: &Env, sizes: &Sizes) -> Result<FanOutFloor, BenchError
     use std::sync::{Arc, Mutex};
 
     let publishes = sizes.agents;
-    let publishers = crate::wake::COMPLETE_CONCURRENCY;
+    let publishers = crate::steps::COMPLETE_CONCURRENCY;
     let publisher = connect(env, "bench-floor-fan-pub").await?;
     let responder = connect(env, "bench-floor-fan-rep").await?;
     let receiver = connect(env, "bench-floor-fan-chats").await?;

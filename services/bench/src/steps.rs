@@ -62,6 +62,10 @@ impl<T, E: Display> Step<T> for Result<T, E> {
     }
 }
 
+/// Discoveries completed at once in a wake round (the fan-out floor
+/// publishes with as many publishers).
+pub(crate) const COMPLETE_CONCURRENCY: usize = 8;
+
 /// How much work each section does.
 #[derive(Debug, Clone)]
 pub(crate) struct Sizes {

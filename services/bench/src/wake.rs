@@ -181,10 +181,6 @@ async fn new_pending_runs(env: &Env, agents: &[BenchAgent]) -> Result<Vec<String
     runs.into_iter().collect()
 }
 
-/// Discoveries completed at once in a wake round (the fan-out floor
-/// publishes with as many publishers).
-pub const COMPLETE_CONCURRENCY: usize = 8;
-
 /// Completes each agent's run: its discovery found one server with one tool.
 async fn complete_runs(
     env: &Env,
@@ -199,7 +195,7 @@ async fn complete_runs(
             env.push(&agent.id, push_request(run, 2, Phase::Complete, complete))
                 .await
         })
-        .buffer_unordered(COMPLETE_CONCURRENCY)
+        .buffer_unordered(crate::steps::COMPLETE_CONCURRENCY)
         .collect()
         .await;
     pushes.into_iter().collect()
