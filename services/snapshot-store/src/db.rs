@@ -1,8 +1,8 @@
 //! The store's transactions. Every write to an agent locks its row first, so
 //! startups and pushes for one agent are serialized across any number of
 //! store replicas, and the run-id check reads what the write commits against.
-//! The lock also raises the agent's revision, so every accepted write is
-//! numbered in commit order.
+//! Every accepted write raises the agent's revision under that lock, so
+//! accepted writes are numbered in commit order.
 
 use std::collections::HashMap;
 use std::time::Instant;
