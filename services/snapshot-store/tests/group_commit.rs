@@ -352,3 +352,27 @@ fn batch_count() -> f64 {
         })
         .unwrap_or(0.0)
 }
+
+#[tokio::test]
+async fn push_transactions_outside_one_to_the_pool_size_fail_the_start_naming_the_env_var() {
+    // Refused before anything is reached: neither address needs to answer.
+    for (value, connections) in [(0, 16), (17, 16), (4, 3)] {
+        let mut config = snapshot_store::Config::new(
+            ctxsync_runtime::CommonArgs::for_nats("nats://127.0.0.1:1", "pfx"),
+            "postgres://nobody@127.0.0.1:1/none",
+        );
+        config.push_transactions = value;
+        config.database.db_max_connections = connections;
+        let Err(error) = snapshot_store::start(config, ctxsync_runtime::Shutdown::new()).await
+        else {
+            panic!("{value} push transactions over {connections} connections started");
+        };
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "invalid CTXSYNC_STORE_PUSH_TRANSACTIONS {value}: \
+                 must be from 1 to the pool's connections ({connections})"
+            )
+        );
+    }
+}
