@@ -341,8 +341,11 @@ impl ClusterDependency {
 /// Starts a [`ClusterDependency`] and returns once every node routes to both
 /// others and answers its health check (JetStream in contact with its meta
 /// leader), within 30 s.
+///
+/// The nine ports are chosen free, but another process may take one before
+/// its node binds it: a node that exits at start is retried on fresh ports,
+/// up to [`CLUSTER_ATTEMPTS`] times. Each node logs to `n<i>/nats.log`.
 pub async fn nats_cluster(data_dir: &Path) -> Result<ClusterDependency, DependencyError> {
-    let what = "a nats cluster";
     let binary = on_path("nats-server").ok_or(DependencyError::Missing {
         binary: "nats-server",
         addr: LOCAL_NATS,
@@ -350,16 +353,63 @@ pub async fn nats_cluster(data_dir: &Path) -> Result<ClusterDependency, Dependen
         env: "NATS_URL",
     })?;
     let dir = data_dir.join("nats-cluster");
-    let ports: Vec<(u16, u16, u16)> = (0..ClusterDependency::SIZE)
-        .map(|_| Ok((free_port()?, free_port()?, free_port()?)))
-        .collect::<Result<_, DependencyError>>()?;
+    let mut attempt = 1;
+    loop {
+        match cluster_attempt(&binary, &dir).await {
+            Err(ClusterStart::NodeExited(reason)) if attempt < CLUSTER_ATTEMPTS => {
+                tracing::warn!(attempt, %reason, "a nats cluster node exited at start: retrying on fresh ports");
+                attempt += 1;
+            }
+            Err(ClusterStart::NodeExited(reason) | ClusterStart::Failed(reason)) => {
+                return Err(DependencyError::Start {
+                    what: "a nats cluster",
+                    reason,
+                });
+            }
+            Ok(cluster) => return Ok(cluster),
+        }
+    }
+}
+
+/// Starts of a private cluster before its nodes' early exits are an error.
+const CLUSTER_ATTEMPTS: usize = 3;
+
+enum ClusterStart {
+    /// A node exited before the cluster formed (e.g. its port was taken).
+    NodeExited(String),
+    Failed(String),
+}
+
+/// `count` distinct free ports: each listener stays bound until all are
+/// chosen, so no two are the same.
+fn free_ports(count: usize) -> Result<Vec<u16>, DependencyError> {
+    let listeners = (0..count)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<Vec<_>, _>>();
+    listeners
+        .and_then(|ls| {
+            ls.iter()
+                .map(|l| l.local_addr().map(|a| a.port()))
+                .collect()
+        })
+        .map_err(|e| DependencyError::Start {
+            what: "a private server",
+            reason: format!("no free port: {e}"),
+        })
+}
+
+async fn cluster_attempt(binary: &Path, dir: &Path) -> Result<ClusterDependency, ClusterStart> {
+    let failed = |reason: String| ClusterStart::Failed(reason);
+    let ports: Vec<(u16, u16, u16)> = free_ports(3 * ClusterDependency::SIZE)
+        .map_err(|e| failed(e.to_string()))?
+        .chunks(3)
+        .map(|p| (p[0], p[1], p[2]))
+        .collect();
     let mut children = Vec::new();
     for (i, (client, route, monitor)) in ports.iter().enumerate() {
         let node_dir = dir.join(format!("n{i}"));
-        std::fs::create_dir_all(&node_dir).map_err(|e| DependencyError::Start {
-            what,
-            reason: format!("cannot create {}: {e}", node_dir.display()),
-        })?;
+        std::fs::create_dir_all(&node_dir)
+            .map_err(|e| failed(format!("cannot create {}: {e}", node_dir.display())))?;
         let routes: Vec<String> = ports
             .iter()
             .enumerate()
@@ -368,18 +418,17 @@ pub async fn nats_cluster(data_dir: &Path) -> Result<ClusterDependency, Dependen
             .collect();
         let config = format!(
             "server_name: \"n{i}\"\nlisten: \"127.0.0.1:{client}\"\nhttp: \"127.0.0.1:{monitor}\"\n\
-             max_payload: 8MB\njetstream {{ store_dir: \"{store}\" }}\n\
+             max_payload: 8MB\nlog_file: \"{log}\"\njetstream {{ store_dir: \"{store}\" }}\n\
              cluster {{\n  name: \"ctxsync\"\n  listen: \"127.0.0.1:{route}\"\n  routes: [{routes}]\n}}\n",
+            log = node_dir.join("nats.log").display(),
             store = node_dir.join("js").display(),
             routes = routes.join(", "),
         );
         let path = node_dir.join("nats.conf");
-        std::fs::write(&path, config).map_err(|e| DependencyError::Start {
-            what,
-            reason: format!("cannot write {}: {e}", path.display()),
-        })?;
+        std::fs::write(&path, config)
+            .map_err(|e| failed(format!("cannot write {}: {e}", path.display())))?;
         children.push(
-            Command::new(&binary)
+            Command::new(binary)
                 .arg("-c")
                 .arg(&path)
                 .stdin(Stdio::null())
@@ -387,10 +436,7 @@ pub async fn nats_cluster(data_dir: &Path) -> Result<ClusterDependency, Dependen
                 .stderr(Stdio::null())
                 .kill_on_drop(true)
                 .spawn()
-                .map_err(|e| DependencyError::Start {
-                    what,
-                    reason: e.to_string(),
-                })?,
+                .map_err(|e| failed(e.to_string()))?,
         );
     }
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -398,20 +444,17 @@ pub async fn nats_cluster(data_dir: &Path) -> Result<ClusterDependency, Dependen
     loop {
         for (i, child) in children.iter_mut().enumerate() {
             if let Ok(Some(status)) = child.try_wait() {
-                return Err(DependencyError::Start {
-                    what,
-                    reason: format!("node {i} exited with {status}"),
-                });
+                return Err(ClusterStart::NodeExited(format!(
+                    "node {i} exited with {status} (its log: {})",
+                    dir.join(format!("n{i}/nats.log")).display()
+                )));
             }
         }
         let missing = cluster_not_formed(&monitors).await;
         match missing {
             None => break,
             Some(reason) if Instant::now() > deadline => {
-                return Err(DependencyError::Start {
-                    what,
-                    reason: format!("not formed within 30 s: {reason}"),
-                });
+                return Err(failed(format!("not formed within 30 s: {reason}")));
             }
             Some(_) => tokio::time::sleep(Duration::from_millis(20)).await,
         }
@@ -422,7 +465,7 @@ pub async fn nats_cluster(data_dir: &Path) -> Result<ClusterDependency, Dependen
             .map(|(client, _, _)| format!("nats://127.0.0.1:{client}"))
             .collect(),
         monitors,
-        data_dir: dir,
+        data_dir: dir.to_owned(),
         _children: children,
     })
 }
