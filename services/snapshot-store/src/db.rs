@@ -483,9 +483,10 @@ impl Store {
     /// The agents must be distinct (a second push for one agent waits for
     /// the next batch). A batch never waits for a row lock: an agent whose
     /// row another transaction holds (or that does not exist) is handed back
-    /// [`BatchOutcome::Unlocked`], to be pushed alone. A dropped push raises
-    /// no revision: only written agents' revisions are raised, after the
-    /// decisions. `deadline` is the earliest of the pushes'.
+    /// [`BatchOutcome::Unlocked`], to be pushed alone. The lock raises each
+    /// locked agent's revision; an agent whose push is not written gets its
+    /// revision back before the commit, so a dropped push raises none.
+    /// `deadline` is the earliest of the pushes'.
     pub async fn push_batch(
         &self,
         mut pushes: Vec<(Uuid, PushContextStateRequest)>,
@@ -572,20 +573,24 @@ impl Store {
         let ids: Vec<Uuid> = checked.iter().map(|c| c.1).collect();
 
         let mut tx = begin(&self.pool, deadline).await?;
+        // Locks and raises in one statement, as a single push does; the
+        // revisions of agents whose push is not written are put back below.
         let agent_rows = sqlx::query(
-            "SELECT agent_id, tenant, workspace, name, agent_run_id, agent_version,
-                    created_at, startup_at
-             FROM snapshot.agents WHERE agent_id = ANY($1)
-             ORDER BY agent_id FOR UPDATE SKIP LOCKED",
+            "UPDATE snapshot.agents a SET revision = a.revision + 1
+             FROM (SELECT agent_id FROM snapshot.agents WHERE agent_id = ANY($1)
+                   ORDER BY agent_id FOR UPDATE SKIP LOCKED) locked
+             WHERE a.agent_id = locked.agent_id
+             RETURNING a.agent_id, a.tenant, a.workspace, a.name, a.agent_run_id,
+                       a.agent_version, a.created_at, a.startup_at, a.revision",
         )
         .bind(&ids)
         .fetch_all(&mut *tx)
         .await?;
-        let mut agents: HashMap<Uuid, Agent> = agent_rows
+        let mut agents: HashMap<Uuid, (Agent, u64)> = agent_rows
             .iter()
             .map(|row| {
                 let id: Uuid = row.get("agent_id");
-                (id, agent_from_row(id, row))
+                (id, (agent_from_row(id, row), revision_from_row(row)))
             })
             .collect();
         // A later statement than the lock's: see lock_agent.
@@ -602,10 +607,11 @@ impl Store {
             .collect();
 
         let mut writes = Vec::with_capacity(checked.len());
+        let mut unwritten = Vec::new();
         for (n, agent_id, version) in checked {
             let push = &pushes[n].1;
             // Locked by another transaction, or absent: left unanswered.
-            let Some(agent) = agents.remove(&agent_id) else {
+            let Some((agent, revision)) = agents.remove(&agent_id) else {
                 continue;
             };
             let stored = match snapshots.get(&agent_id) {
@@ -620,6 +626,7 @@ impl Store {
                     }),
                     Err(error) => {
                         outcomes[n] = Some(Err(error));
+                        unwritten.push(agent_id);
                         continue;
                     }
                 },
@@ -629,6 +636,7 @@ impl Store {
                 PushPlan::Dropped { reason, message } => {
                     record_push_transaction(started, "dropped");
                     outcomes[n] = Some(Ok(PushOutcome::Dropped { reason, message }));
+                    unwritten.push(agent_id);
                 }
                 PushPlan::Write(write) => writes.push(BatchWrite {
                     n,
@@ -637,7 +645,7 @@ impl Store {
                     version,
                     content,
                     write,
-                    revision: 0,
+                    revision,
                     received_at: DateTime::<Utc>::MIN_UTC,
                 }),
             }
@@ -645,6 +653,15 @@ impl Store {
         if writes.is_empty() {
             tx.rollback().await?;
             return Ok(None);
+        }
+        if !unwritten.is_empty() {
+            // Still under the lock, so no one saw the raise.
+            sqlx::query(
+                "UPDATE snapshot.agents SET revision = revision - 1 WHERE agent_id = ANY($1)",
+            )
+            .bind(&unwritten)
+            .execute(&mut *tx)
+            .await?;
         }
         write_rows(&mut tx, pushes, &mut writes).await?;
         Ok(Some((tx, writes)))
@@ -909,13 +926,13 @@ struct BatchWrite {
     /// Its place in the batch.
     n: usize,
     agent_id: Uuid,
-    /// The agent row as locked, before the revision was raised.
+    /// The agent row as locked, and its raised revision.
     agent: Agent,
+    revision: u64,
     version: i64,
     content: PushContent,
     write: store_core::PushWrite,
-    /// Set by [`write_rows`]: the raised revision and the stored receive time.
-    revision: u64,
+    /// Set by [`write_rows`]: the stored receive time.
     received_at: DateTime<Utc>,
 }
 
@@ -930,25 +947,14 @@ fn checked_version(push: &PushContextStateRequest) -> Result<i64, StoreError> {
     })
 }
 
-/// A batch's rows: the written agents' revisions raised, their snapshots
-/// upserted, the changed ones' resources replaced; each write learns its
-/// raised revision and stored receive time.
+/// A batch's rows: the written agents' snapshots upserted, the changed
+/// ones' resources replaced; each write learns its stored receive time.
 async fn write_rows(
     tx: &mut PgConnection,
     pushes: &[(Uuid, PushContextStateRequest)],
     writes: &mut [BatchWrite],
 ) -> Result<(), StoreError> {
     let ids: Vec<Uuid> = writes.iter().map(|w| w.agent_id).collect();
-    let revisions: HashMap<Uuid, u64> = sqlx::query(
-        "UPDATE snapshot.agents SET revision = revision + 1 WHERE agent_id = ANY($1)
-         RETURNING agent_id, revision",
-    )
-    .bind(&ids)
-    .fetch_all(&mut *tx)
-    .await?
-    .iter()
-    .map(|row| (row.get("agent_id"), revision_from_row(row)))
-    .collect();
 
     let run_ids: Vec<&str> = writes
         .iter()
@@ -985,16 +991,12 @@ async fn write_rows(
     .map(|row| (row.get("agent_id"), row.get("received_at")))
     .collect();
     for write in writes.iter_mut() {
-        let (Some(&revision), Some(&received_at)) = (
-            revisions.get(&write.agent_id),
-            received.get(&write.agent_id),
-        ) else {
+        let Some(&received_at) = received.get(&write.agent_id) else {
             return Err(StoreError::Corrupt(format!(
                 "agent {} locked but not written",
                 write.agent_id
             )));
         };
-        write.revision = revision;
         write.received_at = received_at;
     }
 

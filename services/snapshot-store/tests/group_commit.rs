@@ -176,6 +176,25 @@ async fn one_batch_gives_each_push_the_answer_rows_and_revision_it_would_have_al
     let kept = store.agent_state(stale_version).await.unwrap();
     assert_eq!(kept.snapshot.as_ref().unwrap().version, 5);
     assert_eq!(sources(&kept), ["mcp_server:s"]);
+
+    // A batch of dropped pushes only: rolled back, no revision moves.
+    let all_dropped = vec![
+        (stale_run, pending(RUN_B, 10, vec![])),
+        (unchanged, pending(RUN_A, 6, vec![])),
+    ];
+    let outcomes = store.push_batch(all_dropped, None).await.expect("batch");
+    assert_eq!(dropped_for(done(&outcomes[0])), PushDropReason::StaleRun);
+    assert_eq!(
+        dropped_for(done(&outcomes[1])),
+        PushDropReason::StaleVersion
+    );
+    let again: Vec<u64> = futures::future::join_all(
+        [fresh, stale_run, stale_version, unchanged, invalid]
+            .into_iter()
+            .map(revision),
+    )
+    .await;
+    assert_eq!(again, after);
 }
 
 /// Another replica, stalled while holding `agent`'s row lock (until the
