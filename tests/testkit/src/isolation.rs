@@ -23,10 +23,23 @@ pub fn free_addr() -> std::net::SocketAddr {
     std::net::SocketAddr::from(([127, 0, 0, 1], free_port()))
 }
 
-/// Reserves a free TCP port on loopback (released before returning).
+/// Reserves a free TCP port on loopback (released before returning), never
+/// one this process was given before: the kernel may hand a just-released
+/// port out again, and a test that asks for several at once (a compose
+/// stack's published ports) must not get one twice.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("cannot reserve a loopback port")
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("cannot reserve a loopback port");
+        let mut given = GIVEN
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if given.insert(port) {
+            return port;
+        }
+    }
 }
