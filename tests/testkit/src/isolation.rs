@@ -43,3 +43,17 @@ pub fn free_port() -> u16 {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// Thousands of ports from one process: with bind-and-release alone the
+    /// kernel repeats some (135 of 2000 in a trial on this machine).
+    #[test]
+    fn free_port_never_repeats_within_a_process() {
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..2000 {
+            let port = super::free_port();
+            assert!(seen.insert(port), "port {port} given twice");
+        }
+    }
+}
