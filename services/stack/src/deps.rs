@@ -344,7 +344,8 @@ impl ClusterDependency {
 ///
 /// The nine ports are chosen free, but another process may take one before
 /// its node binds it: a node that exits at start is retried on fresh ports,
-/// up to [`CLUSTER_ATTEMPTS`] times. Each node logs to `n<i>/nats.log`.
+/// up to [`CLUSTER_ATTEMPTS`] times. Each node logs to `n<i>/nats.log`
+/// (under `retry-<attempt>/` after the first attempt).
 pub async fn nats_cluster(data_dir: &Path) -> Result<ClusterDependency, DependencyError> {
     let binary = on_path("nats-server").ok_or(DependencyError::Missing {
         binary: "nats-server",
@@ -355,7 +356,13 @@ pub async fn nats_cluster(data_dir: &Path) -> Result<ClusterDependency, Dependen
     let dir = data_dir.join("nats-cluster");
     let mut attempt = 1;
     loop {
-        match cluster_attempt(&binary, &dir).await {
+        // A fresh folder per attempt: a killed node of the last one may not
+        // have let go of its JetStream store yet.
+        let nodes_dir = match attempt {
+            1 => dir.clone(),
+            n => dir.join(format!("retry-{n}")),
+        };
+        match cluster_attempt(&binary, &nodes_dir).await {
             Err(ClusterStart::NodeExited(reason)) if attempt < CLUSTER_ATTEMPTS => {
                 tracing::warn!(attempt, %reason, "a nats cluster node exited at start: retrying on fresh ports");
                 attempt += 1;
