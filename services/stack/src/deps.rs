@@ -76,9 +76,21 @@ fn on_path(binary: &str) -> Option<PathBuf> {
 }
 
 fn free_port() -> Result<u16, DependencyError> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
+    Ok(free_ports(1)?[0])
+}
+
+/// `count` distinct free ports: each listener stays bound until all are
+/// chosen, so no two are the same.
+fn free_ports(count: usize) -> Result<Vec<u16>, DependencyError> {
+    let listeners = (0..count)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<Vec<_>, _>>();
+    listeners
+        .and_then(|ls| {
+            ls.iter()
+                .map(|l| l.local_addr().map(|a| a.port()))
+                .collect()
+        })
         .map_err(|e| DependencyError::Start {
             what: "a private server",
             reason: format!("no free port: {e}"),
@@ -385,24 +397,6 @@ enum ClusterStart {
     /// A node exited before the cluster formed (e.g. its port was taken).
     NodeExited(String),
     Failed(String),
-}
-
-/// `count` distinct free ports: each listener stays bound until all are
-/// chosen, so no two are the same.
-fn free_ports(count: usize) -> Result<Vec<u16>, DependencyError> {
-    let listeners = (0..count)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-        .collect::<Result<Vec<_>, _>>();
-    listeners
-        .and_then(|ls| {
-            ls.iter()
-                .map(|l| l.local_addr().map(|a| a.port()))
-                .collect()
-        })
-        .map_err(|e| DependencyError::Start {
-            what: "a private server",
-            reason: format!("no free port: {e}"),
-        })
 }
 
 async fn cluster_attempt(binary: &Path, dir: &Path) -> Result<ClusterDependency, ClusterStart> {
