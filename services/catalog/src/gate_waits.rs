@@ -4,6 +4,7 @@
 //! event writer, in its batches, like every event no answer depends on.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use prost::Message;
 use serde_json::json;
@@ -18,16 +19,24 @@ use crate::store::NewEvent;
 
 pub fn spawn(
     queue: Arc<Events>,
+    client: async_nats::Client,
     mut events: async_nats::Subscriber,
     shutdown: Shutdown,
+    grace: Duration,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         while let Some(message) = ctxsync_runtime::nats::next_until(&mut events, &shutdown).await {
             record(&queue, &message.payload);
         }
-        // A wait announced just before shutdown is already on its way to this
-        // connection: draining takes what the server sent before the
-        // unsubscribe, so a stop right after a turn still counts it.
+        // A wait announced just before shutdown may still be in the socket:
+        // the client's drain unsubscribes without a round trip and drops
+        // what arrives after it. A round trip first puts every message the
+        // server routed here before now into the subscription, so a stop
+        // right after a turn (another client already saw the wait) counts it.
+        let synced = tokio::time::timeout(grace, ctxsync_runtime::nats::sync_with_server(&client));
+        if !matches!(synced.await, Ok(Ok(()))) {
+            tracing::debug!("no round trip with nats at shutdown: late gate waits may be missed");
+        }
         if events.drain().await.is_ok() {
             use futures::StreamExt as _;
             while let Some(message) = events.next().await {

@@ -475,7 +475,13 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<Running, Error>
         Some(CATALOG_QUEUE_GROUP),
     )
     .await?;
-    let gate_waits = crate::gate_waits::spawn(events.clone(), gate_waits, shutdown.clone());
+    let gate_waits = crate::gate_waits::spawn(
+        events.clone(),
+        connection.client.clone(),
+        gate_waits,
+        shutdown.clone(),
+        grace,
+    );
     // Every replica applies every revocation to its own key cache.
     let revocations = nats::subscribe(&connection, subjects.tenant_key_revoked(), None).await?;
     let follow_keys = tenant_keys::spawn_follow(keys, revocations, &connection, shutdown.clone());

@@ -3,12 +3,16 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
+use ctxsync_proto::subjects::Subjects;
 use ctxsync_proto::v1::catalog_server_status::Warmup;
 use ctxsync_proto::v1::{CatalogStatusReply, CatalogStatusRequest, GateTurnWaited};
+use ctxsync_runtime::Shutdown;
 use prost::Message;
+use testkit::stack::{StackBuilder, TestStack};
 
 async fn status(harness: &Harness, tenant: &str) -> CatalogStatusReply {
     ctxsync_runtime::rpc::request(
@@ -136,4 +140,128 @@ async fn status_lists_the_subjects_tenant_servers_with_warmup_state_and_gate_wai
     assert_eq!(error_code(&refused.error), "request.invalid");
     assert!(refused.servers.is_empty());
     harness.stop().await;
+}
+
+/// A gate wait another client saw before the catalog was told to stop is
+/// recorded, even when it reaches the catalog's connection after the stop
+/// began: `ctxsync up --exit-after-demo` stops right after the demo saw its
+/// wait, and the client's drain alone drops what is still in the socket.
+#[tokio::test]
+async fn a_gate_wait_seen_elsewhere_before_a_stop_is_recorded_though_it_arrives_late() {
+    use futures::StreamExt as _;
+    let TestStack { nats, db, prefix } = TestStack::private().await;
+    let late = LateProxy::start(nats.port()).await;
+    let shutdown = Shutdown::new();
+    let mut stack = testkit::stack::start(
+        StackBuilder::new(nats.url(), &prefix)
+            .database(db.url())
+            .catalog(tenants(vec![("acme", vec![])]), settings(), |config| {
+                config.common.nats_url = format!("nats://127.0.0.1:{}", late.port);
+            }),
+        &shutdown,
+    )
+    .await;
+    let catalog = stack.catalogs.remove(0).running;
+    let subjects = Subjects::new(&prefix).unwrap();
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let mut observer = client.subscribe(subjects.gate_turn_waited()).await.unwrap();
+    ctxsync_runtime::nats::sync_with_server(&client)
+        .await
+        .unwrap();
+
+    // From now on what the server sends the catalog arrives 300 ms late.
+    late.delay_to_client(Duration::from_millis(300));
+    let wait = GateTurnWaited {
+        tenant: "acme".to_owned(),
+        outcome: "ready".to_owned(),
+        wait_ms: 3,
+    };
+    client
+        .publish(subjects.gate_turn_waited(), wait.encode_to_vec().into())
+        .await
+        .unwrap();
+    tokio::time::timeout(REQUEST_TIMEOUT, observer.next())
+        .await
+        .expect("the observer sees the wait")
+        .expect("subscription open");
+    shutdown.cancel();
+    tokio::time::timeout(REQUEST_TIMEOUT, catalog.join())
+        .await
+        .expect("the catalog stops");
+
+    let pool = sqlx::PgPool::connect(db.url()).await.unwrap();
+    let recorded: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM catalog.events WHERE kind = 'gate.turn.waited'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(recorded, 1, "the wait is recorded once");
+    stack.stop().await;
+}
+
+/// A TCP proxy to the nats-server that, once told, delivers the server's
+/// bytes to the client late, in order.
+struct LateProxy {
+    port: u16,
+    delay: Arc<std::sync::Mutex<Duration>>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl LateProxy {
+    async fn start(target_port: u16) -> Self {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let delay = Arc::new(std::sync::Mutex::new(Duration::ZERO));
+        let shared = delay.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((inbound, _)) = listener.accept().await {
+                let Ok(outbound) = tokio::net::TcpStream::connect(("127.0.0.1", target_port)).await
+                else {
+                    continue;
+                };
+                let (mut client_read, mut client_write) = inbound.into_split();
+                let (mut server_read, mut server_write) = outbound.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
+                });
+                // Each chunk is due its delay after it was read; the delay
+                // only grows, so chunks stay in order.
+                let (chunks, mut due) = tokio::sync::mpsc::unbounded_channel();
+                let delay = shared.clone();
+                tokio::spawn(async move {
+                    let mut buffer = vec![0; 64 * 1024];
+                    while let Ok(read @ 1..) = server_read.read(&mut buffer).await {
+                        let at = tokio::time::Instant::now() + *delay.lock().unwrap();
+                        if chunks.send((at, buffer[..read].to_vec())).is_err() {
+                            break;
+                        }
+                    }
+                });
+                tokio::spawn(async move {
+                    while let Some((at, chunk)) = due.recv().await {
+                        tokio::time::sleep_until(at).await;
+                        if client_write.write_all(&chunk).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        Self {
+            port,
+            delay,
+            accept,
+        }
+    }
+
+    fn delay_to_client(&self, delay: Duration) {
+        *self.delay.lock().unwrap() = delay;
+    }
+}
+
+impl Drop for LateProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
 }
