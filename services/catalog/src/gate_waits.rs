@@ -17,6 +17,9 @@ use crate::events::Events;
 use crate::latency::GATE_WAIT_KIND;
 use crate::store::NewEvent;
 
+/// The longest the shutdown's round trip with the server may take.
+const SHUTDOWN_ROUND_TRIP: Duration = Duration::from_secs(1);
+
 pub fn spawn(
     queue: Arc<Events>,
     client: async_nats::Client,
@@ -33,9 +36,17 @@ pub fn spawn(
         // what arrives after it. A round trip first puts every message the
         // server routed here before now into the subscription, so a stop
         // right after a turn (another client already saw the wait) counts it.
-        let synced = tokio::time::timeout(grace, ctxsync_runtime::nats::sync_with_server(&client));
-        if !matches!(synced.await, Ok(Ok(()))) {
-            tracing::debug!("no round trip with nats at shutdown: late gate waits may be missed");
+        // Disconnected, nothing more can arrive; a slow server delays the
+        // stop by a second at most.
+        if client.connection_state() == async_nats::connection::State::Connected {
+            let bound = grace.min(SHUTDOWN_ROUND_TRIP);
+            let synced =
+                tokio::time::timeout(bound, ctxsync_runtime::nats::sync_with_server(&client));
+            if !matches!(synced.await, Ok(Ok(()))) {
+                tracing::debug!(
+                    "no round trip with nats at shutdown: late gate waits may be missed"
+                );
+            }
         }
         if events.drain().await.is_ok() {
             use futures::StreamExt as _;
