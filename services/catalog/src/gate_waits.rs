@@ -32,23 +32,14 @@ pub fn spawn(
             record(&queue, &message.payload);
         }
         // A wait announced just before shutdown may still be in the socket:
-        // the client's drain unsubscribes without a round trip and drops
-        // what arrives after it. A round trip first puts every message the
-        // server routed here before now into the subscription, so a stop
-        // right after a turn (another client already saw the wait) counts it.
-        // Disconnected, nothing more can arrive; a slow server delays the
-        // stop by a second at most.
-        if client.connection_state() == async_nats::connection::State::Connected {
-            let bound = grace.min(SHUTDOWN_ROUND_TRIP);
-            let synced =
-                tokio::time::timeout(bound, ctxsync_runtime::nats::sync_with_server(&client));
-            if !matches!(synced.await, Ok(Ok(()))) {
-                tracing::debug!(
-                    "no round trip with nats at shutdown: late gate waits may be missed"
-                );
-            }
-        }
-        if events.drain().await.is_ok() {
+        // a stop right after a turn (another client already saw the wait)
+        // still counts it. A slow server delays the stop by a second at most.
+        let drained = ctxsync_runtime::nats::drain_delivered(
+            &client,
+            &mut events,
+            grace.min(SHUTDOWN_ROUND_TRIP),
+        );
+        if drained.await.is_ok() {
             use futures::StreamExt as _;
             while let Some(message) = events.next().await {
                 record(&queue, &message.payload);

@@ -629,6 +629,26 @@ mod tests {
     }
 }
 
+/// Unsubscribes `subscriber` (of `client`) once everything the server routed
+/// to it so far has arrived, so its stream yields those messages and then
+/// ends. async-nats' own drain sends UNSUB and forgets the subscription on
+/// its next turn without waiting for the server: what is still in the socket
+/// would be lost. A round trip first (skipped when disconnected, when nothing
+/// more can arrive; at most `bound`) puts it in the subscription.
+pub async fn drain_delivered(
+    client: &Client,
+    subscriber: &mut async_nats::Subscriber,
+    bound: Duration,
+) -> Result<(), async_nats::UnsubscribeError> {
+    if client.connection_state() == async_nats::connection::State::Connected {
+        let synced = tokio::time::timeout(bound, sync_with_server(client)).await;
+        if !matches!(synced, Ok(Ok(()))) {
+            tracing::debug!("no round trip with nats before a drain: late messages may be missed");
+        }
+    }
+    subscriber.drain().await
+}
+
 /// Returns once the server has processed everything this client sent before
 /// (subscriptions included): `flush()` only writes to the socket, so a
 /// message to ourselves is the round trip that proves it.
