@@ -36,13 +36,17 @@ pub struct McpPath {
     /// Both again with [`IDLE_GAP`] of idleness before each call: every
     /// process on the way (the upstream's too) as quiet as between an
     /// agent's calls, however long the path is. These series and
-    /// `call_forwarder_idle` are taken interleaved, call by call
+    /// `call_forwarder_idle` (and `call_plain_http_idle`) are taken interleaved, call by call
     /// ([`idle_series`]): whatever else the machine does meanwhile falls
     /// on all three alike.
     pub call_through_catalog_idle: Latency,
     pub call_direct_idle: Latency,
     /// The call through `/mcp` made by a plain HTTP JSON-RPC client.
     pub call_plain_http: Latency,
+    /// The same, [`IDLE_GAP`] of idleness before each call, interleaved
+    /// with the three above: the catalog beside the bare forwarder with
+    /// the same client, less the client library's own hops.
+    pub call_plain_http_idle: Latency,
     /// The call through `/mcp` by a 2026-07-28 (stateless) client.
     pub call_stateless: Latency,
     /// The call through a bare HTTP forwarder, plain HTTP client.
@@ -122,20 +126,21 @@ async fn call(client: &Connection, tool: &str) -> Result<(), BenchError> {
     Ok(())
 }
 
-/// The same call through `/mcp` (`through`), directly (`direct`) and
-/// through the bare forwarder, `samples` of each after the warm-up ones,
-/// each after [`IDLE_GAP`] of idleness, taken in turn call by call: taken
-/// one series after another, a drift in what else the machine does
-/// (another process's burst, a writer's commit) would read as a difference
-/// between the paths.
+/// The same call through `/mcp` (`through`, by the client library, and
+/// `plain`, by the plain HTTP client), directly (`direct`) and through the
+/// bare forwarder, `samples` of each after the warm-up ones, each after
+/// [`IDLE_GAP`] of idleness, taken in turn call by call: taken one series
+/// after another, a drift in what else the machine does (another process's
+/// burst, a writer's commit) would read as a difference between the paths.
 async fn idle_series(
     through: &Connection,
+    plain: &PlainSession,
     direct: &Connection,
     forwarder: &Forwarder,
     samples: usize,
-) -> Result<[Latency; 3], BenchError> {
+) -> Result<IdleSeries, BenchError> {
     let http = reqwest::Client::new();
-    let mut series: [Vec<Duration>; 3] = Default::default();
+    let mut series: [Vec<Duration>; 4] = Default::default();
     for id in 0..samples as u64 + WARMUP_CALLS {
         for (path, durations) in series.iter_mut().enumerate() {
             tokio::time::sleep(IDLE_GAP).await;
@@ -143,14 +148,30 @@ async fn idle_series(
             match path {
                 0 => call(through, "everything-1__echo").await?,
                 1 => call(direct, "echo").await?,
-                _ => forwarder.call(&http, id).await?,
+                2 => forwarder.call(&http, id).await?,
+                _ => plain.call(id).await?,
             }
             if id >= WARMUP_CALLS {
                 durations.push(started.elapsed());
             }
         }
     }
-    Ok(series.map(Latency::of))
+    let [through, direct, forwarded, plain] = series.map(Latency::of);
+    Ok(IdleSeries {
+        through,
+        direct,
+        forwarded,
+        plain,
+    })
+}
+
+/// [`idle_series`]' four series.
+#[derive(Default)]
+struct IdleSeries {
+    through: Latency,
+    direct: Latency,
+    forwarded: Latency,
+    plain: Latency,
 }
 
 /// The catalog's `/mcp` for `key`, as an MCP client reaches it.
@@ -229,17 +250,27 @@ pub async fn measure(
         .step("server-everything, directly")?;
     let direct = calls(&direct_client, "echo", sizes.mcp_calls).await?;
 
-    let plain = plain_calls(addr, &key, sizes.mcp_calls).await?;
+    let plain_session = PlainSession::open(addr, &key).await?;
+    let plain = timed(sizes.mcp_calls, |id| plain_session.call(id)).await?;
     let forwarder = Forwarder::start(&direct_spec).await?;
     let forwarded = forwarder.calls(sizes.mcp_calls).await;
     let idle = match forwarded {
-        Ok(_) => idle_series(&client, &direct_client, &forwarder, sizes.mcp_calls).await,
-        Err(_) => Ok(Default::default()),
+        Ok(_) => {
+            idle_series(
+                &client,
+                &plain_session,
+                &direct_client,
+                &forwarder,
+                sizes.mcp_calls,
+            )
+            .await
+        }
+        Err(_) => Ok(IdleSeries::default()),
     };
     forwarder.stop().await;
     direct_client.close().await;
     client.close().await;
-    let (forwarded, [through_idle, direct_idle, forwarded_idle]) = (forwarded?, idle?);
+    let (forwarded, idle) = (forwarded?, idle?);
 
     progress.step(format!(
         "mcp: warm tools/list throughput, {} sessions",
@@ -251,12 +282,13 @@ pub async fn measure(
         skipped: None,
         call_through_catalog: through,
         call_direct: direct,
-        call_through_catalog_idle: through_idle,
-        call_direct_idle: direct_idle,
+        call_through_catalog_idle: idle.through,
+        call_direct_idle: idle.direct,
         call_plain_http: plain,
         call_stateless: stateless,
         call_forwarder: forwarded,
-        call_forwarder_idle: forwarded_idle,
+        call_forwarder_idle: idle.forwarded,
+        call_plain_http_idle: idle.plain,
         catalog_work_us,
         catalog_call_us,
         list_clients: sizes.mcp_list_clients,
@@ -375,21 +407,37 @@ async fn list_throughput(
     Ok((latencies.len() as u64, elapsed, Latency::of(latencies)))
 }
 
-/// `samples` warm calls of `everything-1__echo` on one session opened by
-/// hand, one after another (a few first, untimed).
-async fn plain_calls(addr: SocketAddr, key: &str, samples: usize) -> Result<Latency, BenchError> {
-    let url = format!("http://{addr}/mcp");
-    let http = reqwest::Client::new();
-    let session = open_session(&http, &url, key)
-        .await
-        .map_err(|e| BenchError::new("mcp session", e))?;
-    let (http, url, session) = (&http, &url, &session);
-    timed(samples, |id| async move {
+/// A session of `/mcp` opened by hand, called with a plain HTTP JSON-RPC
+/// client (reqwest): the catalog without the client library.
+struct PlainSession {
+    http: reqwest::Client,
+    url: String,
+    key: String,
+    session: String,
+}
+
+impl PlainSession {
+    async fn open(addr: SocketAddr, key: &str) -> Result<Self, BenchError> {
+        let url = format!("http://{addr}/mcp");
+        let http = reqwest::Client::new();
+        let session = open_session(&http, &url, key)
+            .await
+            .map_err(|e| BenchError::new("mcp session", e))?;
+        Ok(Self {
+            http,
+            url,
+            key: key.to_owned(),
+            session,
+        })
+    }
+
+    /// One call of `everything-1__echo`, checked.
+    async fn call(&self, id: u64) -> Result<(), BenchError> {
         let call = json!({
             "jsonrpc": "2.0", "id": id, "method": "tools/call",
             "params": {"name": "everything-1__echo", "arguments": {"message": "x"}},
         });
-        let (answer, _) = post(http, url, key, Some(session), &call)
+        let (answer, _) = post(&self.http, &self.url, &self.key, Some(&self.session), &call)
             .await
             .map_err(|e| BenchError::new("mcp tools/call", e))?;
         let result = answer.as_ref().map(|a| &a["result"]);
@@ -400,8 +448,7 @@ async fn plain_calls(addr: SocketAddr, key: &str, samples: usize) -> Result<Late
             ));
         }
         Ok(())
-    })
-    .await
+    }
 }
 
 async fn list_once(

@@ -517,6 +517,7 @@ impl Report {
                 call_stateless: Some(self.mcp.call_stateless.to_proto()),
                 call_forwarder: Some(self.mcp.call_forwarder.to_proto()),
                 call_forwarder_idle: Some(self.mcp.call_forwarder_idle.to_proto()),
+                call_plain_http_idle: Some(self.mcp.call_plain_http_idle.to_proto()),
                 catalog_work_us: self.mcp.catalog_work_us,
                 catalog_call_us: self.mcp.catalog_call_us,
                 catalog_own_us: self.mcp.catalog_own_us(),
@@ -579,6 +580,19 @@ impl Report {
             &format!(
                 "{:.2}× direct",
                 ratio(mcp.call_plain_http.p50_us, mcp.call_direct.p50_us)
+            ),
+        );
+        row(
+            out,
+            "    the same, 2 ms idle before each",
+            &mcp.call_plain_http_idle,
+            &format!(
+                "{:.2}× direct, {:.2}× the bare forwarder (same client)",
+                ratio(mcp.call_plain_http_idle.p50_us, mcp.call_direct_idle.p50_us),
+                ratio(
+                    mcp.call_plain_http_idle.p50_us,
+                    mcp.call_forwarder_idle.p50_us
+                )
             ),
         );
         row(

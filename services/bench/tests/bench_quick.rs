@@ -192,6 +192,7 @@ async fn check_report(report: &Value, mode: &str) {
         "mcp.call_through_catalog_idle",
         "mcp.call_direct_idle",
         "mcp.call_plain_http",
+        "mcp.call_plain_http_idle",
         "mcp.call_stateless",
         "mcp.call_forwarder",
         "mcp.call_forwarder_idle",
@@ -208,6 +209,7 @@ async fn check_report(report: &Value, mode: &str) {
     assert_eq!(number(&report, "mcp.call_direct_idle.samples"), 200.0);
     assert_eq!(number(&report, "mcp.call_forwarder.samples"), 200.0);
     assert_eq!(number(&report, "mcp.call_forwarder_idle.samples"), 200.0);
+    assert_eq!(number(&report, "mcp.call_plain_http_idle.samples"), 200.0);
     // The warm session calls were answered by the endpoint itself, which
     // counted its own work on each.
     assert!(
