@@ -17,9 +17,6 @@ use crate::events::Events;
 use crate::latency::GATE_WAIT_KIND;
 use crate::store::NewEvent;
 
-/// The longest the shutdown's round trip with the server may take.
-const SHUTDOWN_ROUND_TRIP: Duration = Duration::from_secs(1);
-
 pub fn spawn(
     queue: Arc<Events>,
     client: async_nats::Client,
@@ -37,7 +34,7 @@ pub fn spawn(
         let drained = ctxsync_runtime::nats::drain_delivered(
             &client,
             &mut events,
-            grace.min(SHUTDOWN_ROUND_TRIP),
+            grace.min(ctxsync_runtime::nats::DRAIN_ROUND_TRIP_BOUND),
         );
         if drained.await.is_ok() {
             use futures::StreamExt as _;

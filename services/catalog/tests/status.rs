@@ -3,7 +3,6 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
@@ -150,13 +149,13 @@ async fn status_lists_the_subjects_tenant_servers_with_warmup_state_and_gate_wai
 async fn a_gate_wait_seen_elsewhere_before_a_stop_is_recorded_though_it_arrives_late() {
     use futures::StreamExt as _;
     let TestStack { nats, db, prefix } = TestStack::private().await;
-    let late = LateProxy::start(nats.port()).await;
+    let late = testkit::LateProxy::start(nats.port()).await;
     let shutdown = Shutdown::new();
     let mut stack = testkit::stack::start(
         StackBuilder::new(nats.url(), &prefix)
             .database(db.url())
             .catalog(tenants(vec![("acme", vec![])]), settings(), |config| {
-                config.common.nats_url = format!("nats://127.0.0.1:{}", late.port);
+                config.common.nats_url = late.url();
             }),
         &shutdown,
     )
@@ -197,71 +196,4 @@ async fn a_gate_wait_seen_elsewhere_before_a_stop_is_recorded_though_it_arrives_
             .unwrap();
     assert_eq!(recorded, 1, "the wait is recorded once");
     stack.stop().await;
-}
-
-/// A TCP proxy to the nats-server that, once told, delivers the server's
-/// bytes to the client late, in order.
-struct LateProxy {
-    port: u16,
-    delay: Arc<std::sync::Mutex<Duration>>,
-    accept: tokio::task::JoinHandle<()>,
-}
-
-impl LateProxy {
-    async fn start(target_port: u16) -> Self {
-        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let delay = Arc::new(std::sync::Mutex::new(Duration::ZERO));
-        let shared = delay.clone();
-        let accept = tokio::spawn(async move {
-            while let Ok((inbound, _)) = listener.accept().await {
-                let Ok(outbound) = tokio::net::TcpStream::connect(("127.0.0.1", target_port)).await
-                else {
-                    continue;
-                };
-                let (mut client_read, mut client_write) = inbound.into_split();
-                let (mut server_read, mut server_write) = outbound.into_split();
-                tokio::spawn(async move {
-                    let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
-                });
-                // Each chunk is due its delay after it was read; the delay
-                // only grows, so chunks stay in order.
-                let (chunks, mut due) = tokio::sync::mpsc::unbounded_channel();
-                let delay = shared.clone();
-                tokio::spawn(async move {
-                    let mut buffer = vec![0; 64 * 1024];
-                    while let Ok(read @ 1..) = server_read.read(&mut buffer).await {
-                        let at = tokio::time::Instant::now() + *delay.lock().unwrap();
-                        if chunks.send((at, buffer[..read].to_vec())).is_err() {
-                            break;
-                        }
-                    }
-                });
-                tokio::spawn(async move {
-                    while let Some((at, chunk)) = due.recv().await {
-                        tokio::time::sleep_until(at).await;
-                        if client_write.write_all(&chunk).await.is_err() {
-                            break;
-                        }
-                    }
-                });
-            }
-        });
-        Self {
-            port,
-            delay,
-            accept,
-        }
-    }
-
-    fn delay_to_client(&self, delay: Duration) {
-        *self.delay.lock().unwrap() = delay;
-    }
-}
-
-impl Drop for LateProxy {
-    fn drop(&mut self) {
-        self.accept.abort();
-    }
 }

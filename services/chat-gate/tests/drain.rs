@@ -283,3 +283,76 @@ async fn waits_left_at_the_end_of_the_grace_are_answered_shutting_down_before_jo
     );
     assert_eq!(gate.waiters_held(), 0);
 }
+
+/// A first turn the server routed to the gate before its stop began is
+/// answered, even when it reaches the gate's connection after the stop
+/// began (a rolling restart under load): the subscription's drain alone
+/// would drop what is still on its way, and the chat would wait for its
+/// timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_routed_here_before_a_stop_is_answered_though_it_arrives_late() {
+    use futures::StreamExt as _;
+    use prost::Message as _;
+    let mut h =
+        Harness::spawn_behind_late_proxy(|c| c.common.shutdown_grace = Duration::from_secs(5))
+            .await;
+    let agent = h
+        .agent_reporting(complete(RUN_A, 1, vec![server("ws", &["t"])]))
+        .await;
+    let gate = h.gate().clone();
+    // The gate knows the agent (its first read and watch are behind it).
+    let warm = h.turn("chat-warm", &agent, true).await;
+    assert_eq!(warm.decision(), GateDecision::Ready);
+
+    let inbox = h.client.new_inbox();
+    let mut answers = h.client.subscribe(inbox.clone()).await.unwrap();
+    ctxsync_runtime::nats::sync_with_server(&h.client)
+        .await
+        .unwrap();
+    // From now on what the server sends the gate arrives 300 ms late.
+    h.late
+        .as_ref()
+        .expect("behind the late proxy")
+        .delay_to_client(Duration::from_millis(300));
+    h.client
+        .publish_with_reply(
+            h.subjects.gate_turn(testkit::chat::TEST_TENANT),
+            inbox,
+            first_turn_request("chat-late", &agent)
+                .encode_to_vec()
+                .into(),
+        )
+        .await
+        .unwrap();
+    // The server has read the turn, so it has routed it to the gate (the
+    // subject's only responder): it is on its way when the stop begins.
+    ctxsync_runtime::nats::sync_with_server(&h.client)
+        .await
+        .unwrap();
+    let (_, joined) = shut_down(&mut h);
+    // Other traffic on the gate's connection (a busy gate always has some:
+    // here reads for turns in process, on agents nobody registered) turns
+    // its handler, which forgets a drained subscription at once: what
+    // reaches the connection after that would be lost.
+    let busy = tokio::spawn(async move {
+        for i in 0u32.. {
+            let (gate, unknown) = (gate.clone(), format!("00000000-0000-4000-8000-{i:012}"));
+            tokio::spawn(async move { gate.turn(first_turn_request("chat-busy", &unknown)).await });
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+
+    let answer = tokio::time::timeout(TIMEOUT, answers.next())
+        .await
+        .expect("the turn routed before the stop is answered")
+        .expect("subscription open");
+    let reply = TurnReply::decode(answer.payload).unwrap();
+    assert_eq!(reply.error, None, "the turn was refused");
+    assert_eq!(reply.decision(), GateDecision::Ready);
+    assert_eq!(tool_names(&reply), ["ws__t"]);
+    tokio::time::timeout(TIMEOUT, joined)
+        .await
+        .expect("the gate stops within its grace")
+        .expect("the join task does not panic");
+    busy.abort();
+}

@@ -629,12 +629,20 @@ mod tests {
     }
 }
 
+/// The longest a stop's round trip before a drain ([`drain_delivered`]) may
+/// hold it up: a slow server delays a stop by this much at most.
+pub const DRAIN_ROUND_TRIP_BOUND: Duration = Duration::from_secs(1);
+
 /// Unsubscribes `subscriber` (of `client`) once everything the server routed
 /// to it so far has arrived, so its stream yields those messages and then
 /// ends. async-nats' own drain sends UNSUB and forgets the subscription on
 /// its next turn without waiting for the server: what is still in the socket
 /// would be lost. A round trip first (skipped when disconnected, when nothing
-/// more can arrive; at most `bound`) puts it in the subscription.
+/// more can arrive; at most `bound`) puts it in the subscription. What the
+/// server routes here between the round trip's echo and its reading of the
+/// UNSUB (one turn of this client, well under a millisecond on a healthy
+/// connection) can still be lost: async-nats offers no UNSUB that keeps the
+/// subscription until the server confirms it.
 pub async fn drain_delivered(
     client: &Client,
     subscriber: &mut async_nats::Subscriber,

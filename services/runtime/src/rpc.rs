@@ -433,7 +433,11 @@ where
                     // Stop taking work: the server routes new requests to
                     // other replicas; the ones it already sent here still
                     // arrive, are answered, and then the subscription ends.
-                    if subscriber.drain().await.is_err() {
+                    let bound = grace.min(crate::nats::DRAIN_ROUND_TRIP_BOUND);
+                    if crate::nats::drain_delivered(&client, &mut subscriber, bound)
+                        .await
+                        .is_err()
+                    {
                         break;
                     }
                     continue;

@@ -9,6 +9,9 @@
 //! [`report`] builds the discovery reports agents push; [`store`] is a typed
 //! client of snapshot-store's NATS API.
 //!
+//! [`LateProxy`] delays what a nats-server sends one client, to put a
+//! message in flight while the test stops the client.
+//!
 //! For tests across real processes: [`Process`] runs one of our binaries
 //! (readiness, SIGSTOP/SIGCONT, kill -9, SIGTERM, restart with the same env),
 //! [`PrivatePostgres`] is a Postgres server of the test's own that can be
@@ -24,6 +27,7 @@ pub mod agent;
 mod binary;
 pub mod chat;
 mod isolation;
+mod late_proxy;
 pub mod metrics;
 mod nats;
 mod postgres;
@@ -37,6 +41,7 @@ pub mod tls;
 
 pub use binary::workspace_binary;
 pub use isolation::{free_addr, free_port, init_logs, unique_prefix};
+pub use late_proxy::LateProxy;
 pub use nats::{NatsCluster, NatsServer};
 pub use postgres::TestDatabase;
 pub use private_postgres::{POSTGRES_BIN_DIR_ENV, PrivatePostgres};

@@ -136,8 +136,22 @@ async fn serve(
                 deadline = Some(tokio::time::Instant::now() + grace);
                 // Stop taking turns: the server routes new ones to other
                 // replicas; the ones it already sent here still arrive, are
-                // answered, and then the subscription ends.
-                if subscriber.drain().await.is_err() {
+                // answered, and then the subscription ends. The events are
+                // applied meanwhile: turns in flight may wait for them.
+                let bound = grace.min(ctxsync_runtime::nats::DRAIN_ROUND_TRIP_BOUND);
+                let drained = {
+                    let drain =
+                        ctxsync_runtime::nats::drain_delivered(&client, &mut subscriber, bound);
+                    tokio::pin!(drain);
+                    loop {
+                        tokio::select! {
+                            biased;
+                            drained = &mut drain => break drained,
+                            Some(()) = events.next() => {}
+                        }
+                    }
+                };
+                if drained.is_err() {
                     break;
                 }
                 continue;

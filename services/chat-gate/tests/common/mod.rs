@@ -36,6 +36,17 @@ pub struct Harness {
     pub http: reqwest::Client,
     /// Between the gate and NATS, for [`Harness::spawn_behind_proxy`].
     pub proxy: Option<Proxy>,
+    /// Between the gate and NATS, for [`Harness::spawn_behind_late_proxy`].
+    pub late: Option<testkit::LateProxy>,
+}
+
+/// How the gate reaches NATS.
+enum GateRoute {
+    Direct,
+    /// Through a [`Proxy`] the test can cut.
+    Cuttable,
+    /// Through a [`testkit::LateProxy`] the test can slow.
+    Late,
 }
 
 /// Gate settings for tests: waits long enough that only an event ends them,
@@ -61,7 +72,7 @@ impl Harness {
     }
 
     pub async fn spawn_with(configure: impl FnOnce(&mut Config)) -> Self {
-        Self::spawn_inner(configure, |_| {}, false).await
+        Self::spawn_inner(configure, |_| {}, GateRoute::Direct).await
     }
 
     /// With the snapshot-store's configuration changed too.
@@ -69,29 +80,37 @@ impl Harness {
         configure: impl FnOnce(&mut Config),
         configure_store: impl FnOnce(&mut snapshot_store::Config),
     ) -> Self {
-        Self::spawn_inner(configure, configure_store, false).await
+        Self::spawn_inner(configure, configure_store, GateRoute::Direct).await
     }
 
     /// The gate reaches NATS through a proxy the test can cut, while the store
     /// and the test's client stay connected.
     pub async fn spawn_behind_proxy(configure: impl FnOnce(&mut Config)) -> Self {
-        Self::spawn_inner(configure, |_| {}, true).await
+        Self::spawn_inner(configure, |_| {}, GateRoute::Cuttable).await
+    }
+
+    /// The gate reaches NATS through a proxy that can hand it what the
+    /// server sends late, while the store and the test's client do not.
+    pub async fn spawn_behind_late_proxy(configure: impl FnOnce(&mut Config)) -> Self {
+        Self::spawn_inner(configure, |_| {}, GateRoute::Late).await
     }
 
     async fn spawn_inner(
         configure: impl FnOnce(&mut Config),
         configure_store: impl FnOnce(&mut snapshot_store::Config),
-        behind_proxy: bool,
+        route: GateRoute,
     ) -> Self {
         let TestStack { nats, db, prefix } = TestStack::private().await;
-        let proxy = if behind_proxy {
-            Some(Proxy::start(nats.port()).await)
-        } else {
-            None
-        };
-        let gate_nats_url = match &proxy {
-            Some(proxy) => format!("nats://127.0.0.1:{}", proxy.port),
-            None => nats.url(),
+        let (mut proxy, mut late) = (None, None);
+        let gate_nats_url = match route {
+            GateRoute::Direct => nats.url(),
+            GateRoute::Cuttable => {
+                let port = proxy.insert(Proxy::start(nats.port()).await).port;
+                format!("nats://127.0.0.1:{port}")
+            }
+            GateRoute::Late => late
+                .insert(testkit::LateProxy::start(nats.port()).await)
+                .url(),
         };
         // The store and the gate each under a shutdown of their own (the
         // children of this one), so a test can stop the store alone.
@@ -138,6 +157,7 @@ impl Harness {
             gate: Some(gate),
             http: authenticated_http(),
             proxy,
+            late,
         }
     }
 
@@ -430,7 +450,7 @@ pub fn authenticated_http() -> reqwest::Client {
         .unwrap()
 }
 
-fn first_turn_request(chat_id: &str, agent_id: &str) -> TurnRequest {
+pub fn first_turn_request(chat_id: &str, agent_id: &str) -> TurnRequest {
     TurnRequest {
         chat_id: chat_id.into(),
         agent_id: agent_id.into(),
