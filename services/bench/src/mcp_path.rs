@@ -35,10 +35,10 @@ pub struct McpPath {
     pub call_direct: Latency,
     /// Both again with [`IDLE_GAP`] of idleness before each call: every
     /// process on the way (the upstream's too) as quiet as between an
-    /// agent's calls, however long the path is. These series and
-    /// `call_forwarder_idle` (and `call_plain_http_idle`) are taken interleaved, call by call
-    /// ([`idle_series`]): whatever else the machine does meanwhile falls
-    /// on all three alike.
+    /// agent's calls, however long the path is. These series,
+    /// `call_forwarder_idle` and `call_plain_http_idle` are taken
+    /// interleaved, call by call ([`idle_series`]): whatever else the
+    /// machine does meanwhile falls on all four alike.
     pub call_through_catalog_idle: Latency,
     pub call_direct_idle: Latency,
     /// The call through `/mcp` made by a plain HTTP JSON-RPC client.

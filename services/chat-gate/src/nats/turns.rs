@@ -139,19 +139,8 @@ async fn serve(
                 // answered, and then the subscription ends. The events are
                 // applied meanwhile: turns in flight may wait for them.
                 let bound = grace.min(ctxsync_runtime::nats::DRAIN_ROUND_TRIP_BOUND);
-                let drained = {
-                    let drain =
-                        ctxsync_runtime::nats::drain_delivered(&client, &mut subscriber, bound);
-                    tokio::pin!(drain);
-                    loop {
-                        tokio::select! {
-                            biased;
-                            drained = &mut drain => break drained,
-                            Some(()) = events.next() => {}
-                        }
-                    }
-                };
-                if drained.is_err() {
+                let drain = ctxsync_runtime::nats::drain_delivered(&client, &mut subscriber, bound);
+                if applying_events(&mut events, drain).await.is_err() {
                     break;
                 }
                 continue;
@@ -174,13 +163,7 @@ async fn serve(
         if !reply_permitted(&inboxes, &subject, &message.subject, &reply_to) {
             continue;
         }
-        let permit = loop {
-            tokio::select! {
-                biased;
-                Some(()) = events.next() => {}
-                permit = permits.clone().acquire_owned() => break permit,
-            }
-        };
+        let permit = applying_events(&mut events, permits.clone().acquire_owned()).await;
         let Ok(permit) = permit else {
             break;
         };
@@ -211,21 +194,29 @@ async fn serve(
     let _ = subscriber.unsubscribe().await;
     tracker.close();
     let deadline = deadline.unwrap_or_else(|| tokio::time::Instant::now() + grace);
-    let finished = tokio::time::timeout_at(deadline, async {
-        loop {
-            tokio::select! {
-                biased;
-                Some(()) = events.next() => {}
-                () = tracker.wait() => break,
-            }
-        }
-    })
-    .await;
+    let finished =
+        tokio::time::timeout_at(deadline, applying_events(&mut events, tracker.wait())).await;
     if finished.is_err() {
         tracing::warn!(%subject, "turns in flight did not finish within the shutdown grace");
     }
     let _ = client.flush().await;
     events
+}
+
+/// Runs `work` to its end, applying the events as they come meanwhile (first,
+/// as everywhere here): the turns in flight may be waiting for them.
+async fn applying_events<T>(
+    events: &mut BoxStream<'static, ()>,
+    work: impl Future<Output = T>,
+) -> T {
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            biased;
+            Some(()) = events.next() => {}
+            done = &mut work => return done,
+        }
+    }
 }
 
 async fn sleep_until_some(at: Option<tokio::time::Instant>) {
