@@ -18,7 +18,6 @@ use ctxsync_stack::deps::{self, ClusterDependency, Dependency};
 use futures::StreamExt;
 use rand::RngCore;
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
 
 use crate::services::{Deployed, REPLICAS, Services};
 use crate::steps::Mode;
@@ -236,7 +235,9 @@ impl Env {
             .await
             .step("nats")?
             .client;
-        let pool = PgPoolOptions::new()
+        // The services' pool settings: the raw floors pay no check the
+        // services skip.
+        let pool = ctxsync_runtime::db::pool_options()
             .max_connections(9)
             .connect(database_url)
             .await

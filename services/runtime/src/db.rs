@@ -105,6 +105,30 @@ fn tls_options(url: &str, options: PgConnectOptions) -> Result<PgConnectOptions,
 /// milliseconds long.
 pub const IDLE_IN_TRANSACTION_TIMEOUT: &str = "15s";
 
+/// A pooled connection idle longer than this is pinged before it is handed
+/// out; one used more recently is not (see [`pool_options`]).
+pub const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
+
+/// Every pool of ours: sqlx pings a connection when it is returned to the
+/// pool, and by default again when it is next taken. The second ping is a
+/// round trip before every transaction (a push, a gate's read, a catalog
+/// preparation) that tells nothing new about a connection the first one
+/// checked moments ago, so it is made only for a connection that sat idle
+/// past [`PING_IF_IDLE_FOR`] (Postgres may have restarted since). A failed
+/// ping discards the connection and the pool takes or opens another.
+pub fn pool_options() -> PgPoolOptions {
+    PgPoolOptions::new()
+        .test_before_acquire(false)
+        .before_acquire(|connection, meta| {
+            Box::pin(async move {
+                if meta.idle_for > PING_IF_IDLE_FOR {
+                    connection.ping().await?;
+                }
+                Ok(true)
+            })
+        })
+}
+
 pub async fn connect(args: &DatabaseArgs) -> Result<PgPool, DbError> {
     ctxsync_tls::install_default_provider();
     check_url(&args.database_url)?;
@@ -133,7 +157,7 @@ pub async fn connect(args: &DatabaseArgs) -> Result<PgPool, DbError> {
         .unwrap_or_else(|_| Err(sqlx::Error::PoolTimedOut))
         .map_err(connect_error)?;
     let _ = probe.close().await;
-    PgPoolOptions::new()
+    pool_options()
         .max_connections(args.db_max_connections)
         .acquire_timeout(Duration::from_secs(5))
         .connect_with(options)
