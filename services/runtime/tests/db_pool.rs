@@ -46,19 +46,26 @@ async fn terminate(url: &str, pid: i32) {
     let _ = admin.close().await;
 }
 
-/// One pooled connection, so each query takes the same one while it lives.
-async fn single_connection_pool(database: &TestDatabase) -> PgPool {
-    connect(&DatabaseArgs {
+/// A pool of one connection (each query takes the same one while it lives),
+/// back in the pool after a first query (sqlx pinged it on its release), and
+/// that connection's backend, ended by Postgres: what the next query meets.
+struct DeadIdleConnection {
+    database: TestDatabase,
+    pool: PgPool,
+    backend: i32,
+    /// When the connection went back to the pool.
+    released: Instant,
+}
+
+async fn dead_idle_connection() -> DeadIdleConnection {
+    let database = TestDatabase::create().await;
+    let pool = connect(&DatabaseArgs {
         database_url: database.url().to_owned(),
         db_max_connections: 1,
     })
     .await
-    .unwrap()
-}
-
-/// Waits until the pool's one connection is back in it, released (and
-/// pinged by sqlx on its release) after the last query.
-async fn until_idle(pool: &PgPool) {
+    .unwrap();
+    let backend = backend_pid(&pool).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while pool.num_idle() < 1 {
         assert!(
@@ -67,15 +74,24 @@ async fn until_idle(pool: &PgPool) {
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    let released = Instant::now();
+    terminate(database.url(), backend).await;
+    DeadIdleConnection {
+        database,
+        pool,
+        backend,
+        released,
+    }
 }
 
 #[tokio::test]
 async fn a_connection_closed_by_postgres_while_idle_is_replaced_before_it_is_used() {
-    let database = TestDatabase::create().await;
-    let pool = single_connection_pool(&database).await;
-    let first = backend_pid(&pool).await.unwrap();
-    until_idle(&pool).await;
-    terminate(database.url(), first).await;
+    let DeadIdleConnection {
+        database: _database,
+        pool,
+        backend: first,
+        ..
+    } = dead_idle_connection().await;
     // The condition under test: the connection has sat idle past the bound.
     tokio::time::sleep(PING_IF_IDLE_FOR + Duration::from_millis(200)).await;
 
@@ -87,12 +103,12 @@ async fn a_connection_closed_by_postgres_while_idle_is_replaced_before_it_is_use
 
 #[tokio::test]
 async fn a_connection_used_moments_ago_is_handed_out_without_a_ping() {
-    let database = TestDatabase::create().await;
-    let pool = single_connection_pool(&database).await;
-    let first = backend_pid(&pool).await.unwrap();
-    until_idle(&pool).await;
-    let released = Instant::now();
-    terminate(database.url(), first).await;
+    let DeadIdleConnection {
+        database: _database,
+        pool,
+        backend: first,
+        released,
+    } = dead_idle_connection().await;
 
     // Without a ping, the query itself meets the closed connection: that is
     // how the skipped round trip shows (a ping would have replaced it).
