@@ -48,6 +48,23 @@ fn record_start() {
     }
 }
 
+/// Whether the server at the other end of `connection` greets (its first
+/// line, INFO) with the server name `name`.
+fn greets_as(connection: TcpStream, name: &str) -> bool {
+    use std::io::BufRead as _;
+    if connection
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .is_err()
+    {
+        return false;
+    }
+    let mut info = String::new();
+    match std::io::BufReader::new(connection).read_line(&mut info) {
+        Ok(_) => info.starts_with("INFO ") && info.contains(&format!("\"server_name\":\"{name}\"")),
+        Err(_) => false,
+    }
+}
+
 impl NatsServer {
     /// Starts a server with JetStream on a free port and waits until it accepts connections.
     pub fn start() -> Self {
@@ -95,11 +112,20 @@ impl NatsServer {
             format!("max_payload: 8MB\n{}\n", self.extra_config),
         )
         .map_err(|e| format!("cannot write {}: {e}", config.display()))?;
+        // Named uniquely: the readiness check below knows its own server
+        // from another listener that took the port meanwhile.
+        static SPAWNED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let name = format!(
+            "testkit-{}-{}",
+            std::process::id(),
+            SPAWNED.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
         let child = Command::new(binary())
             .arg("-c")
             .arg(&config)
             .args(["-a", "127.0.0.1", "-p", &self.port.to_string(), "-js", "-sd"])
             .arg(self.store_dir.path())
+            .args(["--server_name", &name])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -121,8 +147,18 @@ impl NatsServer {
                     self.port
                 ));
             }
-            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return Ok(());
+            if let Ok(connection) = TcpStream::connect(("127.0.0.1", self.port)) {
+                // Something listens; it must be this server, not a listener
+                // of another test that took the port (or a socket connected
+                // to itself), which would leave the test a dead address.
+                if greets_as(connection, &name) {
+                    return Ok(());
+                }
+                self.kill();
+                return Err(format!(
+                    "port {} is answered by another listener than nats-server {name}",
+                    self.port
+                ));
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -468,5 +504,64 @@ impl Drop for NatsCluster {
         for i in 0..Self::SIZE {
             self.kill(i);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write as _;
+    use std::net::TcpListener;
+
+    use super::*;
+
+    /// A listener on a free port that greets each connection with `greeting`.
+    fn impostor(greeting: &'static str) -> u16 {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for mut connection in listener.incoming().flatten() {
+                let _ = connection.write_all(greeting.as_bytes());
+            }
+        });
+        port
+    }
+
+    #[test]
+    fn a_server_is_known_by_the_name_in_its_greeting() {
+        let ours = impostor("INFO {\"server_id\":\"x\",\"server_name\":\"testkit-1-7\"} \r\n");
+        let other = impostor("INFO {\"server_id\":\"x\",\"server_name\":\"testkit-1-8\"} \r\n");
+        let silent = impostor("");
+        let greets = |port: u16| {
+            greets_as(
+                TcpStream::connect(("127.0.0.1", port)).unwrap(),
+                "testkit-1-7",
+            )
+        };
+        assert!(greets(ours));
+        assert!(
+            !greets(other),
+            "another server's greeting was taken for ours"
+        );
+        assert!(
+            !greets(silent),
+            "a listener that never greets was taken for ours"
+        );
+    }
+
+    #[test]
+    fn a_port_answered_by_another_listener_is_not_taken_for_the_server() {
+        let port = impostor("INFO {\"server_id\":\"x\",\"server_name\":\"someone-else\"} \r\n");
+        let mut server = NatsServer {
+            port,
+            store_dir: tempfile::tempdir().unwrap(),
+            child: None,
+            extra_config: String::new(),
+        };
+        let started = server.spawn();
+        assert!(
+            started.is_err(),
+            "a server that could not bind its port was reported listening"
+        );
+        assert!(server.child.is_none(), "the failed server was left running");
     }
 }
