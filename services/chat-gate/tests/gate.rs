@@ -411,6 +411,26 @@ async fn a_view_is_not_trusted_across_a_nats_disconnect() {
     assert_eq!(tool_names(&reply), ["s__t2"], "read again after the gap");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_after_a_reconnect_means_the_server_has_the_gates_subscriptions_again() {
+    let h = Harness::spawn_behind_late_proxy(|_| {}).await;
+    let agent = h
+        .agent_reporting(complete(RUN_A, 1, vec![server("s", &["t1"])]))
+        .await;
+    assert_eq!(tool_names(&h.turn("chat-1", &agent, true).await), ["s__t1"]);
+
+    // After the reconnect the gate's re-sent subscriptions reach the server
+    // 500 ms after the client counts itself connected: a gate that says
+    // ready in that window leaves this turn without a responder.
+    let late = h.late.as_ref().unwrap();
+    late.delay_to_server(Duration::from_millis(500));
+    late.cut();
+    h.until_readyz(503, "the gate sees NATS gone").await;
+    h.until_readyz(200, "the gate is back on NATS").await;
+    let reply = h.turn("chat-2", &agent, true).await;
+    assert_eq!(tool_names(&reply), ["s__t1"]);
+}
+
 // ---- the projection over HTTP ------------------------------------------------
 // (what a projection holds is decided in the core: tests/core.rs)
 

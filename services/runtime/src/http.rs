@@ -46,20 +46,15 @@ impl Readiness {
         self
     }
 
-    /// Ready while the NATS client is connected and the server has refused
-    /// it no subject (`nats_permissions` names them and the user).
+    /// Ready while the NATS server answers a round trip on every connection
+    /// (so it has read every subscription made or re-sent before) and has
+    /// refused no subject (`nats_permissions` names them and the user).
     pub fn with_nats(self, connection: &crate::nats::NatsConnection) -> Self {
         let permissions = connection.clone();
         let connection = connection.clone();
         self.with_check("nats", move || {
-            let connected = connection.is_connected();
-            async move {
-                if connected {
-                    Ok(())
-                } else {
-                    Err("not connected".to_owned())
-                }
-            }
+            let connection = connection.clone();
+            async move { connection.check_round_trip().await }
         })
         .with_check("nats_permissions", move || {
             std::future::ready(permissions.permissions_check())

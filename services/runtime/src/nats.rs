@@ -59,6 +59,22 @@ impl NatsConnection {
         self.gaps.clone()
     }
 
+    /// Ready for traffic: connected, and a round trip with the server has
+    /// come back on every connection. async-nats reports a reconnect as soon
+    /// as the handshake is done, before the server has read the
+    /// subscriptions it sends again; until then requests to this service
+    /// find no responders, so connected alone is not ready.
+    pub async fn check_round_trip(&self) -> Result<(), String> {
+        if !self.is_connected() {
+            return Err("not connected".to_owned());
+        }
+        let responder = self.responder.as_deref().map(|r| &r.client);
+        for client in std::iter::once(&self.client).chain(responder) {
+            sync_with_server(client).await.map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
     /// Connected (both connections, when a responder is configured).
     pub fn is_connected(&self) -> bool {
         self.client.connection_state() == async_nats::connection::State::Connected

@@ -9,8 +9,9 @@
 //! [`report`] builds the discovery reports agents push; [`store`] is a typed
 //! client of snapshot-store's NATS API.
 //!
-//! [`LateProxy`] delays what a nats-server sends one client, to put a
-//! message in flight while the test stops the client.
+//! [`LateProxy`] delays what a nats-server and one client send each other,
+//! to put a message in flight while the test stops the client, or to keep
+//! what the client sends after a reconnect from the server for a while.
 //!
 //! For tests across real processes: [`Process`] runs one of our binaries
 //! (readiness, SIGSTOP/SIGCONT, kill -9, SIGTERM, restart with the same env),
