@@ -62,8 +62,6 @@ async fn sections(
     report.floors.two_hops_placement = placement.map(|placed| placed.describe());
     progress.step("floors: raw NATS request/reply");
     report.floors.nats_request_reply = floors::request_reply(env, sizes.floor_samples).await?;
-    progress.step("floors: raw NATS fan-out (one publish, ten replies)");
-    report.floors.nats_fan_out = floors::fan_out(env, sizes).await?;
     progress.step("floors: raw Postgres push-shaped transaction");
     report.floors.postgres = floors::postgres(env, sizes).await?;
 
@@ -78,6 +76,17 @@ async fn sections(
     report.floors.nats_two_hops_idle = two_hops.latency();
     drop(two_hops);
     report.memory = wake::memory(&report.wake, env.services.is_deployed());
+    // After the wake cases: it publishes at the fan-out case's commit instants.
+    if let Some(case) = report
+        .wake
+        .iter()
+        .find(|c| c.agents > 0 && c.chats / c.agents == floors::FAN_OUT_REPLIES)
+    {
+        progress.step(
+            "floors: raw NATS fan-out (one publish, ten replies) at the wake's commit instants",
+        );
+        report.floors.nats_fan_out = floors::fan_out(env, &case.commit_offsets).await?;
+    }
 
     progress.step("gate answer when discovery is complete");
     let (store_read, gate_ready) = wake::gate_ready(env, &agents, sizes).await?;

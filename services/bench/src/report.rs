@@ -244,8 +244,8 @@ impl Report {
                 1.0,
                 floor_p50(
                     &format!(
-                        "raw NATS 1 → {} fan-out, {} publishers,",
-                        fan.replies_per_publish, fan.publishers
+                        "raw NATS 1 → {} fan-out at the wake's commit instants,",
+                        fan.replies_per_publish
                     ),
                     &fan.latency,
                 ),
@@ -428,10 +428,10 @@ impl Report {
                 }),
                 store_read: Some(f.store_read.to_proto()),
                 nats_fan_out: Some(v1::BenchFanOutFloor {
-                    publishers: count(f.nats_fan_out.publishers),
                     publishes: count(f.nats_fan_out.publishes),
                     replies_per_publish: count(f.nats_fan_out.replies_per_publish),
                     latency: Some(f.nats_fan_out.latency.to_proto()),
+                    span_us: f.nats_fan_out.span.as_micros() as u64,
                 }),
             }),
             wake: self
@@ -729,7 +729,11 @@ impl Report {
                 fan.replies_per_publish
             ),
             &fan.latency,
-            &format!("{} publishes, {} publishers", fan.publishes, fan.publishers),
+            &format!(
+                "{} publishes at the wake's commit instants, over {:.0} ms",
+                fan.publishes,
+                fan.span.as_secs_f64() * 1e3
+            ),
         );
         row(
             &mut out,

@@ -62,8 +62,7 @@ impl<T, E: Display> Step<T> for Result<T, E> {
     }
 }
 
-/// Discoveries completed at once in a wake round (the fan-out floor
-/// publishes with as many publishers).
+/// Discoveries completed at once in a wake round.
 pub(crate) const COMPLETE_CONCURRENCY: usize = 8;
 
 /// How much work each section does.

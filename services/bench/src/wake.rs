@@ -51,6 +51,9 @@ pub struct WakeCase {
     /// Agents the gate watched while the chats waited.
     pub gate_watches: usize,
     pub note: Option<String>,
+    /// When the completing pushes committed, from the first commit, in
+    /// order: the fan-out floor publishes at these instants.
+    pub commit_offsets: Vec<Duration>,
     samples: Vec<Duration>,
     event_samples: Vec<Duration>,
     after_event_samples: Vec<Duration>,
@@ -316,6 +319,7 @@ async fn round(
         rss_before_bytes: rss_before,
         rss_waiting_bytes: rss_waiting,
         gate_watches,
+        commit_offsets: offsets_from_first(commits.values().copied()),
         ..Default::default()
     };
     let mut latencies = Vec::with_capacity(chats);
@@ -346,6 +350,16 @@ async fn round(
     case.event_to_answer = Latency::of(after_event.clone());
     case.after_event_samples = after_event;
     Ok(case)
+}
+
+/// `times` in order, as offsets from the earliest.
+fn offsets_from_first(times: impl Iterator<Item = SystemTime>) -> Vec<Duration> {
+    let mut times: Vec<SystemTime> = times.collect();
+    times.sort();
+    let Some(&first) = times.first() else {
+        return Vec::new();
+    };
+    times.iter().map(|&t| since(first, t)).collect()
 }
 
 fn in_front_note(waiting: usize, chats: usize) -> Option<String> {

@@ -124,8 +124,10 @@ async fn check_report(report: &Value, mode: &str) {
     assert_eq!(number(&report, "floors.idle_gap_ms"), 2.0);
     assert!(number(&report, "floors.postgres.per_second") > 0.0);
     assert_eq!(number(&report, "floors.postgres.clients"), 8.0);
-    // The fan-out floor has the shape of the 1,000-chat case: 100 agents, ten chats each.
+    // The fan-out floor has the shape of the 1,000-chat case: 100 agents,
+    // ten chats each, its publishes spread as that case's commits were.
     assert_eq!(number(&report, "floors.nats_fan_out.publishes"), 100.0);
+    assert!(number(&report, "floors.nats_fan_out.span_us") > 0.0);
     assert_eq!(
         number(&report, "floors.nats_fan_out.replies_per_publish"),
         10.0
