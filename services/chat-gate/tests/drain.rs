@@ -294,8 +294,7 @@ async fn a_turn_routed_here_before_a_stop_is_answered_though_it_arrives_late() {
     use futures::StreamExt as _;
     use prost::Message as _;
     let mut h =
-        Harness::spawn_behind_late_proxy(|c| c.common.shutdown_grace = Duration::from_secs(5))
-            .await;
+        Harness::spawn_behind_proxy(|c| c.common.shutdown_grace = Duration::from_secs(5)).await;
     let agent = h
         .agent_reporting(complete(RUN_A, 1, vec![server("ws", &["t"])]))
         .await;
@@ -310,7 +309,7 @@ async fn a_turn_routed_here_before_a_stop_is_answered_though_it_arrives_late() {
         .await
         .unwrap();
     // From now on what the server sends the gate arrives 300 ms late.
-    h.late
+    h.proxy
         .as_ref()
         .expect("behind the late proxy")
         .delay_to_client(Duration::from_millis(300));

@@ -391,13 +391,20 @@ async fn lookups_of_unknown_agents_are_bounded_and_never_evict_views() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_view_is_not_trusted_across_a_nats_disconnect() {
+/// A gate behind a proxy the test can cut or slow, which has answered one
+/// chat of an agent whose discovery offers `s__t1`.
+async fn behind_proxy_with_an_agent_offering_t1() -> (Harness, String) {
     let h = Harness::spawn_behind_proxy(|_| {}).await;
     let agent = h
         .agent_reporting(complete(RUN_A, 1, vec![server("s", &["t1"])]))
         .await;
     assert_eq!(tool_names(&h.turn("chat-1", &agent, true).await), ["s__t1"]);
+    (h, agent)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_view_is_not_trusted_across_a_nats_disconnect() {
+    let (h, agent) = behind_proxy_with_an_agent_offering_t1().await;
 
     // The commit's event is lost while the gate is cut off.
     let proxy = h.proxy.as_ref().unwrap();
@@ -413,18 +420,15 @@ async fn a_view_is_not_trusted_across_a_nats_disconnect() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ready_after_a_reconnect_means_the_server_has_the_gates_subscriptions_again() {
-    let h = Harness::spawn_behind_late_proxy(|_| {}).await;
-    let agent = h
-        .agent_reporting(complete(RUN_A, 1, vec![server("s", &["t1"])]))
-        .await;
-    assert_eq!(tool_names(&h.turn("chat-1", &agent, true).await), ["s__t1"]);
+    let (h, agent) = behind_proxy_with_an_agent_offering_t1().await;
 
     // After the reconnect the gate's re-sent subscriptions reach the server
     // 500 ms after the client counts itself connected: a gate that says
     // ready in that window leaves this turn without a responder.
-    let late = h.late.as_ref().unwrap();
-    late.delay_to_server(Duration::from_millis(500));
-    late.cut();
+    let proxy = h.proxy.as_ref().unwrap();
+    proxy.delay_to_server(Duration::from_millis(500));
+    proxy.cut();
+    proxy.restore();
     h.until_readyz(503, "the gate sees NATS gone").await;
     h.until_readyz(200, "the gate is back on NATS").await;
     let reply = h.turn("chat-2", &agent, true).await;

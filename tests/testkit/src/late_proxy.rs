@@ -1,19 +1,23 @@
 //! A TCP proxy to a nats-server that, once told, hands bytes on late and in
 //! order: a message the server already routed to a connection is still on
 //! its way when the test acts (a stop, a drain), or what the client sent
-//! after a reconnect has not reached the server yet.
+//! after a reconnect has not reached the server yet. It also cuts the
+//! client off (a disconnect) until restored.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::task::JoinHandle;
 
-/// See the module docs. Without a delay, bytes go through at once.
+/// See the module docs. Without a delay, bytes go through at once. It can
+/// also cut every connection and refuse new ones until restored.
 pub struct LateProxy {
     pub port: u16,
     to_client: Arc<Mutex<Duration>>,
     to_server: Arc<Mutex<Duration>>,
+    open: Arc<AtomicBool>,
     connections: Arc<Mutex<Vec<JoinHandle<()>>>>,
     accept: JoinHandle<()>,
 }
@@ -27,11 +31,19 @@ impl LateProxy {
         let port = listener.local_addr().expect("late proxy address").port();
         let to_client = Arc::new(Mutex::new(Duration::ZERO));
         let to_server = Arc::new(Mutex::new(Duration::ZERO));
+        let open = Arc::new(AtomicBool::new(true));
         let connections: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
-        let (client_delay, server_delay, tasks) =
-            (to_client.clone(), to_server.clone(), connections.clone());
+        let (client_delay, server_delay, accepting, tasks) = (
+            to_client.clone(),
+            to_server.clone(),
+            open.clone(),
+            connections.clone(),
+        );
         let accept = tokio::spawn(async move {
             while let Ok((inbound, _)) = listener.accept().await {
+                if !accepting.load(Ordering::SeqCst) {
+                    continue; // dropped: the client sees the connection fail
+                }
                 let Ok(outbound) = tokio::net::TcpStream::connect(("127.0.0.1", target_port)).await
                 else {
                     continue;
@@ -48,6 +60,7 @@ impl LateProxy {
             port,
             to_client,
             to_server,
+            open,
             connections,
             accept,
         }
@@ -70,12 +83,17 @@ impl LateProxy {
         *self.to_server.lock().expect("delay lock") = delay;
     }
 
-    /// Closes every proxied connection; new ones are still accepted, so the
-    /// client reconnects through the proxy.
+    /// Closes every proxied connection and refuses new ones.
     pub fn cut(&self) {
+        self.open.store(false, Ordering::SeqCst);
         for task in self.connections.lock().expect("connections lock").drain(..) {
             task.abort();
         }
+    }
+
+    /// Accepts connections again after [`LateProxy::cut`].
+    pub fn restore(&self) {
+        self.open.store(true, Ordering::SeqCst);
     }
 }
 

@@ -11,7 +11,8 @@
 //!
 //! [`LateProxy`] delays what a nats-server and one client send each other,
 //! to put a message in flight while the test stops the client, or to keep
-//! what the client sends after a reconnect from the server for a while.
+//! what the client sends after a reconnect from the server for a while; it
+//! also cuts the client off until restored.
 //!
 //! For tests across real processes: [`Process`] runs one of our binaries
 //! (readiness, SIGSTOP/SIGCONT, kill -9, SIGTERM, restart with the same env),

@@ -35,18 +35,7 @@ pub struct Harness {
     pub gate: Option<RunningGate>,
     pub http: reqwest::Client,
     /// Between the gate and NATS, for [`Harness::spawn_behind_proxy`].
-    pub proxy: Option<Proxy>,
-    /// Between the gate and NATS, for [`Harness::spawn_behind_late_proxy`].
-    pub late: Option<testkit::LateProxy>,
-}
-
-/// How the gate reaches NATS.
-enum GateRoute {
-    Direct,
-    /// Through a [`Proxy`] the test can cut.
-    Cuttable,
-    /// Through a [`testkit::LateProxy`] the test can slow.
-    Late,
+    pub proxy: Option<testkit::LateProxy>,
 }
 
 /// Gate settings for tests: waits long enough that only an event ends them,
@@ -72,7 +61,7 @@ impl Harness {
     }
 
     pub async fn spawn_with(configure: impl FnOnce(&mut Config)) -> Self {
-        Self::spawn_inner(configure, |_| {}, GateRoute::Direct).await
+        Self::spawn_inner(configure, |_| {}, false).await
     }
 
     /// With the snapshot-store's configuration changed too.
@@ -80,37 +69,28 @@ impl Harness {
         configure: impl FnOnce(&mut Config),
         configure_store: impl FnOnce(&mut snapshot_store::Config),
     ) -> Self {
-        Self::spawn_inner(configure, configure_store, GateRoute::Direct).await
+        Self::spawn_inner(configure, configure_store, false).await
     }
 
-    /// The gate reaches NATS through a proxy the test can cut, while the store
-    /// and the test's client stay connected.
+    /// The gate reaches NATS through a proxy the test can cut or slow, while
+    /// the store and the test's client stay connected at full speed.
     pub async fn spawn_behind_proxy(configure: impl FnOnce(&mut Config)) -> Self {
-        Self::spawn_inner(configure, |_| {}, GateRoute::Cuttable).await
-    }
-
-    /// The gate reaches NATS through a proxy that can hand it what the
-    /// server sends late, while the store and the test's client do not.
-    pub async fn spawn_behind_late_proxy(configure: impl FnOnce(&mut Config)) -> Self {
-        Self::spawn_inner(configure, |_| {}, GateRoute::Late).await
+        Self::spawn_inner(configure, |_| {}, true).await
     }
 
     async fn spawn_inner(
         configure: impl FnOnce(&mut Config),
         configure_store: impl FnOnce(&mut snapshot_store::Config),
-        route: GateRoute,
+        behind_proxy: bool,
     ) -> Self {
         let TestStack { nats, db, prefix } = TestStack::private().await;
-        let (mut proxy, mut late) = (None, None);
-        let gate_nats_url = match route {
-            GateRoute::Direct => nats.url(),
-            GateRoute::Cuttable => {
-                let port = proxy.insert(Proxy::start(nats.port()).await).port;
-                format!("nats://127.0.0.1:{port}")
-            }
-            GateRoute::Late => late
+        let mut proxy = None;
+        let gate_nats_url = if behind_proxy {
+            proxy
                 .insert(testkit::LateProxy::start(nats.port()).await)
-                .url(),
+                .url()
+        } else {
+            nats.url()
         };
         // The store and the gate each under a shutdown of their own (the
         // children of this one), so a test can stop the store alone.
@@ -157,7 +137,6 @@ impl Harness {
             gate: Some(gate),
             http: authenticated_http(),
             proxy,
-            late,
         }
     }
 
@@ -512,63 +491,4 @@ pub fn millis_since(since: SystemTime, at: SystemTime) -> f64 {
 pub fn committed_at(event: &DiscoveryChanged) -> SystemTime {
     let ts = event.committed_at.as_ref().expect("committed_at");
     SystemTime::UNIX_EPOCH + Duration::new(ts.seconds as u64, ts.nanos as u32)
-}
-
-/// A TCP proxy to the nats-server that can cut every connection through it.
-pub struct Proxy {
-    pub port: u16,
-    open: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    connections: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
-    accept: tokio::task::JoinHandle<()>,
-}
-
-impl Proxy {
-    pub async fn start(target_port: u16) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let open = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let connections: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>> =
-            Default::default();
-        let (accept_open, accept_connections) = (open.clone(), connections.clone());
-        let accept = tokio::spawn(async move {
-            while let Ok((mut inbound, _)) = listener.accept().await {
-                if !accept_open.load(std::sync::atomic::Ordering::SeqCst) {
-                    continue; // dropped: the client sees the connection fail
-                }
-                let task = tokio::spawn(async move {
-                    if let Ok(mut outbound) =
-                        tokio::net::TcpStream::connect(("127.0.0.1", target_port)).await
-                    {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                    }
-                });
-                accept_connections.lock().unwrap().push(task);
-            }
-        });
-        Self {
-            port,
-            open,
-            connections,
-            accept,
-        }
-    }
-
-    /// Closes every connection and refuses new ones.
-    pub fn cut(&self) {
-        self.open.store(false, std::sync::atomic::Ordering::SeqCst);
-        for task in self.connections.lock().unwrap().drain(..) {
-            task.abort();
-        }
-    }
-
-    pub fn restore(&self) {
-        self.open.store(true, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.cut();
-        self.accept.abort();
-    }
 }
