@@ -334,6 +334,7 @@ pub async fn start(config: Config, shutdown: Shutdown) -> Result<RunningGate, St
             subject: ctxsync_proto::rpc::gate::Turn::served(&subjects),
             max_in_flight: config.max_turns,
             grace: config.common.shutdown_grace,
+            waits_subject: subjects.gate_turn_waited(),
         },
         gate.clone(),
         nats::events::apply_events(gate.clone(), discovery, snapshots, page_feed.clone()),

@@ -187,6 +187,69 @@ async fn a_fresh_view_answers_new_chats_without_a_store_read() {
     assert_eq!(h.gate().watches().held(), 0, "the view stays, idle");
 }
 
+/// The latency report's record of a first turn's wait is sent after the
+/// turn's answer, on the answer's connection, so it never goes out first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_turns_wait_is_announced_right_after_its_answer() {
+    let h = Harness::spawn().await;
+    let agent = h
+        .agent_reporting(complete(RUN_A, 1, vec![server("s", &["t"])]))
+        .await;
+    // Warm: the turns below are answered from the view, with no store read
+    // in between.
+    assert_eq!(
+        decision(&h.turn("warm", &agent, true).await),
+        GateDecision::Ready
+    );
+    let watcher = ctxsync_runtime::nats::connect(&h.nats.url(), "watcher")
+        .await
+        .unwrap()
+        .client;
+    let mut seen = testkit::subscribe(&watcher, ">".to_owned()).await;
+    let waits = h.subjects.gate_turn_waited();
+    for chat in 0..20 {
+        let inbox = h.client.new_inbox();
+        let mut answers = testkit::subscribe(&h.client, inbox.clone()).await;
+        let request = first_turn_request(&format!("chat-{chat}"), &agent);
+        h.client
+            .publish_with_reply(
+                h.subjects.gate_turn(testkit::chat::TEST_TENANT),
+                inbox.clone(),
+                request.encode_to_vec().into(),
+            )
+            .await
+            .unwrap();
+        let answer = tokio::time::timeout(TIMEOUT, answers.next())
+            .await
+            .expect("answered")
+            .unwrap();
+        let reply = TurnReply::decode(answer.payload).unwrap();
+        assert_eq!(decision(&reply), GateDecision::Ready);
+
+        let mut answer_seen = false;
+        let announced = loop {
+            let message = tokio::time::timeout(TIMEOUT, seen.next())
+                .await
+                .expect("the wait is announced")
+                .unwrap();
+            if message.subject.as_str() == inbox {
+                answer_seen = true;
+            } else if message.subject.as_str() == waits {
+                assert!(answer_seen, "chat-{chat}: announced before its answer");
+                break GateTurnWaited::decode(message.payload).unwrap();
+            }
+        };
+        assert_eq!(
+            announced,
+            GateTurnWaited {
+                tenant: testkit::chat::TEST_TENANT.into(),
+                outcome: GateDecision::Ready.label().into(),
+                wait_ms: reply.waited_ms,
+            }
+        );
+    }
+}
+
 /// A turn sent after a commit's reply is answered with that commit, every
 /// time: the gate applies the events its connection delivered before the
 /// turn ahead of the turn, and never reads.

@@ -149,6 +149,15 @@ struct Stats {
     waiting: watch::Sender<usize>,
 }
 
+/// A turn's answer and, for a first turn answered without an error, its
+/// wait as the latency report records it (no content), to be announced
+/// once the answer is on its way.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    pub reply: TurnReply,
+    pub waited: Option<GateTurnWaited>,
+}
+
 #[derive(Clone)]
 pub struct Gate {
     inner: Arc<Inner>,
@@ -520,36 +529,35 @@ impl Gate {
         self
     }
 
-    fn announce_wait(&self, tenant: String, reply: &TurnReply) {
-        let Some(announce) = &self.inner.waits else {
-            return;
-        };
-        if reply.error.is_some() {
-            return;
+    /// Hands a first turn's wait to the announcer, if one is set.
+    fn announce_wait(&self, waited: Option<GateTurnWaited>) {
+        if let (Some(announce), Some(waited)) = (&self.inner.waits, waited) {
+            announce(waited);
         }
-        announce(GateTurnWaited {
-            tenant,
-            outcome: reply.decision().label().to_owned(),
-            wait_ms: reply.waited_ms,
-        });
     }
 
     /// May this turn run, and with which context. For callers outside the
     /// gate's NATS connection (HTTP, in-process): the agent's state is read,
     /// since an event of a commit the caller has seen may still be in flight.
     pub async fn turn(&self, request: TurnRequest) -> TurnReply {
-        self.turn_with(request, Trust::ReadFirst).await
+        let answer = self.turn_with(request, Trust::ReadFirst).await;
+        self.announce_wait(answer.waited);
+        answer.reply
     }
 
     /// [`Gate::turn`] for a request that came after every event its caller
     /// could have seen was applied (the gate's NATS turn server applies the
     /// events its connection delivered before a turn first): a fresh view
     /// answers without a read.
-    pub async fn turn_after_events(&self, request: TurnRequest) -> TurnReply {
+    ///
+    /// A first turn's wait is handed back, not announced: the caller sends
+    /// it after the answer, on the answer's own way out (the announcer would
+    /// start a task of its own, whose wake-up competes with the answer's).
+    pub async fn turn_after_events(&self, request: TurnRequest) -> Answer {
         self.turn_with(request, Trust::FreshView).await
     }
 
-    async fn turn_with(&self, request: TurnRequest, trust: Trust) -> TurnReply {
+    async fn turn_with(&self, request: TurnRequest, trust: Trust) -> Answer {
         // A first turn with a tenant also gets the tenant's catalog pins, asked
         // at the same time as the wait so neither delays the other.
         let catalog = match (
@@ -575,10 +583,12 @@ impl Gate {
             None => self.decide(request, trust, None).await,
         };
         record(&reply);
-        if first_turn {
-            self.announce_wait(tenant, &reply);
-        }
-        reply
+        let waited = (first_turn && reply.error.is_none()).then(|| GateTurnWaited {
+            tenant,
+            outcome: reply.decision().label().to_owned(),
+            wait_ms: reply.waited_ms,
+        });
+        Answer { reply, waited }
     }
 
     /// The decision and, at the same time, the catalog's preparation. A

@@ -13,6 +13,6 @@ pub mod projection;
 pub mod source;
 pub mod watch;
 
-pub use gate::{Gate, GateSettings, drain_window};
+pub use gate::{Answer, Gate, GateSettings, drain_window};
 pub use source::{CatalogSource, ReadError, StateSource, WaitAnnouncer};
 pub use watch::{EventUpdate, ViewLimits};

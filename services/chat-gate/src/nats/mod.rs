@@ -16,8 +16,9 @@ pub use turns::{TurnServer, TurnServing};
 use gate_core::source::WaitAnnouncer;
 
 /// Publishes each first turn's decision and wait on `subject` (where the
-/// catalog records it for `ctxsync latency`), from its own task so the
-/// turn's answer goes out first.
+/// catalog records it for `ctxsync latency`) for the turns answered outside
+/// the turn server (HTTP, in process), from its own task so the turn's
+/// answer is not held up. The turn server sends its own after each answer.
 pub fn announcer(client: async_nats::Client, subject: String) -> WaitAnnouncer {
     std::sync::Arc::new(move |event| {
         let (client, subject) = (client.clone(), subject.clone());

@@ -29,7 +29,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio_util::task::TaskTracker;
 
-use gate_core::gate::Gate;
+use gate_core::gate::{Answer, Gate};
 
 /// Where and how many turns one replica serves.
 #[derive(Debug, Clone)]
@@ -40,6 +40,9 @@ pub struct TurnServing {
     pub max_in_flight: usize,
     /// After shutdown, the turns already routed here and in flight end within this.
     pub grace: Duration,
+    /// Where each first turn's wait is announced, right after its answer
+    /// (`<prefix>.events.gate.waited`, recorded by the catalog).
+    pub waits_subject: String,
 }
 
 /// A running turn server.
@@ -121,7 +124,9 @@ async fn serve(
         subject,
         max_in_flight,
         grace,
+        waits_subject,
     } = serving;
+    let waits_subject = Arc::new(waits_subject);
     // Shared: each waiting turn holds a pointer, not a client's handles.
     let client = Arc::new(client);
     let permits = Arc::new(Semaphore::new(max_in_flight.max(1)));
@@ -177,14 +182,28 @@ async fn serve(
         // Decoded before its task: a waiting chat holds its request, not the
         // message nor the buffers it was read from.
         let request = request_of(message);
-        let (gate, client) = (gate.clone(), client.clone());
+        let (gate, client, waits_subject) = (gate.clone(), client.clone(), waits_subject.clone());
         tracker.spawn(async move {
-            let reply = match request {
+            let answer = match request {
                 Ok(request) => gate.turn_after_events(request).await,
-                Err(why) => malformed(why),
+                Err(why) => Answer {
+                    reply: malformed(why),
+                    waited: None,
+                },
             };
-            if let Err(error) = client.publish(reply_to, reply.encode_to_vec().into()).await {
+            if let Err(error) = client
+                .publish(reply_to, answer.reply.encode_to_vec().into())
+                .await
+            {
                 tracing::warn!(%error, "cannot send a turn's answer");
+            }
+            // Queued behind the answer on the same connection, which writes
+            // both together: the announcement costs the answer nothing.
+            if let Some(waited) = answer.waited {
+                let subject = String::clone(&waits_subject);
+                if let Err(error) = client.publish(subject, waited.encode_to_vec().into()).await {
+                    tracing::debug!(%error, "cannot announce a gate wait");
+                }
             }
             drop(permit);
         });

@@ -173,12 +173,12 @@ impl Core {
     /// committed so far was applied.
     pub async fn turn(&self, chat_id: &str, agent_id: &str, first_turn: bool) -> TurnReply {
         let request = Self::request(chat_id, agent_id, first_turn);
-        self.gate.turn_after_events(request).await
+        self.gate.turn_after_events(request).await.reply
     }
 
     pub fn spawn_turn(&self, chat_id: &str, agent_id: &str) -> tokio::task::JoinHandle<TurnReply> {
         let (gate, request) = (self.gate.clone(), Self::request(chat_id, agent_id, true));
-        tokio::spawn(async move { gate.turn_after_events(request).await })
+        tokio::spawn(async move { gate.turn_after_events(request).await.reply })
     }
 
     /// A turn of a caller outside the gate's connection (HTTP, in process): it reads.
