@@ -18,7 +18,7 @@ use ctxsync_proto::validate::{self, ValidationError};
 use pbjson_types::Timestamp;
 use prost::Message;
 use sqlx::postgres::PgRow;
-use sqlx::{PgConnection, PgPool, Postgres, Row, Transaction};
+use sqlx::{Connection as _, PgConnection, PgPool, Postgres, Row, Transaction};
 use store_core::{PushContent, PushPlan, StartupPlan, StoredAgent, StoredSnapshot};
 use uuid::Uuid;
 
@@ -133,16 +133,38 @@ async fn begin(
     pool: &PgPool,
     deadline: Option<tokio::time::Instant>,
 ) -> Result<Transaction<'static, Postgres>, StoreError> {
+    Ok(match begin_statement(deadline)? {
+        None => pool.begin().await?,
+        Some(statement) => pool.begin_with(sqlx::AssertSqlSafe(statement)).await?,
+    })
+}
+
+/// [`begin`] on a connection the caller holds.
+async fn begin_on(
+    connection: &mut PgConnection,
+    deadline: Option<tokio::time::Instant>,
+) -> Result<Transaction<'_, Postgres>, StoreError> {
+    Ok(match begin_statement(deadline)? {
+        None => connection.begin().await?,
+        Some(statement) => {
+            connection
+                .begin_with(sqlx::AssertSqlSafe(statement))
+                .await?
+        }
+    })
+}
+
+/// The BEGIN that bounds the transaction's lock waits by `deadline`, if any.
+fn begin_statement(deadline: Option<tokio::time::Instant>) -> Result<Option<String>, StoreError> {
     let Some(deadline) = deadline else {
-        return Ok(pool.begin().await?);
+        return Ok(None);
     };
     let remaining = deadline
         .checked_duration_since(tokio::time::Instant::now())
         .ok_or(StoreError::DeadlineExceeded)?;
     // lock_timeout 0 would mean "no limit".
     let millis = remaining.as_millis().clamp(1, i32::MAX as u128);
-    let statement = format!("BEGIN; SET LOCAL lock_timeout = {millis}");
-    Ok(pool.begin_with(sqlx::AssertSqlSafe(statement)).await?)
+    Ok(Some(format!("BEGIN; SET LOCAL lock_timeout = {millis}")))
 }
 
 impl From<sqlx::Error> for StoreError {
@@ -161,7 +183,7 @@ impl From<sqlx::Error> for StoreError {
 /// Commits unless the sender has given up: then rolls back, so work nobody
 /// waits for never lands (it would be late by definition).
 async fn commit_before(
-    tx: Transaction<'static, Postgres>,
+    tx: Transaction<'_, Postgres>,
     deadline: Option<tokio::time::Instant>,
 ) -> Result<(), StoreError> {
     if ctxsync_runtime::rpc::expired(deadline) {
@@ -489,6 +511,7 @@ impl Store {
     /// `deadline` is the earliest of the pushes'.
     pub async fn push_batch(
         &self,
+        connection: &mut PgConnection,
         mut pushes: Vec<(Uuid, PushContextStateRequest)>,
         deadline: Option<tokio::time::Instant>,
     ) -> Result<Vec<BatchOutcome>, BatchError> {
@@ -496,7 +519,7 @@ impl Store {
         let mut outcomes: Vec<Option<Result<PushOutcome, StoreError>>> =
             (0..pushes.len()).map(|_| None).collect();
         let planned = match self
-            .write_batch(&pushes, &mut outcomes, deadline, started)
+            .write_batch(connection, &pushes, &mut outcomes, deadline, started)
             .await
         {
             Ok(planned) => planned,
@@ -553,13 +576,14 @@ impl Store {
     /// written are answered in `outcomes` (but those whose agent row it did
     /// not lock); the written ones are returned with the transaction that
     /// wrote them (none: it was rolled back).
-    async fn write_batch(
+    async fn write_batch<'c>(
         &self,
+        connection: &'c mut PgConnection,
         pushes: &[(Uuid, PushContextStateRequest)],
         outcomes: &mut [Option<Result<PushOutcome, StoreError>>],
         deadline: Option<tokio::time::Instant>,
         started: Instant,
-    ) -> Result<Option<(Transaction<'static, Postgres>, Vec<BatchWrite>)>, StoreError> {
+    ) -> Result<Option<(Transaction<'c, Postgres>, Vec<BatchWrite>)>, StoreError> {
         let mut checked = Vec::with_capacity(pushes.len());
         for (n, (agent_id, push)) in pushes.iter().enumerate() {
             match validate::push(push)
@@ -572,7 +596,7 @@ impl Store {
         }
         let ids: Vec<Uuid> = checked.iter().map(|c| c.1).collect();
 
-        let mut tx = begin(&self.pool, deadline).await?;
+        let mut tx = begin_on(connection, deadline).await?;
         // Locks and raises in one statement, as a single push does; the
         // revisions of agents whose push is not written are put back below.
         let agent_rows = sqlx::query(

@@ -53,8 +53,9 @@ pub struct Config {
     )]
     pub event_state_max_bytes: usize,
     /// Push transactions in flight at once; pushes that arrive while all are
-    /// busy are committed together in the next one (group commit). At most
-    /// the pool's connections (CTXSYNC_DB_MAX_CONNECTIONS).
+    /// busy are committed together in the next one (group commit). Each has
+    /// a Postgres connection of its own beside the pool's. At most the
+    /// pool's connections (CTXSYNC_DB_MAX_CONNECTIONS).
     #[arg(long, env = PUSH_TRANSACTIONS_ENV, default_value_t = 2)]
     pub push_transactions: usize,
 }

@@ -7,11 +7,20 @@
 //! per push shrinks, and so does the CPU it takes from the rest of the
 //! machine. A push whose agent's row is locked elsewhere leaves the batch
 //! and waits alone ([`Store::push`]), holding no transaction slot.
+//!
+//! Each transaction slot has a Postgres connection of its own, outside the
+//! pool ([`Connections`]): sqlx tests a pooled connection with a round trip
+//! each time it goes back, which for a push is one statement in eight, and
+//! it would wake a Postgres backend right as the push's events go out.
 
 use std::collections::{HashSet, VecDeque};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use ctxsync_proto::v1::PushContextStateRequest;
+use ctxsync_runtime::db::PING_IF_IDLE_FOR;
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{ConnectOptions as _, Connection as _, PgConnection};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use uuid::Uuid;
 
@@ -24,6 +33,10 @@ pub const MAX_BATCH: usize = 64;
 /// Pushes waiting for a transaction, at most; a push beyond it waits for
 /// room (the rpc server's in-flight bound is what stops new requests).
 const QUEUE: usize = 1024;
+
+/// The `application_name` of the batcher's connections (suffixed to the
+/// pool's, if it has one).
+pub const PUSH_CONNECTION_NAME: &str = "snapshot-store pushes";
 
 type Answer = oneshot::Sender<Result<PushOutcome, StoreError>>;
 
@@ -45,10 +58,23 @@ impl PushBatcher {
     /// It stops when the last handle is dropped, after answering what it holds.
     pub fn start(store: Store, transactions: usize) -> Self {
         let (queue, pushes) = mpsc::channel(QUEUE);
+        let transactions = transactions.max(1);
+        let pool_options = store.pool().connect_options();
+        // Named apart in pg_stat_activity (after the operator's name, if any).
+        let name = match pool_options.get_application_name() {
+            Some(name) => format!("{name} {PUSH_CONNECTION_NAME}"),
+            None => PUSH_CONNECTION_NAME.to_owned(),
+        };
+        let connections = Arc::new(Connections {
+            options: (*pool_options).clone().application_name(&name),
+            idle: Mutex::new(Vec::with_capacity(transactions)),
+        });
         tokio::spawn(batch_loop(
             store,
+            connections,
             pushes,
-            Arc::new(Semaphore::new(transactions.max(1))),
+            Arc::new(Semaphore::new(transactions)),
+            transactions,
         ));
         Self { queue }
     }
@@ -75,7 +101,55 @@ impl PushBatcher {
     }
 }
 
-async fn batch_loop(store: Store, mut pushes: mpsc::Receiver<Queued>, permits: Arc<Semaphore>) {
+/// The batcher's connections, at most one per transaction slot (a slot's
+/// permit is held while its connection is out). Idle ones wait here with
+/// the moment they came back.
+struct Connections {
+    options: PgConnectOptions,
+    idle: Mutex<Vec<(PgConnection, Instant)>>,
+}
+
+impl Connections {
+    /// An idle connection, pinged first if it sat idle over
+    /// [`PING_IF_IDLE_FOR`] as the pool's are (Postgres may have restarted
+    /// since; a dead one is dropped); else a new one.
+    async fn take(&self) -> Result<PgConnection, sqlx::Error> {
+        loop {
+            let idle = self.idle.lock().expect("connections lock").pop();
+            let Some((mut connection, since)) = idle else {
+                return self.options.connect().await;
+            };
+            if since.elapsed() <= PING_IF_IDLE_FOR || connection.ping().await.is_ok() {
+                return Ok(connection);
+            }
+        }
+    }
+
+    /// Back after a transaction that ended cleanly (committed or rolled
+    /// back); one whose transaction failed is dropped instead, its state unknown.
+    fn put_back(&self, connection: PgConnection) {
+        self.idle
+            .lock()
+            .expect("connections lock")
+            .push((connection, Instant::now()));
+    }
+
+    /// Closes the idle connections (a goodbye to Postgres, not a dropped socket).
+    async fn close(&self) {
+        let idle = std::mem::take(&mut *self.idle.lock().expect("connections lock"));
+        for (connection, _) in idle {
+            let _ = connection.close().await;
+        }
+    }
+}
+
+async fn batch_loop(
+    store: Store,
+    connections: Arc<Connections>,
+    mut pushes: mpsc::Receiver<Queued>,
+    permits: Arc<Semaphore>,
+    transactions: usize,
+) {
     // Pushes for an agent that already had one in the batch being formed:
     // they go first into the next, in the order they came.
     let mut held: VecDeque<Queued> = VecDeque::new();
@@ -89,7 +163,14 @@ async fn batch_loop(store: Store, mut pushes: mpsc::Receiver<Queued>, permits: A
             Some(queued) => queued,
             None => match pushes.recv().await {
                 Some(queued) => queued,
-                None => return,
+                None => {
+                    // Every batch has ended once every slot is free.
+                    drop(permit);
+                    let all = u32::try_from(transactions).unwrap_or(u32::MAX);
+                    let _ = permits.acquire_many(all).await;
+                    connections.close().await;
+                    return;
+                }
             },
         };
         let mut agents = HashSet::from([first.agent_id]);
@@ -107,7 +188,7 @@ async fn batch_loop(store: Store, mut pushes: mpsc::Receiver<Queued>, permits: A
         }
         next_held.extend(held.drain(..));
         held = next_held;
-        tokio::spawn(commit(store.clone(), batch, permit));
+        tokio::spawn(commit(store.clone(), connections.clone(), batch, permit));
     }
 }
 
@@ -115,7 +196,12 @@ async fn batch_loop(store: Store, mut pushes: mpsc::Receiver<Queued>, permits: A
 /// for the batch's transaction only, which never waits for a row lock:
 /// pushes that would wait go alone afterwards, holding none, so an agent
 /// another replica holds locked stalls no other agent's push.
-async fn commit(store: Store, batch: Vec<Queued>, permit: OwnedSemaphorePermit) {
+async fn commit(
+    store: Store,
+    connections: Arc<Connections>,
+    batch: Vec<Queued>,
+    permit: OwnedSemaphorePermit,
+) {
     let (live, expired): (Vec<Queued>, Vec<Queued>) = batch
         .into_iter()
         .partition(|q| !ctxsync_runtime::rpc::expired(q.deadline));
@@ -132,7 +218,19 @@ async fn commit(store: Store, batch: Vec<Queued>, permit: OwnedSemaphorePermit) 
         pushes.push((queued.agent_id, queued.push));
         waiting.push((queued.agent_id, queued.deadline, queued.answer));
     }
-    let result = store.push_batch(pushes, deadline).await;
+    let result = match connections.take().await {
+        Ok(mut connection) => {
+            let result = store.push_batch(&mut connection, pushes, deadline).await;
+            if result.is_ok() {
+                connections.put_back(connection);
+            }
+            result
+        }
+        Err(error) => Err(BatchError::Before {
+            error: error.into(),
+            pushes,
+        }),
+    };
     drop(permit);
     let mut alone_ones = tokio::task::JoinSet::new();
     let mut go_alone = |(agent_id, deadline, answer): (Uuid, _, Answer), push| {

@@ -72,7 +72,7 @@ fn dropped_for(outcome: &Result<PushOutcome, StoreError>) -> PushDropReason {
 
 #[tokio::test]
 async fn one_batch_gives_each_push_the_answer_rows_and_revision_it_would_have_alone() {
-    let (_db, _pool, store) = store().await;
+    let (_db, pool, store) = store().await;
     let fresh = agent(&store, "fresh", RUN_A).await;
     let stale_run = agent(&store, "stale-run", RUN_A).await;
     let stale_version = agent(&store, "stale-version", RUN_A).await;
@@ -112,7 +112,11 @@ async fn one_batch_gives_each_push_the_answer_rows_and_revision_it_would_have_al
         (invalid, pending(&"r".repeat(65), 1, vec![])),
         (unknown, pending(RUN_A, 1, vec![])),
     ];
-    let outcomes = store.push_batch(batch, None).await.expect("batch commits");
+    let mut connection = pool.acquire().await.unwrap();
+    let outcomes = store
+        .push_batch(&mut connection, batch, None)
+        .await
+        .expect("batch commits");
     assert_eq!(outcomes.len(), 6);
 
     // Each answer is the one a push alone gets, in the batch's order.
@@ -182,7 +186,11 @@ async fn one_batch_gives_each_push_the_answer_rows_and_revision_it_would_have_al
         (stale_run, pending(RUN_B, 10, vec![])),
         (unchanged, pending(RUN_A, 6, vec![])),
     ];
-    let outcomes = store.push_batch(all_dropped, None).await.expect("batch");
+    let mut connection = pool.acquire().await.unwrap();
+    let outcomes = store
+        .push_batch(&mut connection, all_dropped, None)
+        .await
+        .expect("batch");
     assert_eq!(dropped_for(done(&outcomes[0])), PushDropReason::StaleRun);
     assert_eq!(
         dropped_for(done(&outcomes[1])),
@@ -222,7 +230,8 @@ async fn a_batch_never_waits_for_an_agent_locked_elsewhere_and_hands_its_push_ba
         (free, pending(RUN_A, 1, vec![server("a", &["x"])])),
         (held, pending(RUN_A, 1, vec![server("b", &["y"])])),
     ];
-    let outcomes = tokio::time::timeout(TIMEOUT, store.push_batch(batch, None))
+    let mut connection = pool.acquire().await.unwrap();
+    let outcomes = tokio::time::timeout(TIMEOUT, store.push_batch(&mut connection, batch, None))
         .await
         .expect("the batch does not wait for the held row")
         .expect("batch commits");
@@ -295,6 +304,80 @@ async fn a_push_waiting_for_a_row_lock_holds_up_no_other_agents_push() {
         accepted(&held_outcome),
         &store.agent_state(held).await.unwrap()
     );
+}
+
+/// The batcher's connections (its own, outside the pool), as Postgres sees them.
+async fn batcher_connections(pool: &PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND application_name = $1",
+    )
+    .bind(snapshot_store::push_batch::PUSH_CONNECTION_NAME)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// Postgres drops the batcher's connection (a restart, an operator's
+/// pg_terminate_backend): the next pushes are accepted all the same. The
+/// dead connection is found by the batch failing on it (each push is then
+/// committed alone, through the pool) or, after a second idle, by the ping
+/// before use; either way the batcher opens a new one.
+#[tokio::test]
+async fn pushes_go_on_when_postgres_drops_the_batchers_connection() {
+    let (_db, pool, store) = store().await;
+    let id = agent(&store, "a", RUN_A).await;
+    let pushes = PushBatcher::start(store.clone(), 1);
+    let push = |version: u64| {
+        let pushes = pushes.clone();
+        async move {
+            let tool = format!("t{version}");
+            pushes
+                .push(
+                    id,
+                    pending(RUN_A, version, vec![server("s", &[&tool])]),
+                    None,
+                )
+                .await
+        }
+    };
+    assert_eq!(sources(accepted(&push(1).await)), ["mcp_server:s"]);
+    assert_eq!(
+        batcher_connections(&pool).await,
+        1,
+        "one connection per slot"
+    );
+
+    // In the select list, so that it runs for the filtered rows only.
+    let terminated: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE datname = current_database() AND application_name = $1",
+    )
+    .bind(snapshot_store::push_batch::PUSH_CONNECTION_NAME)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(terminated, [true]);
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while batcher_connections(&pool).await > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the backend did not go"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    for version in [2, 3] {
+        let outcome = tokio::time::timeout(TIMEOUT, push(version))
+            .await
+            .expect("answered");
+        assert_eq!(accepted(&outcome), &store.agent_state(id).await.unwrap());
+        assert_eq!(
+            accepted(&outcome).snapshot.as_ref().map(|s| s.version),
+            Some(version)
+        );
+    }
+    assert_eq!(batcher_connections(&pool).await, 1, "a new one replaced it");
 }
 
 #[tokio::test]
