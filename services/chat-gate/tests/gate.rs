@@ -187,20 +187,26 @@ async fn a_fresh_view_answers_new_chats_without_a_store_read() {
     assert_eq!(h.gate().watches().held(), 0, "the view stays, idle");
 }
 
-/// The latency report's record of a first turn's wait is sent after the
-/// turn's answer, on the answer's connection, so it never goes out first.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_first_turns_wait_is_announced_right_after_its_answer() {
+/// A gate with a view of an agent offering `tool`, warmed by one first turn.
+async fn warm_view_of_an_agent_offering(tool: &str) -> (Harness, String) {
     let h = Harness::spawn().await;
     let agent = h
-        .agent_reporting(complete(RUN_A, 1, vec![server("s", &["t"])]))
+        .agent_reporting(complete(RUN_A, 1, vec![server("s", &[tool])]))
         .await;
-    // Warm: the turns below are answered from the view, with no store read
-    // in between.
     assert_eq!(
         decision(&h.turn("warm", &agent, true).await),
         GateDecision::Ready
     );
+    (h, agent)
+}
+
+/// The latency report's record of a first turn's wait is sent after the
+/// turn's answer, on the answer's connection, so it never goes out first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_turns_wait_is_announced_right_after_its_answer() {
+    // Warm: the turns below are answered from the view, with no store read
+    // in between.
+    let (h, agent) = warm_view_of_an_agent_offering("t").await;
     let watcher = ctxsync_runtime::nats::connect(&h.nats.url(), "watcher")
         .await
         .unwrap()
@@ -255,14 +261,7 @@ async fn a_first_turns_wait_is_announced_right_after_its_answer() {
 /// turn ahead of the turn, and never reads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_turn_sent_after_a_commit_is_answered_with_it_without_a_read() {
-    let h = Harness::spawn().await;
-    let agent = h
-        .agent_reporting(complete(RUN_A, 1, vec![server("s", &["t1"])]))
-        .await;
-    assert_eq!(
-        decision(&h.turn("warm", &agent, true).await),
-        GateDecision::Ready
-    );
+    let (h, agent) = warm_view_of_an_agent_offering("t1").await;
     let reads = h.count_store_reads().await;
     for version in 2..=150u64 {
         let tool = format!("t{version}");
