@@ -15,7 +15,7 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ctxsync_proto::v1::PushContextStateRequest;
 use ctxsync_runtime::db::PING_IF_IDLE_FOR;
@@ -67,6 +67,7 @@ impl PushBatcher {
         };
         let connections = Arc::new(Connections {
             options: (*pool_options).clone().application_name(&name),
+            take_timeout: store.pool().options().get_acquire_timeout(),
             idle: Mutex::new(Vec::with_capacity(transactions)),
         });
         tokio::spawn(batch_loop(
@@ -106,14 +107,23 @@ impl PushBatcher {
 /// the moment they came back.
 struct Connections {
     options: PgConnectOptions,
+    /// The pool's acquire timeout: a stalled Postgres holds no slot longer.
+    take_timeout: Duration,
     idle: Mutex<Vec<(PgConnection, Instant)>>,
 }
 
 impl Connections {
     /// An idle connection, pinged first if it sat idle over
     /// [`PING_IF_IDLE_FOR`] as the pool's are (Postgres may have restarted
-    /// since; a dead one is dropped); else a new one.
+    /// since; a dead one is dropped); else a new one. Within the pool's
+    /// acquire timeout, as the pool's.
     async fn take(&self) -> Result<PgConnection, sqlx::Error> {
+        tokio::time::timeout(self.take_timeout, self.take_unbounded())
+            .await
+            .unwrap_or(Err(sqlx::Error::PoolTimedOut))
+    }
+
+    async fn take_unbounded(&self) -> Result<PgConnection, sqlx::Error> {
         loop {
             let idle = self.idle.lock().expect("connections lock").pop();
             let Some((mut connection, since)) = idle else {
