@@ -126,7 +126,8 @@ async fn serve(
         grace,
         waits_subject,
     } = serving;
-    let waits_subject = Arc::new(waits_subject);
+    // Cloned per turn without copying the text.
+    let waits_subject = async_nats::Subject::from(waits_subject);
     // Shared: each waiting turn holds a pointer, not a client's handles.
     let client = Arc::new(client);
     let permits = Arc::new(Semaphore::new(max_in_flight.max(1)));
@@ -199,11 +200,12 @@ async fn serve(
             }
             // Queued behind the answer on the same connection, which writes
             // both together: the announcement costs the answer nothing.
-            if let Some(waited) = answer.waited {
-                let subject = String::clone(&waits_subject);
-                if let Err(error) = client.publish(subject, waited.encode_to_vec().into()).await {
-                    tracing::debug!(%error, "cannot announce a gate wait");
-                }
+            if let Some(waited) = answer.waited
+                && let Err(error) = client
+                    .publish(waits_subject, waited.encode_to_vec().into())
+                    .await
+            {
+                tracing::debug!(%error, "cannot announce a gate wait");
             }
             drop(permit);
         });
