@@ -926,7 +926,12 @@ struct AgentKey {
 /// What an agent sends: its Startup, or a push.
 enum Report<'a> {
     Startup,
-    Push(&'a ctxsync_proto::v1::PushContextStateRequest),
+    /// Each attempt after the first goes out at the next version, as the
+    /// workspace agent numbers its retries: an attempt whose push was
+    /// stored but whose answer was lost (a pod replaced mid-request) would
+    /// otherwise make the retry a stale version. Left at the version that
+    /// was accepted.
+    Push(&'a mut ctxsync_proto::v1::PushContextStateRequest),
 }
 
 /// Sends `report` as `agent`'s run `run_id` through any ready agent-ingest
@@ -935,11 +940,13 @@ async fn send_until_accepted(
     cluster: &Cluster,
     agent: &AgentKey,
     run_id: &str,
-    report: Report<'_>,
+    mut report: Report<'_>,
     within: Duration,
 ) -> Result<(), String> {
     let deadline = Instant::now() + within;
     let mut attempt = 0;
+    let mut sent_before = false;
+    let mut earlier = Vec::new();
     loop {
         attempt += 1;
         let last = match cluster.endpoint("agent-ingest", 8080, attempt) {
@@ -948,18 +955,33 @@ async fn send_until_accepted(
                 let mut client =
                     FakeAgent::with_token(&format!("http://{ingest}"), &agent.id, &agent.token);
                 client.set_run_id(run_id);
-                let answer = match report {
+                let answer = match &mut report {
                     Report::Startup => client.startup().await.answer.clone(),
-                    Report::Push(push) => client.push(push).await.answer.clone(),
+                    Report::Push(push) => {
+                        if sent_before {
+                            push.version += 1;
+                        }
+                        client.push(push).await.answer.clone()
+                    }
                 };
+                sent_before = true;
                 if answer.is_accepted() {
+                    if !earlier.is_empty() {
+                        // Visible in the log, not a failure: an agent retries.
+                        eprintln!("MANIFEST-RETRIED {run_id} accepted after {earlier:?}");
+                    }
                     return Ok(());
                 }
                 format!("{answer:?}")
             }
         };
         if Instant::now() > deadline {
-            return Err(format!("not accepted within {within:?}: {last}"));
+            return Err(format!(
+                "not accepted within {within:?}: {last} (earlier attempts: {earlier:?})"
+            ));
+        }
+        if earlier.last() != Some(&last) {
+            earlier.push(last);
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -1072,12 +1094,12 @@ async fn rolling_restarts(
                     out.3.push(format!("startup of {}: {e}", agent.id));
                     continue;
                 }
-                let pending = testkit::report::pending(&run_id, 1, vec![]);
+                let mut pending = testkit::report::pending(&run_id, 1, vec![]);
                 let sent = send_until_accepted(
                     &cluster,
                     agent,
                     &run_id,
-                    Report::Push(&pending),
+                    Report::Push(&mut pending),
                     Duration::from_secs(60),
                 )
                 .await;
@@ -1098,12 +1120,13 @@ async fn rolling_restarts(
                 });
                 // The chat asks while discovery is pending; it completes a moment later.
                 tokio::time::sleep(Duration::from_millis(500)).await;
-                let completing = complete(&run_id, 2, vec![server("w", &[&tool])]);
+                let mut completing =
+                    complete(&run_id, pending.version + 1, vec![server("w", &[&tool])]);
                 let sent = send_until_accepted(
                     &cluster,
                     agent,
                     &run_id,
-                    Report::Push(&completing),
+                    Report::Push(&mut completing),
                     Duration::from_secs(60),
                 )
                 .await;
