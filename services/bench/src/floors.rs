@@ -143,20 +143,13 @@ impl TwoHops {
                 paths.push(HopPath::open(env, 0, publisher, relay, &receiver).await?);
             }
             Some(placement) => {
-                let on = |node: usize, name: &'static str| {
-                    let url = placement.urls[node].clone();
-                    async move {
-                        ctxsync_runtime::nats::connect(&url, name)
-                            .await
-                            .step("nats")
-                            .map(|c| c.client)
-                    }
-                };
                 for &store in &placement.stores {
                     for &gate in &placement.gates {
-                        let publisher = on(store, "bench-floor-hop-pub").await?;
-                        let relay = on(gate, "bench-floor-hop-relay").await?;
-                        let receiver = on(placement.chat, "bench-floor-hop-sub").await?;
+                        let publisher = placement.connect_on(store, "bench-floor-hop-pub").await?;
+                        let relay = placement.connect_on(gate, "bench-floor-hop-relay").await?;
+                        let receiver = placement
+                            .connect_on(placement.chat, "bench-floor-hop-sub")
+                            .await?;
                         let path =
                             HopPath::open(env, paths.len(), publisher, relay, &receiver).await?;
                         paths.push(path);
@@ -314,6 +307,14 @@ impl WakePlacement {
         }
     }
 
+    /// A connection to the cluster's node `node`.
+    async fn connect_on(&self, node: usize, name: &str) -> Result<async_nats::Client, BenchError> {
+        Ok(ctxsync_runtime::nats::connect(&self.urls[node], name)
+            .await
+            .step("nats")?
+            .client)
+    }
+
     /// e.g. `store on n0 n1 → gate on n1 n2 → chat on n2`.
     pub fn describe(&self) -> String {
         let nodes = |of: &[usize]| {
@@ -375,49 +376,78 @@ async fn timed_publish(
     Ok(started.elapsed())
 }
 
-/// One request at a time to a responder on another connection.
-pub async fn request_reply(env: &Env, samples: usize) -> Result<Latency, BenchError> {
-    let requester = connect(env, "bench-floor-req").await?;
-    let responder = connect(env, "bench-floor-rep").await?;
-    let subject = env.subjects.bench_floor("echo");
-    let mut requests = responder
-        .subscribe(subject.clone())
-        .await
-        .step("subscribe")?;
-    ctxsync_runtime::nats::sync_with_server(&responder)
-        .await
-        .step("subscribe")?;
-    let echo = tokio::spawn(async move {
-        while let Some(message) = requests.next().await {
-            if let Some(reply) = message.reply {
-                let _ = responder.publish(reply, message.payload).await;
+/// One request at a time to a responder on another connection: the shape
+/// of a turn the gate answers at once. On a cluster the requester is on the
+/// chat's node and there is a responder on each gate replica's node, asked
+/// in turn (a turn goes to one of the gate's replicas at random); left to
+/// the cluster's own placement, the floor moved with where its two
+/// connections happened to land, not with anything the gate does.
+pub async fn request_reply(
+    env: &Env,
+    samples: usize,
+    placement: Option<&WakePlacement>,
+) -> Result<Latency, BenchError> {
+    let (requester, responders) = match placement {
+        None => (
+            connect(env, "bench-floor-req").await?,
+            vec![connect(env, "bench-floor-rep").await?],
+        ),
+        Some(placement) => {
+            let mut responders = Vec::with_capacity(placement.gates.len());
+            for &gate in &placement.gates {
+                responders.push(placement.connect_on(gate, "bench-floor-rep").await?);
             }
+            let requester = placement
+                .connect_on(placement.chat, "bench-floor-req")
+                .await?;
+            (requester, responders)
         }
-    });
-    // On a cluster the responder's subscription reaches the requester's
-    // node a moment later: until then a request finds no responder.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while let Err(error) = requester.request(subject.clone(), PAYLOAD.into()).await {
-        if Instant::now() > deadline {
-            return Err(BenchError::new(
-                "request/reply",
-                format!("no answer within 5 s: {error}"),
-            ));
+    };
+    let mut subjects = Vec::with_capacity(responders.len());
+    let mut echoes = tokio::task::JoinSet::new();
+    for (n, responder) in responders.into_iter().enumerate() {
+        let subject = env.subjects.bench_floor(&format!("echo-{n}"));
+        let mut requests = responder
+            .subscribe(subject.clone())
+            .await
+            .step("subscribe")?;
+        ctxsync_runtime::nats::sync_with_server(&responder)
+            .await
+            .step("subscribe")?;
+        echoes.spawn(async move {
+            while let Some(message) = requests.next().await {
+                if let Some(reply) = message.reply {
+                    let _ = responder.publish(reply, message.payload).await;
+                }
+            }
+        });
+        // On a cluster the responder's subscription reaches the requester's
+        // node a moment later: until then a request finds no responder.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while let Err(error) = requester.request(subject.clone(), PAYLOAD.into()).await {
+            if Instant::now() > deadline {
+                return Err(BenchError::new(
+                    "request/reply",
+                    format!("no answer within 5 s: {error}"),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        subjects.push(subject);
     }
     let mut latencies = Vec::with_capacity(samples);
     for i in 0..WARMUP + samples {
+        let subject = subjects[i % subjects.len()].clone();
         let started = Instant::now();
         requester
-            .request(subject.clone(), PAYLOAD.into())
+            .request(subject, PAYLOAD.into())
             .await
             .step("request/reply")?;
         if i >= WARMUP {
             latencies.push(started.elapsed());
         }
     }
-    echo.abort();
+    echoes.abort_all();
     Ok(Latency::of(latencies))
 }
 

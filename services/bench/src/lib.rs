@@ -59,9 +59,10 @@ async fn sections(
     // 1-chat wake's rounds, which it is the floor of.
     let placement = floors::WakePlacement::of(env).await?;
     let mut two_hops = floors::TwoHops::open(env, placement.as_ref()).await?;
-    report.floors.two_hops_placement = placement.map(|placed| placed.describe());
     progress.step("floors: raw NATS request/reply");
-    report.floors.nats_request_reply = floors::request_reply(env, sizes.floor_samples).await?;
+    report.floors.nats_request_reply =
+        floors::request_reply(env, sizes.floor_samples, placement.as_ref()).await?;
+    report.floors.two_hops_placement = placement.map(|placed| placed.describe());
     progress.step("floors: raw Postgres push-shaped transaction");
     report.floors.postgres = floors::postgres(env, sizes).await?;
 

@@ -739,7 +739,11 @@ impl Report {
             &mut out,
             "raw NATS request/reply",
             &f.nats_request_reply,
-            "",
+            if f.two_hops_placement.is_some() {
+                "from the chat's node to each gate replica's node in turn"
+            } else {
+                ""
+            },
         );
         row(
             &mut out,
