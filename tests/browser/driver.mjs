@@ -42,6 +42,16 @@ async function agentState(predicate, cmd) {
   return page.evaluate(() => window.ctxsyncPage.renders);
 }
 
+async function tabToAgent(cmd) {
+  const link = page.locator(`tr[data-agent-id="${cmd.agent_id}"] a`);
+  await page.locator("#search").focus();
+  for (let i = 0; i < 50; i++) {
+    if (await link.evaluate((a) => a === document.activeElement)) break;
+    await page.keyboard.press("Tab");
+  }
+  if (!(await link.evaluate((a) => a === document.activeElement))) throw new Error("the agent's link is not reachable with Tab");
+}
+
 const commands = {
   async open(cmd) {
     await newPage(cmd.viewport || { width: 1280, height: 800 });
@@ -66,18 +76,31 @@ const commands = {
     await row.waitFor({ state: "visible", timeout: deadline(cmd) });
     return { text: await row.innerText() };
   },
-  // Reaches the agent's link with Tab and opens it with Enter.
-  async open_agent(cmd) {
-    const link = page.locator(`tr[data-agent-id="${cmd.agent_id}"] a`);
-    await page.locator("#search").focus();
-    for (let i = 0; i < 50; i++) {
-      if (await link.evaluate((a) => a === document.activeElement)) break;
-      await page.keyboard.press("Tab");
-    }
-    if (!(await link.evaluate((a) => a === document.activeElement))) throw new Error("the agent's link is not reachable with Tab");
+  // Reaches the agent's link with Tab from the search field; says how many
+  // times the list had been drawn by then.
+  async tab_to_agent(cmd) {
+    await tabToAgent(cmd);
+    return { list_renders: await page.evaluate(() => window.ctxsyncPage.listRenders) };
+  },
+  // Once the list has been drawn again since `since`: which agent's row holds the focus.
+  async focused_after_render(cmd) {
+    await page.waitForFunction((c) => window.ctxsyncPage.listRenders > c.since, cmd, { timeout: deadline(cmd), polling: "raf" });
+    return await page.evaluate(() => {
+      const a = document.activeElement;
+      const row = a && a.closest("tr[data-agent-id]");
+      return { tag: a ? a.tagName : null, agent_id: row ? row.dataset.agentId : null };
+    });
+  },
+  // Opens the focused link with Enter.
+  async enter(cmd) {
     await page.keyboard.press("Enter");
     await page.locator("#agent").waitFor({ state: "visible", timeout: deadline(cmd) });
     return {};
+  },
+  // Reaches the agent's link with Tab and opens it with Enter.
+  async open_agent(cmd) {
+    await tabToAgent(cmd);
+    return commands.enter(cmd);
   },
   async goto_hash(cmd) {
     await page.evaluate((h) => { location.hash = h; }, cmd.hash);

@@ -12,7 +12,7 @@ const state = {
   retry: 500,
 };
 // What the page rendered and when (read by the browser tests).
-window.ctxsyncPage = { renders: [], live: false };
+window.ctxsyncPage = { renders: [], listRenders: 0, live: false };
 
 const $ = (id) => document.getElementById(id);
 
@@ -112,8 +112,16 @@ function renderAgents() {
       el("td", { "data-label": "Bad configs", class: c.invalid_config_files ? "failed" : "", text: c.invalid_config_files || 0 })));
   }
   rows.sort((x, y) => x.textContent.localeCompare(y.textContent));
+  // A live update must not take the keyboard's place: the rows are new
+  // elements, so the link that had the focus gets it back in its new row.
+  const focused = document.activeElement && document.activeElement.closest("#agent-rows tr[data-agent-id]");
   $("agent-rows").replaceChildren(...rows);
   $("agents-empty").hidden = rows.length > 0;
+  if (focused) {
+    const again = rows.find((row) => row.dataset.agentId === focused.dataset.agentId);
+    if (again) again.querySelector("a").focus({ preventScroll: true });
+  }
+  window.ctxsyncPage.listRenders++;
 }
 
 // ---- one agent ----

@@ -361,6 +361,30 @@ async fn the_context_page_follows_an_agent_live_in_a_real_browser() {
         - millis(&after[completed_again]["committedAt"]);
     let shot_restarted = browser.screenshot(&out, "5-agent-restarted-complete");
 
+    // 5b. A live update keeps the keyboard's place: the agent's link,
+    //     reached with Tab, has the focus again once the list is drawn anew
+    //     for the agent's next report (its instruction file changed).
+    browser.run(json!({ "op": "goto_hash", "hash": "#" }));
+    browser.run(json!({ "op": "wait_row", "agent_id": agent_id }));
+    let tabbed = browser.run(json!({ "op": "tab_to_agent", "agent_id": agent_id }));
+    std::fs::write(
+        workspace.path().join("AGENTS.md"),
+        "Use the good server for sums and notes.\n",
+    )
+    .unwrap();
+    let focused = browser.run(json!({
+        "op": "focused_after_render", "since": tabbed["list_renders"]
+    }));
+    assert_eq!(
+        focused,
+        json!({ "tag": "A", "agent_id": agent_id }),
+        "the focus once the list was drawn again"
+    );
+    browser.run(json!({ "op": "enter" }));
+    browser.run(json!({
+        "op": "wait_phase", "phase": "PHASE_COMPLETE", "stale": false, "min_tools": 2
+    }));
+
     // 6. A phone's screen.
     browser.run(json!({ "op": "open", "url": format!("{url}#agent/{agent_id}"), "viewport": { "width": 390, "height": 844 } }));
     browser.run(json!({ "op": "login", "key": key_a }));
