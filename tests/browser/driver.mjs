@@ -43,13 +43,18 @@ async function agentState(predicate, cmd) {
 }
 
 async function tabToAgent(cmd) {
-  const link = page.locator(`tr[data-agent-id="${cmd.agent_id}"] a`);
+  // One evaluation per look: a locator resolved before a live redraw would
+  // name the row's old link, no longer the one with the focus.
+  const onLink = () => page.evaluate((id) => {
+    const a = document.activeElement;
+    return !!a && a.tagName === "A" && !!a.closest(`tr[data-agent-id="${id}"]`);
+  }, cmd.agent_id);
   await page.locator("#search").focus();
   for (let i = 0; i < 50; i++) {
-    if (await link.evaluate((a) => a === document.activeElement)) break;
+    if (await onLink()) break;
     await page.keyboard.press("Tab");
   }
-  if (!(await link.evaluate((a) => a === document.activeElement))) throw new Error("the agent's link is not reachable with Tab");
+  if (!(await onLink())) throw new Error("the agent's link is not reachable with Tab");
 }
 
 const commands = {
