@@ -75,19 +75,28 @@ async fn connect(env: &Env, name: &str) -> Result<async_nats::Client, BenchError
         .client)
 }
 
+/// A subscription on `subject` that `client`'s server has confirmed.
+async fn subscribed(
+    client: &async_nats::Client,
+    subject: &str,
+) -> Result<async_nats::Subscriber, BenchError> {
+    let subscriber = client
+        .subscribe(subject.to_owned())
+        .await
+        .step("subscribe")?;
+    ctxsync_runtime::nats::sync_with_server(client)
+        .await
+        .step("subscribe")?;
+    Ok(subscriber)
+}
+
 /// One message at a time from one connection to a subscriber on another,
 /// each publish after `idle` of idleness (none: back to back).
 pub async fn pub_sub(env: &Env, samples: usize, idle: Duration) -> Result<Latency, BenchError> {
     let publisher = connect(env, "bench-floor-pub").await?;
     let subscriber = connect(env, "bench-floor-sub").await?;
     let subject = env.subjects.bench_floor("pubsub");
-    let mut messages = subscriber
-        .subscribe(subject.clone())
-        .await
-        .step("subscribe")?;
-    ctxsync_runtime::nats::sync_with_server(&subscriber)
-        .await
-        .step("subscribe")?;
+    let mut messages = subscribed(&subscriber, &subject).await?;
     primed(&publisher, &subject, &mut messages, "pub→sub").await?;
     let latencies = timed_publishes(
         &publisher,
@@ -407,13 +416,7 @@ pub async fn request_reply(
     let mut echoes = tokio::task::JoinSet::new();
     for (n, responder) in responders.into_iter().enumerate() {
         let subject = env.subjects.bench_floor(&format!("echo-{n}"));
-        let mut requests = responder
-            .subscribe(subject.clone())
-            .await
-            .step("subscribe")?;
-        ctxsync_runtime::nats::sync_with_server(&responder)
-            .await
-            .step("subscribe")?;
+        let mut requests = subscribed(&responder, &subject).await?;
         echoes.spawn(async move {
             while let Some(message) = requests.next().await {
                 if let Some(reply) = message.reply {
