@@ -38,7 +38,14 @@ pub enum Kind {
 #[serde(tag = "f", rename_all = "snake_case")]
 pub enum Body {
     /// An agent process's Startup: `run_id` becomes the agent's current run.
-    Startup { agent: String, run_id: String },
+    /// A `reclaim` is sent by the live process told another run took its
+    /// agent (a late Startup of a process that never held it).
+    Startup {
+        agent: String,
+        run_id: String,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        reclaim: bool,
+    },
     /// A report of run `run_id`; `tools` as a chat sees them (`server__tool`).
     Push {
         agent: String,

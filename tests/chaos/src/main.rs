@@ -54,6 +54,13 @@ enum Command {
         /// How long after a fault heals the bounds above stay stretched.
         #[arg(long, default_value = "10s", value_parser = humantime_ms)]
         fault_recovery: Duration,
+        /// How late after its invocation a request may still take effect.
+        #[arg(long, default_value = "5s", value_parser = humantime_ms)]
+        request_budget: Duration,
+        /// How soon a live agent process takes back its agent after a late
+        /// Startup of another run landed.
+        #[arg(long, default_value = "3s", value_parser = humantime_ms)]
+        reclaim: Duration,
         /// Also plant anomalies in the history and check each is caught.
         #[arg(long)]
         plant: bool,
@@ -95,7 +102,7 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<bool> {
-    let (history, view_lag, wake, fault_recovery, plant) = match cli.command {
+    let (history, bounds, plant) = match cli.command {
         Command::Run {
             minutes,
             seed,
@@ -163,17 +170,24 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
             view_lag,
             wake,
             fault_recovery,
+            request_budget,
+            reclaim,
             plant,
-        } => (history, view_lag, wake, fault_recovery, plant),
+        } => (
+            history,
+            chaos::oracle::Bounds {
+                view_lag,
+                wake,
+                fault_recovery,
+                request_budget,
+                reclaim,
+            },
+            plant,
+        ),
     };
     let text = std::fs::read_to_string(&history)
         .with_context(|| format!("cannot read the history {}", history.display()))?;
     let events = chaos::history::parse(&text)?;
-    let bounds = chaos::oracle::Bounds {
-        view_lag,
-        wake,
-        fault_recovery,
-    };
     let verdict = chaos::oracle::check(&events, bounds);
     println!("CHAOS-CHECK {verdict}");
     let mut clean = verdict.anomalies.is_empty();

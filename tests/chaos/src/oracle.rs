@@ -14,7 +14,9 @@
 //!   current run (from the later of the request and the completing ack);
 //!   a `pending` answer (the deadline passed) is an anomaly when a
 //!   completing report of a run that stayed current was acked more than
-//!   the wake bound before it;
+//!   the wake bound before it; a late Startup of another run may take the
+//!   agent over until the live process reclaims it (within the reclaim
+//!   bound of that Startup's last possible landing);
 //! * a later turn is answered at once (`not_first_turn`, no wait), and a
 //!   first turn never as a later one;
 //! * every acked report is kept: the store's final state of each agent is
@@ -44,6 +46,13 @@ pub struct Bounds {
     pub wake: Duration,
     /// After a fault heals, the system is back within this.
     pub fault_recovery: Duration,
+    /// A request takes effect within this of its invocation, or never
+    /// (agent-ingest's store timeout: the store drops one taken late).
+    pub request_budget: Duration,
+    /// A live agent process takes its agent back within this of a late
+    /// Startup of another run landing (the harness's processes report at
+    /// most 1.5 s apart, and reclaim on the first drop).
+    pub reclaim: Duration,
 }
 
 impl Default for Bounds {
@@ -52,6 +61,8 @@ impl Default for Bounds {
             view_lag: Duration::from_secs(1),
             wake: Duration::from_secs(1),
             fault_recovery: Duration::from_secs(10),
+            request_budget: Duration::from_secs(5),
+            reclaim: Duration::from_secs(3),
         }
     }
 }
@@ -276,6 +287,47 @@ impl<'h> AgentOps<'h> {
             }
         }
         current
+    }
+}
+
+impl<'h> AgentOps<'h> {
+    /// From when the run of `first` (the earliest acked Startup of the runs
+    /// current at `answered`) surely held the agent, as far as a takeover
+    /// goes: None while it may not have. The store cannot order two
+    /// processes' first Startups, so one of another run invoked earlier but
+    /// not acked before `first` was invoked may land after it and take the
+    /// agent over, until the live process reclaims it: by its latest
+    /// Startup invoked before the answer, or within the reclaim bound of the
+    /// latest such landing.
+    fn held_since(&self, checker: &Checker<'_>, first: &Op<'h>, answered: u64) -> Option<u64> {
+        let run = run_of(first.body);
+        let budget = checker.bounds.request_budget;
+        let landing = self
+            .startups
+            .iter()
+            .take_while(|s| s.at < first.at)
+            .filter(|s| run_of(s.body) != run && s.may_have_happened())
+            .filter(|s| s.acked_at().is_none_or(|acked| acked > first.at))
+            .map(|s| checker.deadline(s.at, budget))
+            .filter(|&landing| landing > first.at)
+            .max();
+        let Some(landing) = landing else {
+            return Some(0);
+        };
+        let reclaim = self
+            .startups
+            .iter()
+            .filter(|s| s.at > first.at && s.at <= answered && run_of(s.body) == run)
+            .rfind(|s| s.may_have_happened());
+        let bound = checker.deadline(landing, checker.bounds.reclaim);
+        match reclaim {
+            None => Some(bound),
+            Some(reclaim) => match reclaim.acked_at() {
+                Some(acked) if acked <= answered && reclaim.at > landing => Some(acked),
+                Some(acked) if acked <= answered => Some(acked.max(bound)),
+                _ => None,
+            },
+        }
     }
 }
 
@@ -539,19 +591,23 @@ fn check_turn(
         Decision::Pending => {
             // A completing report of a run that was current from its ack to
             // the answer: the wait should have ended.
-            for startup in ops.current_at(answered) {
-                let run = run_of(startup.body);
-                if let Some((acked, push)) = ops.completed(run)
-                    && checker.deadline_since(asked, acked.max(asked), wake) < answered
-                {
-                    anomaly(
-                        AnomalyKind::PendingAfterComplete,
-                        vec![startup.id, push],
-                        format!(
-                            "pending, though run {run}'s discovery was complete {} µs before the answer",
-                            answered - acked.max(asked)
-                        ),
-                    );
+            let current = ops.current_at(answered);
+            if let Some(first) = current.last()
+                && let Some(held) = ops.held_since(checker, first, answered)
+            {
+                let run = run_of(first.body);
+                if let Some((acked, push)) = ops.completed(run) {
+                    let from = acked.max(asked).max(held);
+                    if checker.deadline_since(asked, from, wake) < answered {
+                        anomaly(
+                            AnomalyKind::PendingAfterComplete,
+                            vec![first.id, push],
+                            format!(
+                                "pending, though run {run}'s discovery was complete {} µs before the answer",
+                                answered - from
+                            ),
+                        );
+                    }
                 }
             }
         }
@@ -749,11 +805,31 @@ mod tests {
         }
 
         fn startup(&mut self, run: &str, at: u64, acked: u64) -> &mut Self {
+            self.startup_as(run, false, at, (Kind::Ok, acked))
+        }
+
+        /// A Startup whose sender gave up at `gave_up`: it may land later.
+        fn startup_unknown(&mut self, run: &str, at: u64, gave_up: u64) -> &mut Self {
+            self.startup_as(run, false, at, (Kind::Info, gave_up))
+        }
+
+        fn reclaim(&mut self, run: &str, at: u64, acked: u64) -> &mut Self {
+            self.startup_as(run, true, at, (Kind::Ok, acked))
+        }
+
+        fn startup_as(
+            &mut self,
+            run: &str,
+            reclaim: bool,
+            at: u64,
+            done: (Kind, u64),
+        ) -> &mut Self {
             let body = Body::Startup {
                 agent: "a".into(),
                 run_id: run.into(),
+                reclaim,
             };
-            self.op(body.clone(), at, Some((Kind::Ok, acked, body)));
+            self.op(body.clone(), at, Some((done.0, done.1, body)));
             self
         }
 
@@ -986,6 +1062,86 @@ mod tests {
             .push("r2", 1, false, &[], 1020, 1030)
             .turn(1035, 16035, answer(Decision::Pending, "r2", 1, &[]));
         assert!(fine.check().anomalies.is_empty(), "{}", fine.check());
+    }
+
+    /// A dead process's Startup (r6) stalls, lands after its successor's
+    /// (r7) was acked and takes the agent over: the store cannot tell them
+    /// apart. Pending answers are excused until the live process reclaims,
+    /// and no longer than the reclaim bound after the latest landing.
+    #[test]
+    fn a_late_startup_of_another_run_excuses_pending_until_the_live_process_reclaims() {
+        let late = || {
+            let mut h = History::default();
+            h.startup_unknown("r6", 0, 5000)
+                .startup("r7", 200, 210)
+                .push("r7", 1, false, &[], 220, 230)
+                .push("r7", 2, true, &["s__x"], 300, 310);
+            h
+        };
+        let pending = || answer(Decision::Pending, "r6", 0, &[]);
+
+        // Answered while r6 may hold the agent (it may land until 5 s,
+        // and r7 takes it back within 3 s of that).
+        let mut taken_over = late();
+        taken_over.turn(3500, 8500, pending());
+        assert!(
+            taken_over.check().anomalies.is_empty(),
+            "{}",
+            taken_over.check()
+        );
+
+        // Reclaimed at 9.5 s: a pending answer after that is a missed wake.
+        let mut reclaimed = late();
+        reclaimed
+            .reclaim("r7", 9500, 9510)
+            .push("r7", 3, true, &["s__x"], 9520, 9530)
+            .turn(3500, 8500, pending())
+            .turn(9600, 14600, pending());
+        let verdict = reclaimed.check();
+        assert_eq!(
+            verdict.of_kind(AnomalyKind::PendingAfterComplete),
+            1,
+            "{verdict}"
+        );
+        assert_eq!(verdict.anomalies.len(), 1, "{verdict}");
+
+        // A reclaim sent but not answered by the time of the answer: the
+        // takeover may still hold.
+        let mut reclaiming = late();
+        reclaiming
+            .reclaim("r7", 9500, 14700)
+            .turn(9600, 14600, pending());
+        assert!(
+            reclaiming.check().anomalies.is_empty(),
+            "{}",
+            reclaiming.check()
+        );
+
+        // Never reclaimed (the chaos run's agents before they did): pending
+        // long after the reclaim bound is an anomaly.
+        let mut never = late();
+        never.turn(12000, 17000, pending());
+        assert_eq!(
+            never.check().of_kind(AnomalyKind::PendingAfterComplete),
+            1,
+            "{}",
+            never.check()
+        );
+
+        // A Startup of another run acked before r7's was invoked landed
+        // before it: it excuses nothing.
+        let mut ordered = History::default();
+        ordered
+            .startup("r6", 0, 100)
+            .startup("r7", 200, 210)
+            .push("r7", 1, true, &["s__x"], 300, 310)
+            .turn(3500, 8500, pending());
+        assert_eq!(
+            ordered.check().of_kind(AnomalyKind::PendingAfterComplete),
+            1,
+            "{}",
+            ordered.check()
+        );
     }
 
     #[test]

@@ -51,6 +51,17 @@ struct Recorder {
 }
 
 impl Recorder {
+    /// A recorder and the events it records, in order.
+    fn new() -> (Self, mpsc::UnboundedReceiver<Event>) {
+        let (events, received) = mpsc::unbounded_channel();
+        let recorder = Self {
+            events,
+            started: Instant::now(),
+            next: Arc::new(AtomicU64::new(1)),
+        };
+        (recorder, received)
+    }
+
     fn event(&self, op: u64, kind: Kind, body: Body) {
         let event = Event {
             op,
@@ -137,12 +148,7 @@ pub async fn run(options: Options) -> anyhow::Result<(Verdict, Vec<Event>)> {
         });
     }
 
-    let (events_tx, mut events_rx) = mpsc::unbounded_channel();
-    let recorder = Recorder {
-        events: events_tx,
-        started: Instant::now(),
-        next: Arc::new(AtomicU64::new(1)),
-    };
+    let (recorder, mut events_rx) = Recorder::new();
     let history_path = options.history.clone();
     let writer = tokio::spawn(async move {
         use std::io::Write as _;
@@ -158,9 +164,9 @@ pub async fn run(options: Options) -> anyhow::Result<(Verdict, Vec<Event>)> {
     });
 
     let stop = Arc::new(AtomicBool::new(false));
-    let mut tasks = Vec::new();
+    let mut lives = Vec::new();
     for (i, agent) in agents.iter().enumerate() {
-        tasks.push(tokio::spawn(agent_life(
+        lives.push(tokio::spawn(agent_life(
             recorder.clone(),
             agent.clone(),
             ingests.clone(),
@@ -174,6 +180,7 @@ pub async fn run(options: Options) -> anyhow::Result<(Verdict, Vec<Event>)> {
         nats: connection.client.clone(),
         subjects: cluster.subjects.clone(),
     };
+    let mut tasks = Vec::new();
     for c in 0..options.chats {
         tasks.push(tokio::spawn(chat_backend(
             recorder.clone(),
@@ -223,6 +230,10 @@ pub async fn run(options: Options) -> anyhow::Result<(Verdict, Vec<Event>)> {
 
     tokio::time::sleep(options.duration).await;
     stop.store(true, Ordering::SeqCst);
+    let mut live = Vec::new();
+    for life in lives {
+        live.extend(life.await?);
+    }
     for task in tasks {
         task.await?;
     }
@@ -232,6 +243,13 @@ pub async fn run(options: Options) -> anyhow::Result<(Verdict, Vec<Event>)> {
         let mut services = services.lock().await;
         let mut all: Vec<&mut Process> = services.processes.iter_mut().collect();
         faults::all_ready(&mut all).await;
+    }
+    // Each live process re-announces, as an idle agent does, so one taken
+    // over by a late Startup near the end holds its agent again.
+    // (Consumed: each holds a recorder, and the history ends when the last
+    // recorder is dropped.)
+    for process in live {
+        process.reannounce().await;
     }
     for agent in &agents {
         let state = store.state(&agent.id).await;
@@ -379,132 +397,211 @@ pub fn planted(events: &[Event], bounds: Bounds) -> Vec<(AnomalyKind, bool)> {
 
 /// An agent's processes, one after another: each starts, reports pending,
 /// completes with some tools, edits its config a few times; some are
-/// replaced while the old process still pushes for a while.
+/// replaced while the old process still pushes for a while. Returns the
+/// process that was live when the run stopped.
 async fn agent_life(
     recorder: Recorder,
     agent: AgentKey,
     ingests: Vec<String>,
     seed: u64,
     stop: Arc<AtomicBool>,
-) {
+) -> Option<LiveProcess> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut process = 0u64;
     let mut leftovers = Vec::new();
+    let mut live = None;
     while !stop.load(Ordering::SeqCst) {
         process += 1;
         let run_id = format!("run-{process}-{}", rng.random::<u32>());
         let ingest = ingests[rng.random_range(0..ingests.len())].clone();
-        let sent = send(&recorder, &agent, &ingest, &run_id, None).await;
-        if sent != Kind::Ok {
+        let Some(mut current) =
+            LiveProcess::start(recorder.clone(), agent.clone(), ingest, run_id).await
+        else {
+            live = None;
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
-        }
-        let mut version = 1;
-        send(
-            &recorder,
-            &agent,
-            &ingest,
-            &run_id,
-            Some((version, false, vec![])),
-        )
-        .await;
+        };
+        current.publish(false, vec![]).await;
         tokio::time::sleep(Duration::from_millis(rng.random_range(50..800))).await;
         for _ in 0..rng.random_range(1..5) {
-            version += 1;
             let tools: Vec<String> = ["a", "b", "c", "d"]
                 .into_iter()
                 .filter(|_| rng.random_bool(0.5))
                 .map(str::to_owned)
                 .collect();
-            send(
-                &recorder,
-                &agent,
-                &ingest,
-                &run_id,
-                Some((version, true, tools)),
-            )
-            .await;
+            current.publish(true, tools).await;
             tokio::time::sleep(Duration::from_millis(rng.random_range(100..1500))).await;
             if stop.load(Ordering::SeqCst) {
-                return;
+                break;
             }
         }
-        if rng.random_bool(0.3) {
+        if !stop.load(Ordering::SeqCst) && rng.random_bool(0.3) {
             // Replaced: this process keeps pushing a little after the next starts.
-            let (recorder, agent, ingest, run_id) = (
-                recorder.clone(),
-                agent.clone(),
-                ingest.clone(),
-                run_id.clone(),
-            );
-            let delay = rng.random_range(100..1000);
-            leftovers.push(tokio::spawn(async move {
-                for extra in 1..=2 {
-                    tokio::time::sleep(Duration::from_millis(delay)).await;
-                    let tools = vec![format!("old{extra}")];
-                    send(
-                        &recorder,
-                        &agent,
-                        &ingest,
-                        &run_id,
-                        Some((version + extra, true, tools)),
-                    )
-                    .await;
-                }
-            }));
+            let delay = Duration::from_millis(rng.random_range(100..1000));
+            leftovers.push(tokio::spawn(current.clone().linger(delay, 2)));
         }
+        live = Some(current);
     }
     for leftover in leftovers {
         let _ = leftover.await;
     }
+    live
 }
 
-/// A Startup (`push` None) or a push of `run_id`, recorded with its outcome.
-async fn send(
-    recorder: &Recorder,
-    agent: &AgentKey,
-    ingest: &str,
-    run_id: &str,
-    push: Option<(u64, bool, Vec<String>)>,
-) -> Kind {
-    let mut client = FakeAgent::with_token(ingest, &agent.id, &agent.token);
-    client.set_run_id(run_id);
-    match push {
-        None => {
-            let body = Body::Startup {
-                agent: agent.id.clone(),
-                run_id: run_id.to_owned(),
-            };
-            let op = recorder.invoke(body.clone());
-            let kind = kind_of(&client.startup().await.answer);
-            recorder.event(op, kind, body);
-            kind
+/// One agent process: its run, the ingest it talks to and its latest
+/// version. The live process heals a takeover by a late Startup of another
+/// run (ARCHITECTURE.md, "Late, replayed and repeated messages") as the
+/// real publisher does: told its run was replaced, it reclaims once and
+/// sends its report again. A replaced process ([`Self::linger`]) never does.
+#[derive(Clone)]
+struct LiveProcess {
+    recorder: Recorder,
+    agent: AgentKey,
+    ingest: String,
+    run_id: String,
+    version: u64,
+}
+
+impl LiveProcess {
+    /// The process's Startup; the process if it was acked.
+    async fn start(
+        recorder: Recorder,
+        agent: AgentKey,
+        ingest: String,
+        run_id: String,
+    ) -> Option<Self> {
+        let process = Self {
+            recorder,
+            agent,
+            ingest,
+            run_id,
+            version: 0,
+        };
+        let started = process.send(Request::Startup { reclaim: false }).await;
+        started.is_accepted().then_some(process)
+    }
+
+    /// Its next report; after a `STALE_RUN` drop, a reclaim and the same
+    /// report again at the next version.
+    async fn publish(&mut self, complete: bool, tools: Vec<String>) -> Kind {
+        self.version += 1;
+        let report = Request::Push {
+            version: self.version,
+            complete,
+            tools: tools.clone(),
+        };
+        let answer = self.send(report).await;
+        if !is_drop(&answer, "PUSH_DROP_REASON_STALE_RUN") {
+            return kind_of(&answer);
         }
-        Some((version, is_complete, tools)) => {
-            let names: Vec<&str> = tools.iter().map(String::as_str).collect();
-            let request = if is_complete {
-                complete(run_id, version, vec![server("s", &names)])
-            } else {
-                pending(run_id, version, vec![])
+        if !self
+            .send(Request::Startup { reclaim: true })
+            .await
+            .is_accepted()
+        {
+            return Kind::Fail;
+        }
+        self.version += 1;
+        let again = Request::Push {
+            version: self.version,
+            complete,
+            tools,
+        };
+        kind_of(&self.send(again).await)
+    }
+
+    /// The idle re-announce: a Startup of its run, and a reclaim if it was
+    /// dropped because another run replaced it.
+    async fn reannounce(&self) -> Kind {
+        let answer = self.send(Request::Startup { reclaim: false }).await;
+        if is_drop(&answer, "STARTUP_DROP_REASON_SUPERSEDED_RUN") {
+            return kind_of(&self.send(Request::Startup { reclaim: true }).await);
+        }
+        kind_of(&answer)
+    }
+
+    /// A replaced process: `pushes` more reports, `delay` apart, with new
+    /// tools; their drops are answered by nothing.
+    async fn linger(self, delay: Duration, pushes: u64) {
+        for extra in 1..=pushes {
+            tokio::time::sleep(delay).await;
+            let report = Request::Push {
+                version: self.version + extra,
+                complete: true,
+                tools: vec![format!("old{extra}")],
             };
-            let shown = if is_complete {
-                tools.iter().map(|t| format!("s__{t}")).collect()
-            } else {
-                vec![]
-            };
-            let body = Body::Push {
-                agent: agent.id.clone(),
-                run_id: run_id.to_owned(),
-                version,
-                complete: is_complete,
-                tools: shown,
-            };
-            let op = recorder.invoke(body.clone());
-            let kind = kind_of(&client.push(&request).await.answer);
-            recorder.event(op, kind, body);
-            kind
+            self.send(report).await;
         }
     }
+
+    /// One request of the process, recorded with its outcome.
+    async fn send(&self, request: Request) -> Acked {
+        let mut client = FakeAgent::with_token(&self.ingest, &self.agent.id, &self.agent.token);
+        client.set_run_id(&self.run_id);
+        let (agent, run_id) = (self.agent.id.clone(), self.run_id.clone());
+        match request {
+            Request::Startup { reclaim } => {
+                let body = Body::Startup {
+                    agent,
+                    run_id,
+                    reclaim,
+                };
+                let op = self.recorder.invoke(body.clone());
+                let sent = if reclaim {
+                    client.reclaim().await
+                } else {
+                    client.startup().await
+                };
+                let answer = sent.answer.clone();
+                self.recorder.event(op, kind_of(&answer), body);
+                answer
+            }
+            Request::Push {
+                version,
+                complete: is_complete,
+                tools,
+            } => {
+                let names: Vec<&str> = tools.iter().map(String::as_str).collect();
+                let request = if is_complete {
+                    complete(&run_id, version, vec![server("s", &names)])
+                } else {
+                    pending(&run_id, version, vec![])
+                };
+                let shown = if is_complete {
+                    tools.iter().map(|t| format!("s__{t}")).collect()
+                } else {
+                    vec![]
+                };
+                let body = Body::Push {
+                    agent,
+                    run_id,
+                    version,
+                    complete: is_complete,
+                    tools: shown,
+                };
+                let op = self.recorder.invoke(body.clone());
+                let answer = client.push(&request).await.answer.clone();
+                self.recorder.event(op, kind_of(&answer), body);
+                answer
+            }
+        }
+    }
+}
+
+/// What a process sends.
+enum Request {
+    Startup {
+        reclaim: bool,
+    },
+    Push {
+        version: u64,
+        complete: bool,
+        tools: Vec<String>,
+    },
+}
+
+fn is_drop(answer: &Acked, reason: &str) -> bool {
+    matches!(answer, Acked::Dropped(dropped) if dropped == reason)
 }
 
 /// A chat backend: first turns for random agents on random gates.
@@ -902,5 +999,135 @@ fn fault(kind: &str, target: &str) -> Body {
     Body::Fault {
         fault: kind.to_owned(),
         target: target.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use testkit::{NatsServer, TestDatabase};
+
+    use super::*;
+
+    fn outcomes(events: &mut mpsc::UnboundedReceiver<Event>) -> Vec<(Kind, Body)> {
+        let mut done = Vec::new();
+        while let Ok(event) = events.try_recv() {
+            if event.kind != Kind::Invoke {
+                done.push((event.kind, event.body));
+            }
+        }
+        done
+    }
+
+    /// The run the agent's row holds.
+    async fn row_run(store: &testkit::store::StoreClient, agent: &AgentKey) -> String {
+        let state = store.state(&agent.id).await;
+        state.agent.expect("the agent").agent_run_id
+    }
+
+    fn startup(run: &str, reclaim: bool, agent: &AgentKey) -> Body {
+        Body::Startup {
+            agent: agent.id.clone(),
+            run_id: run.into(),
+            reclaim,
+        }
+    }
+
+    fn push(run: &str, version: u64, tools: &[&str], agent: &AgentKey) -> Body {
+        Body::Push {
+            agent: agent.id.clone(),
+            run_id: run.into(),
+            version,
+            complete: true,
+            tools: tools.iter().map(|t| format!("s__{t}")).collect(),
+        }
+    }
+
+    /// The chaos run's agents once left a late Startup's takeover standing
+    /// until their next process (three `PendingAfterComplete` in one run):
+    /// the live process now reclaims and reports again, a replaced one never.
+    #[tokio::test]
+    async fn the_live_process_takes_its_agent_back_and_a_replaced_one_never_does() {
+        let nats = NatsServer::start();
+        let db = TestDatabase::create().await;
+        let cluster = faults::Cluster::new(nats.url(), db.url());
+        let mut store_process = cluster.store("store").spawn();
+        let mut ingest_process = cluster.ingest().spawn();
+        faults::all_ready(&mut [&mut store_process, &mut ingest_process]).await;
+        let ingest = faults::url_of(&ingest_process);
+        let connection = cluster.nats("chaos-test").await;
+        let store = cluster.store_client(&connection.client);
+        store.create_test_tenant_key().await;
+        let registered = FakeAgent::register(&store, &ingest, "reclaiming").await;
+        let agent = AgentKey {
+            id: registered.agent_id().to_owned(),
+            token: registered.token().to_owned(),
+        };
+        let (recorder, mut events) = Recorder::new();
+        let stored_run = |state: ctxsync_proto::v1::AgentState| {
+            let snapshot = state.snapshot.expect("a snapshot");
+            (
+                state.agent.expect("the agent").agent_run_id,
+                snapshot.agent_run_id,
+                snapshot.version,
+            )
+        };
+
+        let mut live =
+            LiveProcess::start(recorder.clone(), agent.clone(), ingest.clone(), "r7".into())
+                .await
+                .expect("r7 starts");
+        assert_eq!(live.publish(true, vec!["a".into()]).await, Kind::Ok);
+        // A dead process's first Startup lands late: r6 never held the
+        // agent, so the store cannot tell it from a new process.
+        let late = store.startup(&agent.id, "r6").await;
+        assert!(late.error.is_none(), "{:?}", late.error);
+        assert_eq!(row_run(&store, &agent).await, "r6");
+        outcomes(&mut events);
+
+        assert_eq!(live.publish(true, vec!["b".into()]).await, Kind::Ok);
+        assert_eq!(
+            outcomes(&mut events),
+            vec![
+                (Kind::Fail, push("r7", 2, &["b"], &agent)),
+                (Kind::Ok, startup("r7", true, &agent)),
+                (Kind::Ok, push("r7", 3, &["b"], &agent)),
+            ],
+            "a stale-run drop, one reclaim, the report again at the next version"
+        );
+        assert_eq!(
+            stored_run(store.state(&agent.id).await),
+            ("r7".into(), "r7".into(), 3)
+        );
+
+        // Replaced by r8, r7 lingers: its drops are answered by nothing.
+        let next = LiveProcess::start(recorder.clone(), agent.clone(), ingest.clone(), "r8".into())
+            .await
+            .expect("r8 starts");
+        live.clone().linger(Duration::ZERO, 1).await;
+        let lingered = outcomes(&mut events);
+        assert_eq!(lingered.len(), 2, "{lingered:?}");
+        assert_eq!(lingered[1].0, Kind::Fail, "{lingered:?}");
+        assert_eq!(row_run(&store, &agent).await, "r8");
+
+        // Taken over while idle, the live process's re-announce is dropped
+        // as superseded and it reclaims.
+        let late = store.startup(&agent.id, "r5").await;
+        assert!(late.error.is_none(), "{:?}", late.error);
+        outcomes(&mut events);
+        assert_eq!(next.reannounce().await, Kind::Ok);
+        assert_eq!(
+            outcomes(&mut events),
+            vec![
+                (Kind::Fail, startup("r8", false, &agent)),
+                (Kind::Ok, startup("r8", true, &agent)),
+            ]
+        );
+        assert_eq!(row_run(&store, &agent).await, "r8");
+        // And when nothing took it, a re-announce changes nothing.
+        assert_eq!(next.reannounce().await, Kind::Ok);
+        assert_eq!(
+            outcomes(&mut events),
+            vec![(Kind::Ok, startup("r8", false, &agent))]
+        );
     }
 }

@@ -143,10 +143,20 @@ impl FakeAgent {
 
     /// The Startup of the current run id.
     pub async fn startup(&mut self) -> &Sent {
+        self.startup_request(false).await
+    }
+
+    /// The Startup of a live process taking its agent back from a run that
+    /// replaced it (told so by a `STALE_RUN` or `SUPERSEDED_RUN` drop).
+    pub async fn reclaim(&mut self) -> &Sent {
+        self.startup_request(true).await
+    }
+
+    async fn startup_request(&mut self, reclaim: bool) -> &Sent {
         let request = StartupRequest {
             agent_run_id: self.run_id.clone(),
             agent_version: "fake-agent".into(),
-            ..Default::default()
+            reclaim,
         };
         let (trace_id, started, result) = self.post("/api/v1/agent/startup", &request).await;
         let answer = result.map_or_else(
