@@ -288,9 +288,7 @@ impl<'h> AgentOps<'h> {
         }
         current
     }
-}
 
-impl<'h> AgentOps<'h> {
     /// From when the run of `first` (the earliest acked Startup of the runs
     /// current at `answered`) surely held the agent, as far as a takeover
     /// goes: None while it may not have. The store cannot order two
@@ -312,6 +310,7 @@ impl<'h> AgentOps<'h> {
             .filter(|&landing| landing > first.at)
             .max();
         let Some(landing) = landing else {
+            // No Startup could have taken the agent over.
             return Some(0);
         };
         let reclaim = self
@@ -320,14 +319,17 @@ impl<'h> AgentOps<'h> {
             .filter(|s| s.at > first.at && s.at <= answered && run_of(s.body) == run)
             .rfind(|s| s.may_have_happened());
         let bound = checker.deadline(landing, checker.bounds.reclaim);
-        match reclaim {
-            None => Some(bound),
-            Some(reclaim) => match reclaim.acked_at() {
-                Some(acked) if acked <= answered && reclaim.at > landing => Some(acked),
-                Some(acked) if acked <= answered => Some(acked.max(bound)),
-                _ => None,
-            },
-        }
+        let Some(reclaim) = reclaim else {
+            return Some(bound);
+        };
+        // Unanswered by then: the takeover may still hold.
+        let acked = reclaim.acked_at().filter(|&acked| acked <= answered)?;
+        // Sent after the last possible landing, it surely ended it.
+        Some(if reclaim.at > landing {
+            acked
+        } else {
+            acked.max(bound)
+        })
     }
 }
 

@@ -494,12 +494,9 @@ impl LiveProcess {
         if !is_drop(&answer, "PUSH_DROP_REASON_STALE_RUN") {
             return kind_of(&answer);
         }
-        if !self
-            .send(Request::Startup { reclaim: true })
-            .await
-            .is_accepted()
-        {
-            return Kind::Fail;
+        let reclaimed = self.send(Request::Startup { reclaim: true }).await;
+        if !reclaimed.is_accepted() {
+            return kind_of(&reclaimed);
         }
         self.version += 1;
         let again = Request::Push {
