@@ -9,7 +9,7 @@
 //! Postgres killed and restarted, loss, blackholes and slow links on one
 //! link at a time ([`network`]), and a service on a skewed wall clock.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -378,10 +378,31 @@ pub fn planted(events: &[Event], bounds: Bounds) -> Vec<(AnomalyKind, bool)> {
             crate::oracle::check(&planted, bounds).of_kind(kind) > 0,
         ));
     }
-    // An acked push the store no longer holds: the final state one version back.
-    let lost = events
+    // An acked push the store no longer holds: the final state one version
+    // back, on an agent whose final version is one an acked push wrote (a
+    // final version from a push whose ack never came would excuse it).
+    let acked_ops: BTreeSet<u64> = events
         .iter()
-        .position(|e| matches!(&e.body, Body::Final { version, .. } if *version > 0));
+        .filter(|e| e.kind == Kind::Ok)
+        .map(|e| e.op)
+        .collect();
+    let acked_pushes: BTreeSet<(&str, &str, u64)> = events
+        .iter()
+        .filter(|e| e.kind == Kind::Invoke && acked_ops.contains(&e.op))
+        .filter_map(|e| match &e.body {
+            Body::Push {
+                agent,
+                run_id,
+                version,
+                ..
+            } => Some((agent.as_str(), run_id.as_str(), *version)),
+            _ => None,
+        })
+        .collect();
+    let lost = events.iter().position(|e| {
+        matches!(&e.body, Body::Final { agent, run_id, version }
+            if *version > 0 && acked_pushes.contains(&(agent.as_str(), run_id.as_str(), *version)))
+    });
     if let Some(at) = lost {
         let mut planted = events.to_vec();
         if let Body::Final { version, .. } = &mut planted[at].body {
@@ -1037,6 +1058,59 @@ mod tests {
             complete: true,
             tools: tools.iter().map(|t| format!("s__{t}")).collect(),
         }
+    }
+
+    /// One CI run's planted lost ack went uncaught: it was planted on an
+    /// agent whose final version came from a push whose sender gave up, so
+    /// one version back lost nothing acked. The plant needs an acked final.
+    #[test]
+    fn a_lost_ack_is_planted_where_the_final_version_was_acked() {
+        let mut events = Vec::new();
+        let mut op = 0;
+        let mut at = 0;
+        let mut record = |body: Body, outcome: Kind| {
+            op += 1;
+            for kind in [Kind::Invoke, outcome] {
+                at += 1_000;
+                events.push(Event {
+                    op,
+                    kind,
+                    mono_us: at,
+                    wall_ms: at / 1_000,
+                    body: body.clone(),
+                });
+            }
+        };
+        let key = |id: &str| AgentKey {
+            id: id.into(),
+            token: String::new(),
+        };
+        let (gave_up, acked) = (key("gave-up"), key("acked"));
+        for agent in [&gave_up, &acked] {
+            record(startup("r1", false, agent), Kind::Ok);
+            record(push("r1", 1, &["a"], agent), Kind::Ok);
+        }
+        // Its sender gave up, yet the push landed: the store ends on it.
+        record(push("r1", 2, &["b"], &gave_up), Kind::Info);
+        // The final reads are completions only, as the run records them.
+        for (agent, version) in [(&gave_up, 2), (&acked, 1)] {
+            op += 1;
+            at += 1_000;
+            events.push(Event {
+                op,
+                kind: Kind::Ok,
+                mono_us: at,
+                wall_ms: at / 1_000,
+                body: Body::Final {
+                    agent: agent.id.clone(),
+                    run_id: "r1".into(),
+                    version,
+                },
+            });
+        }
+
+        let verdicts = planted(&events, Bounds::default());
+        assert_eq!(verdicts, vec![(AnomalyKind::LostAck, true)]);
     }
 
     /// The chaos run's agents once left a late Startup's takeover standing
