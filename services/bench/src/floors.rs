@@ -187,7 +187,9 @@ impl TwoHops {
         Ok(())
     }
 
-    async fn once(&mut self, idle: Duration) -> Result<Duration, BenchError> {
+    /// One sample after `idle` of idleness, on the next path, kept apart
+    /// from this floor's own samples.
+    pub async fn once(&mut self, idle: Duration) -> Result<Duration, BenchError> {
         let n = self.next % self.paths.len();
         self.next += 1;
         self.paths[n].once(idle).await

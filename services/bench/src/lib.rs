@@ -75,7 +75,6 @@ async fn sections(
     let missing = idle_samples.saturating_sub(two_hops.taken());
     two_hops.sample(missing, floors::IDLE_GAP).await?;
     report.floors.nats_two_hops_idle = two_hops.latency();
-    drop(two_hops);
     report.memory = wake::memory(&report.wake, env.services.is_deployed());
     // After the wake cases: it publishes at the fan-out case's commit instants.
     if let Some(case) = report
@@ -95,7 +94,8 @@ async fn sections(
     report.gate_ready = gate_ready;
 
     progress.step("polling baseline (a waiter reading the store every 500 ms)");
-    report.polling = wake::polling(env, &agents, sizes, progress).await?;
+    report.polling = wake::polling(env, &agents, sizes, &mut two_hops, progress).await?;
+    drop(two_hops);
 
     progress.step("push throughput through agent-ingest");
     report.push = push::throughput(env, sizes).await?;

@@ -481,6 +481,7 @@ impl Report {
                 interval_ms: pl.interval_ms,
                 polling_latency: Some(pl.polling_latency.to_proto()),
                 wake_latency: Some(pl.wake_latency.to_proto()),
+                two_hops_same_idle: Some(pl.two_hops_same_idle.to_proto()),
             }),
             memory: Some(v1::BenchMemory {
                 chats: count(m.chats),
@@ -898,6 +899,18 @@ impl Report {
                 ratio(pl.polling_latency.p50_us, pl.wake_latency.p50_us)
             ),
         );
+        if pl.two_hops_same_idle.samples > 0 {
+            row(
+                &mut out,
+                "  raw NATS two hops after the same idleness",
+                &pl.two_hops_same_idle,
+                &format!(
+                    "our wake {:.2}× it; polling {:.0}× it",
+                    ratio(pl.wake_latency.p50_us, pl.two_hops_same_idle.p50_us),
+                    ratio(pl.polling_latency.p50_us, pl.two_hops_same_idle.p50_us)
+                ),
+            );
+        }
         let m = &self.memory;
         let _ = writeln!(
             out,

@@ -80,6 +80,9 @@ pub struct Polling {
     pub polling_latency: Latency,
     /// Our wake of a chat waiting on the same commits.
     pub wake_latency: Latency,
+    /// Raw NATS two hops, one per round, each after that round's idleness
+    /// before its commit.
+    pub two_hops_same_idle: Latency,
 }
 
 fn since(commit: SystemTime, at: SystemTime) -> Duration {
@@ -540,15 +543,23 @@ fn commit_phase(round: usize, rounds: usize, interval: Duration) -> Duration {
 
 /// A peer system's waiter: read the store every `interval` until the run is
 /// complete. A gate chat waits on the same commit, for the head-to-head ratio.
+///
+/// A commit after a long quiet spell finds every thread of the path parked
+/// (the store's, NATS's, the gate's, the chat's), and waking them costs far
+/// more on some machines than on others. So after each round the two-hop
+/// floor is sampled once after the same idleness as that round's commit:
+/// the wake's own shape in raw NATS, in the same minutes.
 pub async fn polling(
     env: &Env,
     agents: &[BenchAgent],
     sizes: &Sizes,
+    two_hops: &mut floors::TwoHops,
     progress: &Progress,
 ) -> Result<Polling, BenchError> {
     let interval = sizes.polling_interval;
     let mut polled = Vec::new();
     let mut woken = Vec::new();
+    let mut raw = Vec::new();
     for r in 0..sizes.polling_rounds {
         progress.step(format!(
             "polling baseline: round {} of {}",
@@ -593,7 +604,8 @@ pub async fn polling(
         ctxsync_runtime::nats::sync_with_server(&env.client)
             .await
             .step("subscribe to discovery events")?;
-        tokio::time::sleep_until(ticking + commit_phase(r, sizes.polling_rounds, interval)).await;
+        let phase = commit_phase(r, sizes.polling_rounds, interval);
+        tokio::time::sleep_until(ticking + phase).await;
         complete_runs(env, agent, &runs).await?;
         let wanted = HashMap::from([(agent[0].id.clone(), run.clone())]);
         let (commits, _) = collect_commits(events, wanted).await?;
@@ -609,12 +621,14 @@ pub async fn polling(
         check(&reply, &run, &tool_of(&run))
             .map_err(|e| BenchError::new("polling round chat", e))?;
         woken.push(since(commit, at));
+        raw.push(two_hops.once(phase).await?);
     }
     Ok(Polling {
         rounds: sizes.polling_rounds,
         interval_ms: interval.as_millis() as u64,
         polling_latency: Latency::of(polled),
         wake_latency: Latency::of(woken),
+        two_hops_same_idle: Latency::of(raw),
     })
 }
 

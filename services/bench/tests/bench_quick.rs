@@ -182,6 +182,12 @@ async fn check_report(report: &Value, mode: &str) {
         number(&report, "polling.wake_latency.samples"),
         number(&report, "polling.rounds")
     );
+    // The raw two hops after each round's quiet spell, one per round.
+    assert_latency(&report, "polling.two_hops_same_idle");
+    assert_eq!(
+        number(&report, "polling.two_hops_same_idle.samples"),
+        number(&report, "polling.rounds")
+    );
 
     assert!(number(&report, "memory.bytes_per_chat") > 0.0);
     assert_eq!(number(&report, "memory.chats"), 1000.0);
