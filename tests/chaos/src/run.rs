@@ -1066,11 +1066,9 @@ mod tests {
     #[test]
     fn a_lost_ack_is_planted_where_the_final_version_was_acked() {
         let mut events = Vec::new();
-        let mut op = 0;
         let mut at = 0;
-        let mut record = |body: Body, outcome: Kind| {
-            op += 1;
-            for kind in [Kind::Invoke, outcome] {
+        let mut record = |op: u64, kinds: &[Kind], body: Body| {
+            for &kind in kinds {
                 at += 1_000;
                 events.push(Event {
                     op,
@@ -1086,27 +1084,25 @@ mod tests {
             token: String::new(),
         };
         let (gave_up, acked) = (key("gave-up"), key("acked"));
-        for agent in [&gave_up, &acked] {
-            record(startup("r1", false, agent), Kind::Ok);
-            record(push("r1", 1, &["a"], agent), Kind::Ok);
+        let acked_op = [Kind::Invoke, Kind::Ok];
+        for (n, agent) in [(1, &gave_up), (3, &acked)] {
+            record(n, &acked_op, startup("r1", false, agent));
+            record(n + 1, &acked_op, push("r1", 1, &["a"], agent));
         }
         // Its sender gave up, yet the push landed: the store ends on it.
-        record(push("r1", 2, &["b"], &gave_up), Kind::Info);
+        record(
+            5,
+            &[Kind::Invoke, Kind::Info],
+            push("r1", 2, &["b"], &gave_up),
+        );
         // The final reads are completions only, as the run records them.
-        for (agent, version) in [(&gave_up, 2), (&acked, 1)] {
-            op += 1;
-            at += 1_000;
-            events.push(Event {
-                op,
-                kind: Kind::Ok,
-                mono_us: at,
-                wall_ms: at / 1_000,
-                body: Body::Final {
-                    agent: agent.id.clone(),
-                    run_id: "r1".into(),
-                    version,
-                },
-            });
+        for (op, agent, version) in [(6, &gave_up, 2), (7, &acked, 1)] {
+            let body = Body::Final {
+                agent: agent.id.clone(),
+                run_id: "r1".into(),
+                version,
+            };
+            record(op, &[Kind::Ok], body);
         }
 
         let verdicts = planted(&events, Bounds::default());
