@@ -20,8 +20,10 @@
 //! * A supervisor task keeps a watch of the memory bucket open, feeding every
 //!   change to the in-process memory; when the bucket fails (JetStream off,
 //!   unreachable, refused) it says so once, retries with a backoff and says
-//!   once when it is back. Writes and claims meanwhile do nothing: the
-//!   catalog serves from its in-process memory.
+//!   once when it is back. Claims meanwhile do nothing: the catalog serves
+//!   from its in-process memory. Writes the bucket did not take are held,
+//!   the latest per key, and written back once it works again, each only
+//!   where the bucket holds nothing newer (`write_back`).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -30,6 +32,7 @@ use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
 use catalog_core::Transport;
+use catalog_core::memory::{InBucket, Unshared, WriteBack};
 use catalog_core::tools::Catalog;
 use ctxsync_mcp::{Declarations, PromptDecl, ResourceDecl, ToolDecl};
 use ctxsync_proto::v1::{CatalogMemoryEntry, McpTool, McpTransport};
@@ -373,10 +376,85 @@ struct Stores {
 }
 
 enum Write {
-    Put(ServerKey, Bytes),
-    Delete(ServerKey),
+    /// A sealed entry, and when it was discovered.
+    Put(ServerKey, Bytes, SystemTime),
+    /// Forgotten at this time.
+    Delete(ServerKey, SystemTime),
     /// Answered once every write queued before it was tried.
     Flush(tokio::sync::oneshot::Sender<()>),
+}
+
+/// How often the writes the bucket did not take are tried again while it
+/// seems to work (a reopened bucket tries them at once).
+const WRITE_BACK_INTERVAL: Duration = Duration::from_secs(5);
+/// Reads and revision-checked writes of one held write before it waits for
+/// the next try.
+const WRITE_BACK_COMPARES: usize = 3;
+
+/// This replica's writes the bucket did not take, the latest per key.
+/// Bounded like the memory itself (its keys are configured servers).
+#[derive(Default)]
+struct Held(std::collections::BTreeMap<ServerKey, (Unshared, Option<Bytes>)>);
+
+impl Held {
+    fn hold(&mut self, bucket: &Bucket, key: ServerKey, unshared: Unshared, value: Option<Bytes>) {
+        if !self.0.contains_key(&key) && self.0.len() >= bucket.settings.max_entries {
+            Ignored::Full.count();
+            return;
+        }
+        self.0.insert(key, (unshared, value));
+    }
+
+    /// A later write of `key` reached the bucket: nothing of it is held.
+    fn taken(&mut self, key: &ServerKey) {
+        self.0.remove(key);
+    }
+
+    fn get(&self, key: &ServerKey) -> Option<(Unshared, Option<Bytes>)> {
+        self.0.get(key).cloned()
+    }
+
+    fn keys(&self) -> Vec<ServerKey> {
+        self.0.keys().cloned().collect()
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// The last message of `key`'s subject as the stream leader holds it.
+async fn last_entry(stores: &Stores, key: &ServerKey) -> Result<Option<kv::Entry>, String> {
+    let subject = format!("{}{}", stores.memory.prefix, key.as_str());
+    let message = match stores
+        .memory
+        .stream
+        .get_last_raw_message_by_subject(&subject)
+        .await
+    {
+        Ok(message) => message,
+        Err(error) if error.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(None),
+        Err(error) => return Err(error.to_string()),
+    };
+    let operation = message
+        .headers
+        .get(KV_OPERATION)
+        .and_then(|op| op.as_str().parse().ok())
+        .unwrap_or(kv::Operation::Put);
+    Ok(Some(kv::Entry {
+        bucket: stores.memory.name.clone(),
+        key: key.as_str().to_owned(),
+        value: message.payload,
+        revision: message.sequence,
+        delta: 0,
+        created: message.time,
+        operation,
+        seen_current: true,
+    }))
 }
 
 /// The outcome of a warm-up claim.
@@ -480,7 +558,9 @@ impl Bucket {
             );
             return;
         }
-        let _ = self.writes.send(Write::Put(key.clone(), sealed));
+        let _ = self
+            .writes
+            .send(Write::Put(key.clone(), sealed, entry.discovered_at));
     }
 
     /// The bucket refused a put for being full (or took one again): said once per change.
@@ -508,7 +588,9 @@ impl Bucket {
 
     /// Queues a delete of `key`.
     pub fn delete(&self, key: &ServerKey) {
-        let _ = self.writes.send(Write::Delete(key.clone()));
+        let _ = self
+            .writes
+            .send(Write::Delete(key.clone(), SystemTime::now()));
     }
 
     /// Waits until every write queued before the call was tried (acknowledged
@@ -521,6 +603,14 @@ impl Bucket {
             return false;
         }
         matches!(tokio::time::timeout(within, answer).await, Ok(Ok(())))
+    }
+
+    /// Waits until the buckets are open, at most `within`; whether they are.
+    pub async fn opened(&self, within: Duration) -> bool {
+        let mut stores = self.stores.subscribe();
+        tokio::time::timeout(within, stores.wait_for(Option::is_some))
+            .await
+            .is_ok_and(|opened| opened.is_ok())
     }
 
     /// Claims `key` for a warm-up attempt (atomic: fails if a live claim exists).
@@ -548,34 +638,12 @@ impl Bucket {
     /// direct get may be answered by a follower that lags too.
     pub async fn current(&self, key: &ServerKey) -> Option<Change> {
         let stores = self.stores.borrow().clone()?;
-        let subject = format!("{}{}", stores.memory.prefix, key.as_str());
-        let message = match stores
-            .memory
-            .stream
-            .get_last_raw_message_by_subject(&subject)
-            .await
-        {
-            Ok(message) => message,
-            Err(error) if error.kind() == LastRawMessageErrorKind::NoMessageFound => return None,
+        let entry = match last_entry(&stores, key).await {
+            Ok(entry) => entry?,
             Err(error) => {
                 tracing::debug!(%error, server_key = key.short(), "cannot read a memory entry from the bucket");
                 return None;
             }
-        };
-        let operation = message
-            .headers
-            .get(KV_OPERATION)
-            .and_then(|op| op.as_str().parse().ok())
-            .unwrap_or(kv::Operation::Put);
-        let entry = kv::Entry {
-            bucket: self.name().to_owned(),
-            key: key.as_str().to_owned(),
-            value: message.payload,
-            revision: message.sequence,
-            delta: 0,
-            created: message.time,
-            operation,
-            seen_current: true,
         };
         match self.change_of(&entry) {
             Ok(change) => Some(change),
@@ -597,11 +665,20 @@ impl Bucket {
         }
     }
 
+    /// Writes the queued puts and deletes in order. One the bucket does not
+    /// take (no bucket, or it failed) is held, the latest per key, and
+    /// written back once the bucket works again, where nothing newer was
+    /// written meanwhile: a discovery made while the bucket was away still
+    /// reaches the other replicas and the next restart.
     async fn write_all(
         self: Arc<Self>,
         mut pending: mpsc::UnboundedReceiver<Write>,
         shutdown: ctxsync_runtime::Shutdown,
     ) {
+        let mut held = Held::default();
+        let mut reopened = self.stores.subscribe();
+        let mut retry = tokio::time::interval(WRITE_BACK_INTERVAL);
+        retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let write = tokio::select! {
                 write = pending.recv() => match write {
@@ -613,26 +690,43 @@ impl Bucket {
                     Ok(write) => write,
                     Err(_) => break,
                 },
+                Ok(()) = reopened.changed(), if !held.is_empty() => {
+                    self.write_back(&mut held).await;
+                    continue;
+                }
+                _ = retry.tick(), if !held.is_empty() => {
+                    self.write_back(&mut held).await;
+                    continue;
+                }
             };
-            // Without a bucket the write is dropped: the in-process memory has it.
             let stores = self.stores.borrow().clone();
-            let (key, result) = match (write, stores) {
+            let (key, unshared, value, result) = match (write, stores) {
                 (Write::Flush(done), _) => {
                     let _ = done.send(());
                     continue;
                 }
-                (_, None) => continue,
-                (Write::Put(key, value), Some(stores)) => {
-                    let result = stores.memory.put(key.as_str(), value).await;
-                    (key, result.map(|_| true).map_err(|e| e.to_string()))
+                (Write::Put(key, value, at), None) => {
+                    held.hold(&self, key, Unshared::Put(at), Some(value));
+                    continue;
                 }
-                (Write::Delete(key), Some(stores)) => {
+                (Write::Delete(key, at), None) => {
+                    held.hold(&self, key, Unshared::Forget(at), None);
+                    continue;
+                }
+                (Write::Put(key, value, at), Some(stores)) => {
+                    let result = stores.memory.put(key.as_str(), value.clone()).await;
+                    let result = result.map(|_| true).map_err(|e| e.to_string());
+                    (key, Unshared::Put(at), Some(value), result)
+                }
+                (Write::Delete(key, at), Some(stores)) => {
                     let result = stores.memory.delete(key.as_str()).await;
-                    (key, result.map(|()| false).map_err(|e| e.to_string()))
+                    let result = result.map(|()| false).map_err(|e| e.to_string());
+                    (key, Unshared::Forget(at), None, result)
                 }
             };
             match result {
                 Ok(put) => {
+                    held.taken(&key);
                     self.health.up(self.name());
                     if put {
                         self.set_full(false, &key);
@@ -640,12 +734,107 @@ impl Bucket {
                 }
                 // Discard-new limits: the bucket works, it is full.
                 Err(error) if is_full(&error) => {
+                    held.taken(&key);
                     Ignored::Full.count();
                     self.set_full(true, &key);
                 }
-                Err(error) => self.health.down(self.name(), &error),
+                Err(error) => {
+                    self.health.down(self.name(), &error);
+                    held.hold(&self, key, unshared, value);
+                }
             }
         }
+    }
+
+    /// Tries the held writes again; those the bucket still does not take
+    /// stay held for the next try.
+    async fn write_back(&self, held: &mut Held) {
+        let Some(stores) = self.stores.borrow().clone() else {
+            return;
+        };
+        let (mut written, mut superseded, mut refused_full) = (0usize, 0usize, 0usize);
+        for key in held.keys() {
+            let Some((unshared, value)) = held.get(&key) else {
+                continue;
+            };
+            match self.write_back_one(&stores, &key, unshared, value).await {
+                Ok(Some(WriteBack::Write)) => written += 1,
+                Ok(Some(WriteBack::Superseded | WriteBack::AlreadyForgotten)) => superseded += 1,
+                Ok(None) => refused_full += 1,
+                Err(error) => {
+                    tracing::debug!(%error, server_key = key.short(), "a held memory write is not taken yet");
+                    break;
+                }
+            }
+            held.taken(&key);
+        }
+        if written > 0 {
+            self.health.up(self.name());
+        }
+        if written + superseded + refused_full > 0 {
+            tracing::info!(
+                bucket = self.name(),
+                written,
+                superseded,
+                refused_full,
+                still_held = held.len(),
+                "memory writes the bucket had missed were tried again"
+            );
+        }
+    }
+
+    /// One held write, made only over what the bucket held when it was
+    /// compared (a revision-checked write: a replica writing meanwhile
+    /// makes it compare again). `None`: refused, the bucket is full.
+    async fn write_back_one(
+        &self,
+        stores: &Stores,
+        key: &ServerKey,
+        unshared: Unshared,
+        value: Option<Bytes>,
+    ) -> Result<Option<WriteBack>, String> {
+        for _ in 0..WRITE_BACK_COMPARES {
+            let last = last_entry(stores, key).await?;
+            let revision = last.as_ref().map_or(0, |entry| entry.revision);
+            let in_bucket = match &last {
+                None => InBucket::Nothing,
+                Some(entry) => match self.change_of(entry) {
+                    Ok(Change::Put(_, entry, _)) => InBucket::Entry(entry.discovered_at),
+                    Ok(Change::Delete(_)) => InBucket::Forgotten(entry.created.into()),
+                    Err(_) => InBucket::Unreadable,
+                },
+            };
+            let decision = catalog_core::memory::write_back(unshared, in_bucket);
+            if decision != WriteBack::Write {
+                return Ok(Some(decision));
+            }
+            let result = match &value {
+                Some(value) => stores
+                    .memory
+                    .update(key.as_str(), value.clone(), revision)
+                    .await
+                    .map(drop),
+                None => {
+                    stores
+                        .memory
+                        .delete_expect_revision(key.as_str(), Some(revision))
+                        .await
+                }
+            };
+            match result {
+                Ok(()) => return Ok(Some(WriteBack::Write)),
+                Err(error) if error.kind() == kv::UpdateErrorKind::WrongLastRevision => continue,
+                Err(error) if is_full(&error.to_string()) => {
+                    Ignored::Full.count();
+                    self.set_full(true, key);
+                    return Ok(None);
+                }
+                Err(error) => return Err(error.to_string()),
+            }
+        }
+        Err(format!(
+            "the entry changed under each of {WRITE_BACK_COMPARES} compares"
+        ))
     }
 
     async fn supervise(

@@ -14,6 +14,7 @@
 //! before this replica started, at least the handshake bound: replicas
 //! started together share one discovery) is not discovered again, so a
 //! rolling restart starts no server; entries of another release go first.
+//! A bucket not open yet is waited for, at most the handshake bound.
 
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
@@ -129,6 +130,17 @@ impl Warmup {
     async fn warm(&self, status: &watch::Sender<WarmupStatus>, ready_at: Instant) {
         let settings = &self.settings;
         let memory = self.discovery.memory();
+        // A bucket slow to open would make every server look unknown here:
+        // nothing waits on the warm-up, so it waits for the bucket a while.
+        if let Some(bucket) = memory.bucket()
+            && !bucket.opened(settings.connect_timeout).await
+        {
+            tracing::info!(
+                bucket = bucket.name(),
+                waited_ms = settings.connect_timeout.as_millis() as u64,
+                "the warm-up goes on without the shared memory"
+            );
+        }
         // Keys are unique: tenant and server id are part of each.
         let mut pending: Vec<ConfiguredServer> = self.config.get().all_enabled_servers();
         // Entries another release wrote are served only until re-discovered: first.

@@ -641,6 +641,174 @@ async fn without_jetstream_the_catalog_serves_from_its_own_memory() {
     started.stop().await;
 }
 
+/// A NATS server whose one account, `app`, has JetStream or not, switched by
+/// a restart; catalogs of one prefix and database on it, and one fixture.
+struct Switchable {
+    nats: testkit::NatsServer,
+    db: testkit::TestDatabase,
+    prefix: String,
+    record: tempfile::TempDir,
+}
+
+impl Switchable {
+    fn account(jetstream: bool) -> String {
+        let jetstream = if jetstream { "jetstream: enabled" } else { "" };
+        format!("accounts {{ APP: {{ {jetstream}\n users: [{{user: app, password: app}}] }} }}")
+    }
+
+    async fn without_jetstream() -> Self {
+        Self {
+            nats: testkit::NatsServer::start_with_config(&Self::account(false)),
+            db: testkit::TestDatabase::create().await,
+            prefix: testkit::unique_prefix(),
+            record: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    /// Restarts the server with JetStream on or off (its store kept).
+    fn switch(&mut self, jetstream: bool) {
+        self.nats.restart_with_config(&Self::account(jetstream));
+    }
+
+    async fn catalog(
+        &self,
+        settings: catalog::Settings,
+        shutdown: &ctxsync_runtime::Shutdown,
+    ) -> testkit::stack::Stack {
+        let url = self.nats.url().replace("nats://", "nats://app:app@");
+        let servers = tenants(vec![("acme", vec![fixture("fx", self.record.path(), &[])])]);
+        let builder = testkit::stack::StackBuilder::new(url, &self.prefix)
+            .database(self.db.url())
+            .catalog(servers, settings, |_| {});
+        testkit::stack::start(builder, shutdown).await
+    }
+
+    async fn client(&self) -> async_nats::Client {
+        async_nats::ConnectOptions::with_user_and_password("app".into(), "app".into())
+            .connect(self.nats.url())
+            .await
+            .unwrap()
+    }
+
+    async fn prepare(&self, session: &str) -> ctxsync_proto::v1::CatalogPrepareReply {
+        let subjects = ctxsync_proto::subjects::Subjects::new(&self.prefix).unwrap();
+        let request = ctxsync_proto::v1::CatalogPrepareRequest {
+            tenant: "acme".into(),
+            session_id: session.into(),
+        };
+        ctxsync_runtime::rpc::request::<_, ctxsync_proto::v1::CatalogPrepareReply>(
+            &self.client().await,
+            subjects.catalog_prepare("acme"),
+            &request,
+            None,
+            REQUEST_TIMEOUT,
+        )
+        .await
+        .unwrap()
+    }
+
+    fn starts(&self) -> usize {
+        starts(self.record.path())
+    }
+
+    /// Waits until the memory bucket holds `entries` values.
+    async fn until_bucket_holds(&self, entries: u64, why: &str) {
+        let js = async_nats::jetstream::new(self.client().await);
+        let stream = format!("KV_{}", memory_bucket_name(&self.prefix));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let held = match js.get_stream(&stream).await {
+                Ok(mut stream) => stream.info().await.map_or(0, |i| i.state.messages),
+                Err(_) => 0,
+            };
+            if held == entries {
+                return;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{why}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_discovery_made_while_jetstream_was_away_is_shared_once_it_is_back() {
+    // No JetStream at first: the catalog serves from its own memory.
+    let mut world = Switchable::without_jetstream().await;
+    let first_shutdown = ctxsync_runtime::Shutdown::new();
+    let first = world.catalog(settings(), &first_shutdown).await;
+    let live = world.prepare("s1").await;
+    assert_eq!(sources(&live), [("fx".to_owned(), CONNECTED)]);
+    assert_eq!(world.starts(), 1);
+
+    // JetStream is back: the bucket opens and the discovery it missed is
+    // written into it.
+    world.switch(true);
+    world
+        .until_bucket_holds(
+            1,
+            "the entry discovered without JetStream never reached the bucket",
+        )
+        .await;
+    first_shutdown.cancel();
+    first.stop().await;
+
+    // A replica started now pins from the bucket: no server starts.
+    let second_shutdown = ctxsync_runtime::Shutdown::new();
+    let second = world.catalog(settings(), &second_shutdown).await;
+    assert_eq!(second.catalog().remembered(), 1, "loaded at start");
+    let pinned = world.prepare("s2").await;
+    assert_eq!(sources(&pinned), [("fx".to_owned(), PINNED)]);
+    assert_eq!(pinned.pins[0].catalog_hash, live.pins[0].catalog_hash);
+    assert_eq!(world.starts(), 1, "the new replica started no server");
+    second_shutdown.cancel();
+    second.stop().await;
+}
+
+#[tokio::test]
+async fn a_warmup_waits_for_a_bucket_slow_to_open_and_pins_what_it_holds() {
+    // The bucket holds a discovery of the fixture …
+    let mut world = Switchable::without_jetstream().await;
+    world.switch(true);
+    let first_shutdown = ctxsync_runtime::Shutdown::new();
+    let first = world.catalog(settings(), &first_shutdown).await;
+    assert_eq!(
+        sources(&world.prepare("s1").await),
+        [("fx".to_owned(), CONNECTED)]
+    );
+    world
+        .until_bucket_holds(1, "the discovery reached the bucket")
+        .await;
+    first_shutdown.cancel();
+    first.stop().await;
+
+    // … but cannot be opened when a warming replica starts.
+    world.switch(false);
+    let mut warming = settings();
+    warming.warmup.enabled = true;
+    let second_shutdown = ctxsync_runtime::Shutdown::new();
+    let second = world.catalog(warming, &second_shutdown).await;
+    assert_eq!(second.catalog().remembered(), 0, "nothing loaded");
+    world.switch(true);
+    let mut status = second.catalog().warmup();
+    let finished = tokio::time::timeout(Duration::from_secs(60), status.wait_for(|s| s.finished))
+        .await
+        .expect("the warm-up finishes")
+        .unwrap()
+        .clone();
+    assert_eq!(finished.discovered, ["acme/fx"], "{finished:?}");
+    assert_eq!(
+        world.starts(),
+        1,
+        "the warm-up pinned the bucket's entry once the bucket opened"
+    );
+    assert_eq!(
+        sources(&world.prepare("s2").await),
+        [("fx".to_owned(), PINNED)]
+    );
+    second_shutdown.cancel();
+    second.stop().await;
+}
+
 #[tokio::test]
 async fn an_http_entry_expires_at_the_same_moment_on_every_replica() {
     let web = mcp_fixture::HttpFixture::start(&[]).await;

@@ -11,6 +11,8 @@
 //! * The map is bounded in entries and bytes ([`MemoryMap::put`]): a new
 //!   key past either is refused (and said once, when it fills); an entry it
 //!   holds is still replaced or forgotten.
+//! * A write the shared bucket did not take is tried again once it works,
+//!   unless something newer was written there meanwhile ([`write_back`]).
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -259,5 +261,55 @@ impl<K: Eq + Hash> MemoryMap<K> {
 
     pub fn bounds(&self) -> Bounds {
         self.bounds
+    }
+}
+
+/// A write of this replica that the shared bucket did not take (it was
+/// unreachable, or refused for any reason but being full): the entry it
+/// put, or the forgetting, and when it was decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unshared {
+    /// An entry discovered at this time.
+    Put(SystemTime),
+    /// The entry was forgotten (a failed live attempt) at this time.
+    Forget(SystemTime),
+}
+
+/// What the bucket holds for the key when an unshared write is tried again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InBucket {
+    Nothing,
+    /// A replica's entry discovered at this time.
+    Entry(SystemTime),
+    /// A delete marker stored at this time (the bucket's clock).
+    Forgotten(SystemTime),
+    /// A value no replica sealed: never applied by anyone.
+    Unreadable,
+}
+
+/// Whether an unshared write goes into the bucket once it works again:
+/// only where nothing newer was written meanwhile (a discovery or a
+/// forgetting of another replica is never undone by an older one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteBack {
+    Write,
+    /// The bucket holds something as new or newer: the write is dropped.
+    Superseded,
+    /// Forgetting what the bucket does not hold: nothing to do.
+    AlreadyForgotten,
+}
+
+pub fn write_back(unshared: Unshared, in_bucket: InBucket) -> WriteBack {
+    match (unshared, in_bucket) {
+        (Unshared::Put(at), InBucket::Entry(there) | InBucket::Forgotten(there)) if there >= at => {
+            WriteBack::Superseded
+        }
+        (Unshared::Put(_), _) => WriteBack::Write,
+        (Unshared::Forget(at), InBucket::Entry(there)) if there > at => WriteBack::Superseded,
+        (Unshared::Forget(_), InBucket::Entry(_)) => WriteBack::Write,
+        (
+            Unshared::Forget(_),
+            InBucket::Nothing | InBucket::Forgotten(_) | InBucket::Unreadable,
+        ) => WriteBack::AlreadyForgotten,
     }
 }

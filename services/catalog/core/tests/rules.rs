@@ -561,6 +561,39 @@ fn the_memory_past_its_bounds_refuses_new_keys_and_still_replaces_or_forgets_hel
 }
 
 #[test]
+fn an_unshared_write_goes_into_the_bucket_unless_something_newer_is_there() {
+    use catalog_core::memory::InBucket::{Entry, Forgotten, Nothing, Unreadable};
+    use catalog_core::memory::Unshared::{Forget, Put};
+    use catalog_core::memory::WriteBack::{AlreadyForgotten, Superseded, Write};
+    use catalog_core::memory::write_back;
+    let at = |s: u64| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
+    let cases = [
+        // A discovery the bucket never saw: written, over anything older.
+        (Put(at(10)), Nothing, Write),
+        (Put(at(10)), Entry(at(9)), Write),
+        (Put(at(10)), Forgotten(at(9)), Write),
+        (Put(at(10)), Unreadable, Write),
+        // Another replica discovered or forgot it since: that stays.
+        (Put(at(10)), Entry(at(10)), Superseded),
+        (Put(at(10)), Entry(at(11)), Superseded),
+        (Put(at(10)), Forgotten(at(11)), Superseded),
+        // A failed attempt forgets an older entry, never a newer one.
+        (Forget(at(10)), Entry(at(9)), Write),
+        (Forget(at(10)), Entry(at(11)), Superseded),
+        (Forget(at(10)), Nothing, AlreadyForgotten),
+        (Forget(at(10)), Forgotten(at(5)), AlreadyForgotten),
+        (Forget(at(10)), Unreadable, AlreadyForgotten),
+    ];
+    for (unshared, in_bucket, expected) in cases {
+        assert_eq!(
+            write_back(unshared, in_bucket),
+            expected,
+            "{unshared:?} over {in_bucket:?}"
+        );
+    }
+}
+
+#[test]
 fn a_server_never_pinned_or_no_longer_configured_is_refused() {
     let pin = stored_pin("fx", &catalog(&[("echo", "Echo")]));
     let call = call_of("fx", Item::Tool("echo"));
