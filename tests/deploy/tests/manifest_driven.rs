@@ -910,6 +910,9 @@ struct Rolling {
     stored: u64,
     checked: u64,
     catalog_starts: f64,
+    /// Where the replaced catalogs started servers: their handshake series
+    /// and what they logged of their memory and discoveries.
+    catalog_starts_seen: String,
     replaced: usize,
     /// Seconds each NATS pod took to leave (its lame duck).
     lame_duck: Vec<u64>,
@@ -1221,16 +1224,16 @@ async fn rolling_restarts(
             other => failures.push(format!("stored state of {agent}: {other:?}")),
         }
     }
-    let catalog_starts = {
-        let catalogs: Vec<String> = {
+    let (catalog_starts, catalog_starts_seen) = {
+        let catalogs: Vec<(String, String)> = {
             let pods = cluster.pods.lock().unwrap();
             pods.values()
                 .filter(|p| p.plan.workload == "Deployment/catalog")
-                .filter_map(|p| Some(format!("{}:8080", p.state.ip?)))
+                .filter_map(|p| Some((format!("{}:8080", p.state.ip?), p.state.container.clone())))
                 .collect()
         };
-        let mut starts = 0.0;
-        for catalog in catalogs {
+        let (mut starts, mut seen) = (0.0, String::new());
+        for (catalog, container) in catalogs {
             let text = http
                 .get(format!("http://{catalog}/metrics"))
                 .send()
@@ -1239,13 +1242,29 @@ async fn rolling_restarts(
                 .text()
                 .await
                 .unwrap();
-            starts += text
+            let handshakes: Vec<&str> = text
                 .lines()
                 .filter(|l| l.starts_with("ctxsync_catalog_handshake_seconds_count"))
+                .collect();
+            let here = handshakes
+                .iter()
                 .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
                 .sum::<f64>();
+            if here > 0.0 {
+                let logged: Vec<String> = tail_logs(&container, 400)
+                    .lines()
+                    .filter(|l| l.contains("memory") || l.contains("discover"))
+                    .map(str::to_owned)
+                    .collect();
+                seen.push_str(&format!(
+                    "\n{container}: {}\n  {}",
+                    handshakes.join("; "),
+                    logged.join("\n  ")
+                ));
+            }
+            starts += here;
         }
-        starts
+        (starts, seen)
     };
     Rolling {
         turns,
@@ -1256,6 +1275,7 @@ async fn rolling_restarts(
         stored,
         checked: completed.len() as u64,
         catalog_starts,
+        catalog_starts_seen,
         replaced,
         lame_duck,
         turns_failed,
@@ -1411,7 +1431,8 @@ async fn the_rendered_manifests_run_in_containers_and_no_chat_notices_a_rolling_
     );
     assert_eq!(
         rolling.catalog_starts, 0.0,
-        "replaced catalogs pin from the bucket"
+        "replaced catalogs pin from the bucket; where they started servers:{}",
+        rolling.catalog_starts_seen
     );
     assert_eq!(
         restarts, startup_restarts,
