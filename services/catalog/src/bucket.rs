@@ -190,8 +190,9 @@ impl Ignored {
 /// This catalog's release: entries of another one are re-discovered first.
 pub const RELEASE: &str = env!("CARGO_PKG_VERSION");
 
-/// How long a start waits for the bucket's entries before serving without them.
-const LOAD_BOUND: Duration = Duration::from_secs(10);
+/// How long a start waits for the bucket's entries before serving without
+/// them, and the warm-up, after that, for a bucket not open yet.
+pub(crate) const LOAD_BOUND: Duration = Duration::from_secs(10);
 /// The pauses between attempts to reopen a failed bucket: 1 s, doubling to
 /// at most 30 s, for as long as it fails.
 fn reopen_delays() -> backon::ExponentialBackoff {

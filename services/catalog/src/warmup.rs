@@ -14,7 +14,7 @@
 //! before this replica started, at least the handshake bound: replicas
 //! started together share one discovery) is not discovered again, so a
 //! rolling restart starts no server; entries of another release go first.
-//! A bucket not open yet is waited for, at most the handshake bound.
+//! A bucket not open yet is waited for, at most 10 s (`LOAD_BOUND`).
 
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
@@ -23,7 +23,7 @@ use catalog_core::events::ms;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::bucket::{Claim, RELEASE};
+use crate::bucket::{Claim, LOAD_BOUND, RELEASE};
 use crate::config::{ConfiguredServer, Current};
 use crate::discovery::{Cause, Discoverer};
 use crate::events::Events;
@@ -130,14 +130,16 @@ impl Warmup {
     async fn warm(&self, status: &watch::Sender<WarmupStatus>, ready_at: Instant) {
         let settings = &self.settings;
         let memory = self.discovery.memory();
-        // A bucket slow to open would make every server look unknown here:
-        // nothing waits on the warm-up, so it waits for the bucket a while.
+        // A bucket not open yet (JetStream still forming) would make every
+        // server look unknown here: nothing waits on the warm-up, so it
+        // gives the bucket's reopening a few more attempts. Not the
+        // handshake bound: without JetStream at all it would wait in vain.
         if let Some(bucket) = memory.bucket()
-            && !bucket.opened(settings.connect_timeout).await
+            && !bucket.opened(LOAD_BOUND).await
         {
             tracing::info!(
                 bucket = bucket.name(),
-                waited_ms = settings.connect_timeout.as_millis() as u64,
+                waited_ms = LOAD_BOUND.as_millis() as u64,
                 "the warm-up goes on without the shared memory"
             );
         }
