@@ -299,6 +299,9 @@ pub enum WriteBack {
     AlreadyForgotten,
 }
 
+/// What to do with `unshared` over `in_bucket`: the later of the two wins.
+/// On a tie a put leaves the bucket's entry (every replica has it already)
+/// and a forgetting still forgets (that only costs a live discovery).
 pub fn write_back(unshared: Unshared, in_bucket: InBucket) -> WriteBack {
     match (unshared, in_bucket) {
         (Unshared::Put(at), InBucket::Entry(there) | InBucket::Forgotten(there)) if there >= at => {
