@@ -579,6 +579,7 @@ fn an_unshared_write_goes_into_the_bucket_unless_something_newer_is_there() {
         (Put(at(10)), Forgotten(at(11)), Superseded),
         // A failed attempt forgets an older entry, never a newer one.
         (Forget(at(10)), Entry(at(9)), Write),
+        (Forget(at(10)), Entry(at(10)), Write),
         (Forget(at(10)), Entry(at(11)), Superseded),
         (Forget(at(10)), Nothing, AlreadyForgotten),
         (Forget(at(10)), Forgotten(at(5)), AlreadyForgotten),
