@@ -392,18 +392,35 @@ const WRITE_BACK_INTERVAL: Duration = Duration::from_secs(5);
 /// the next try.
 const WRITE_BACK_COMPARES: usize = 3;
 
+/// A write the bucket did not take: the sealed entry or the forgetting,
+/// with its time.
+#[derive(Clone)]
+enum Missed {
+    Put(Bytes, SystemTime),
+    Forget(SystemTime),
+}
+
+impl Missed {
+    fn unshared(&self) -> Unshared {
+        match self {
+            Self::Put(_, at) => Unshared::Put(*at),
+            Self::Forget(at) => Unshared::Forget(*at),
+        }
+    }
+}
+
 /// This replica's writes the bucket did not take, the latest per key.
 /// Bounded like the memory itself (its keys are configured servers).
 #[derive(Default)]
-struct Held(std::collections::BTreeMap<ServerKey, (Unshared, Option<Bytes>)>);
+struct Held(std::collections::BTreeMap<ServerKey, Missed>);
 
 impl Held {
-    fn hold(&mut self, bucket: &Bucket, key: ServerKey, unshared: Unshared, value: Option<Bytes>) {
+    fn hold(&mut self, bucket: &Bucket, key: ServerKey, missed: Missed) {
         if !self.0.contains_key(&key) && self.0.len() >= bucket.settings.max_entries {
             Ignored::Full.count();
             return;
         }
-        self.0.insert(key, (unshared, value));
+        self.0.insert(key, missed);
     }
 
     /// A later write of `key` reached the bucket: nothing of it is held.
@@ -411,7 +428,7 @@ impl Held {
         self.0.remove(key);
     }
 
-    fn get(&self, key: &ServerKey) -> Option<(Unshared, Option<Bytes>)> {
+    fn get(&self, key: &ServerKey) -> Option<Missed> {
         self.0.get(key).cloned()
     }
 
@@ -701,28 +718,28 @@ impl Bucket {
                 }
             };
             let stores = self.stores.borrow().clone();
-            let (key, unshared, value, result) = match (write, stores) {
+            let (key, missed, result) = match (write, stores) {
                 (Write::Flush(done), _) => {
                     let _ = done.send(());
                     continue;
                 }
                 (Write::Put(key, value, at), None) => {
-                    held.hold(&self, key, Unshared::Put(at), Some(value));
+                    held.hold(&self, key, Missed::Put(value, at));
                     continue;
                 }
                 (Write::Delete(key, at), None) => {
-                    held.hold(&self, key, Unshared::Forget(at), None);
+                    held.hold(&self, key, Missed::Forget(at));
                     continue;
                 }
                 (Write::Put(key, value, at), Some(stores)) => {
                     let result = stores.memory.put(key.as_str(), value.clone()).await;
                     let result = result.map(|_| true).map_err(|e| e.to_string());
-                    (key, Unshared::Put(at), Some(value), result)
+                    (key, Missed::Put(value, at), result)
                 }
                 (Write::Delete(key, at), Some(stores)) => {
                     let result = stores.memory.delete(key.as_str()).await;
                     let result = result.map(|()| false).map_err(|e| e.to_string());
-                    (key, Unshared::Forget(at), None, result)
+                    (key, Missed::Forget(at), result)
                 }
             };
             match result {
@@ -741,7 +758,7 @@ impl Bucket {
                 }
                 Err(error) => {
                     self.health.down(self.name(), &error);
-                    held.hold(&self, key, unshared, value);
+                    held.hold(&self, key, missed);
                 }
             }
         }
@@ -755,10 +772,10 @@ impl Bucket {
         };
         let (mut written, mut superseded, mut refused_full) = (0usize, 0usize, 0usize);
         for key in held.keys() {
-            let Some((unshared, value)) = held.get(&key) else {
+            let Some(missed) = held.get(&key) else {
                 continue;
             };
-            match self.write_back_one(&stores, &key, unshared, value).await {
+            match self.write_back_one(&stores, &key, &missed).await {
                 Ok(Some(WriteBack::Write)) => written += 1,
                 Ok(Some(WriteBack::Superseded | WriteBack::AlreadyForgotten)) => superseded += 1,
                 Ok(None) => refused_full += 1,
@@ -791,8 +808,7 @@ impl Bucket {
         &self,
         stores: &Stores,
         key: &ServerKey,
-        unshared: Unshared,
-        value: Option<Bytes>,
+        missed: &Missed,
     ) -> Result<Option<WriteBack>, String> {
         for _ in 0..WRITE_BACK_COMPARES {
             let last = last_entry(stores, key).await?;
@@ -805,17 +821,17 @@ impl Bucket {
                     Err(_) => InBucket::Unreadable,
                 },
             };
-            let decision = catalog_core::memory::write_back(unshared, in_bucket);
+            let decision = catalog_core::memory::write_back(missed.unshared(), in_bucket);
             if decision != WriteBack::Write {
                 return Ok(Some(decision));
             }
-            let result = match &value {
-                Some(value) => stores
+            let result = match missed {
+                Missed::Put(value, _) => stores
                     .memory
                     .update(key.as_str(), value.clone(), revision)
                     .await
                     .map(drop),
-                None => {
+                Missed::Forget(_) => {
                     stores
                         .memory
                         .delete_expect_revision(key.as_str(), Some(revision))
