@@ -229,8 +229,8 @@ pub async fn measure(
     let before = histograms(addr).await;
     let through = calls(&client, "everything-1__echo", sizes.mcp_calls).await?;
     let after = histograms(addr).await;
-    let catalog_work_us = mean_between(&before, &after, WORK_SECONDS);
-    let catalog_call_us = mean_between(&before, &after, CALL_SECONDS);
+    let catalog_work_us = crate::stats::mean_between(&before, &after, WORK_SECONDS);
+    let catalog_call_us = crate::stats::mean_between(&before, &after, CALL_SECONDS);
     let stateless_client = Connection::connect(&spec, ConnectOptions::new(TIMEOUT))
         .await
         .step("mcp, 2026-07-28")?;
@@ -489,28 +489,6 @@ async fn histograms(addr: SocketAddr) -> Option<String> {
         .text()
         .await
         .ok()
-}
-
-/// Histogram `name`'s sum (seconds) and count in a `/metrics` text.
-fn counted(text: &str, name: &str) -> Option<(f64, f64)> {
-    let value = |series: String| {
-        text.lines()
-            .find(|line| line.starts_with(&series))
-            .and_then(|line| line.rsplit(' ').next())
-            .and_then(|value| value.parse::<f64>().ok())
-    };
-    Some((
-        value(format!("{name}_sum"))?,
-        value(format!("{name}_count"))?,
-    ))
-}
-
-/// Histogram `name`'s mean, in microseconds, over what it counted between
-/// the two `/metrics` texts; `None` if it counted nothing.
-fn mean_between(before: &Option<String>, after: &Option<String>, name: &str) -> Option<f64> {
-    let (sum0, n0) = counted(before.as_deref()?, name)?;
-    let (sum1, n1) = counted(after.as_deref()?, name)?;
-    (n1 > n0).then(|| (sum1 - sum0) / (n1 - n0) * 1_000_000.0)
 }
 
 /// A bare HTTP→stdio forwarder: each POSTed JSON-RPC `tools/call` is made

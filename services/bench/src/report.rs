@@ -452,6 +452,8 @@ impl Report {
                     rss_waiting_bytes: case.rss_waiting_bytes,
                     gate_watches: count(case.gate_watches),
                     note: case.note.clone(),
+                    gate_event_work_us: case.gate_event_work_us,
+                    gate_answer_work_us: case.gate_answer_work_us,
                 })
                 .collect(),
             gate_ready: Some(v1::BenchGateReady {
@@ -815,6 +817,22 @@ impl Report {
                 &case.event_to_answer,
                 "",
             );
+            for (label, work, what) in [
+                (
+                    "    the gate applying the event, mean",
+                    case.gate_event_work_us,
+                    "its /metrics: taken off the subscription to the wait woken",
+                ),
+                (
+                    "    the gate building the answer, mean",
+                    case.gate_answer_work_us,
+                    "its /metrics: the wait's end to the turn's answer built",
+                ),
+            ] {
+                if let Some(work) = work {
+                    let _ = writeln!(out, "  {label:<46} {:>10}            ({what})", time(work));
+                }
+            }
             for wrong in &case.wrong {
                 let _ = writeln!(out, "    WRONG {wrong}");
             }

@@ -19,11 +19,15 @@ use prost::Message;
 use crate::env::{BenchAgent, CALL_TIMEOUT, Env, run_id};
 use crate::floors;
 use crate::push::{push_request, resources, server};
-use crate::stats::Latency;
+use crate::stats::{Latency, mean_between};
 use crate::steps::{BenchError, Progress, Sizes, Step};
 
 /// The waiters' count stops growing for this long: no more chats will line up.
 const STALL: Duration = Duration::from_millis(1500);
+/// The gate's own work on an event that ended waits (chat-gate's series.rs).
+const EVENT_WORK_SECONDS: &str = "ctxsync_gate_event_work_seconds";
+/// The gate's own work from a wait's end to its turn's answer built.
+const ANSWER_WORK_SECONDS: &str = "ctxsync_gate_answer_work_seconds";
 /// At most this many wrong answers are quoted in the report.
 const QUOTED_ERRORS: usize = 5;
 
@@ -45,6 +49,11 @@ pub struct WakeCase {
     pub event_latency: Latency,
     /// For the breakdown: from the event reaching a plain subscriber to the chat's answer.
     pub event_to_answer: Latency,
+    /// For the breakdown (the 1-chat rounds): the gate's own work, mean, as
+    /// its `/metrics` count it: applying an event that ended waits, and
+    /// from a wait's end to its turn's answer built.
+    pub gate_event_work_us: Option<f64>,
+    pub gate_answer_work_us: Option<f64>,
     /// RSS of the process before the chats asked and while they waited.
     pub rss_before_bytes: Option<u64>,
     pub rss_waiting_bytes: Option<u64>,
@@ -397,6 +406,7 @@ pub async fn all_cases(
                 agents: 1,
                 ..Default::default()
             };
+            let before = Some(env.services.metrics_text().await);
             for r in 0..sizes.single_wake_rounds {
                 if r.is_multiple_of(10) {
                     progress.step(format!(
@@ -422,6 +432,9 @@ pub async fn all_cases(
             total.latency = Latency::of(latencies);
             total.event_latency = Latency::of(event_latencies);
             total.event_to_answer = Latency::of(after_event);
+            let after = Some(env.services.metrics_text().await);
+            total.gate_event_work_us = mean_between(&before, &after, EVENT_WORK_SECONDS);
+            total.gate_answer_work_us = mean_between(&before, &after, ANSWER_WORK_SECONDS);
             cases.push(total);
         } else {
             let used = &agents[..agents.len().min(chats)];

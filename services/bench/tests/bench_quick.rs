@@ -150,6 +150,11 @@ async fn check_report(report: &Value, mode: &str) {
         assert_latency(&report, &format!("wake.{i}.event_latency"));
         assert!(number(case, "waiting_at_commit") >= 1.0, "{case}");
     }
+    // The gate counted its own work on the 1-chat rounds' events and answers
+    // (deployed: read from its replicas' /metrics).
+    for work in ["gate_event_work_us", "gate_answer_work_us"] {
+        assert!(number(&wake[0], work) > 0.0, "{work}: {}", wake[0]);
+    }
 
     assert_eq!(
         number(&report, "gate_ready.correct"),

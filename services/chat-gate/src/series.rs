@@ -65,6 +65,14 @@ pub const SERIES: &[Series] = &[
         "ctxsync_gate_wake_seconds",
         "From the store's commit of a completed discovery to the waiting turn's wake, in seconds.",
     ),
+    Series::histogram(
+        "ctxsync_gate_event_work_seconds",
+        "The gate's own work on a discovery event that ended waits: from taking it off the subscription to every wait it ended woken, in seconds.",
+    ),
+    Series::histogram(
+        "ctxsync_gate_answer_work_seconds",
+        "The gate's own work on a first turn whose wait ended: from the wait's end to the turn's answer built, in seconds.",
+    ),
     Series::counter(
         "ctxsync_gate_page_refused_total",
         "Context-page event streams and tickets refused at a bound, by reason (streams_per_key, streams_per_tenant, tickets_per_tenant, tickets_full).",

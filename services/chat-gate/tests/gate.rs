@@ -61,6 +61,8 @@ async fn pending_then_complete_wakes_the_waiter_within_100ms_of_the_commit() {
         .unwrap();
     for name in [
         "ctxsync_gate_wake_seconds",
+        "ctxsync_gate_event_work_seconds",
+        "ctxsync_gate_answer_work_seconds",
         "ctxsync_gate_waits_total",
         "ctxsync_gate_waiters",
         "ctxsync_gate_turns_total",

@@ -74,6 +74,8 @@ struct AttemptKey {
 struct Outcome {
     decision: GateDecision,
     view: Arc<View>,
+    /// When the wait ended: its callers' own work is timed from here.
+    ended_at: Instant,
 }
 
 enum Attempt {
@@ -770,6 +772,8 @@ impl Gate {
         let done = waited_for.outcome.get().await;
         let mut reply = answer(&done.view, done.decision, started.elapsed());
         reply.joined_attempt = joined;
+        metrics::histogram!("ctxsync_gate_answer_work_seconds")
+            .record(done.ended_at.elapsed().as_secs_f64());
         reply
     }
 
@@ -850,7 +854,11 @@ impl Gate {
         let woken_by_commit = (end == End::Woken)
             .then_some(view.woken_by_commit)
             .flatten();
-        waiting.outcome.set(Arc::new(Outcome { decision, view }));
+        waiting.outcome.set(Arc::new(Outcome {
+            decision,
+            view,
+            ended_at: Instant::now(),
+        }));
         let key = &waiting.key;
         let label = decision.label();
         let waited = waiting.started.elapsed();

@@ -65,6 +65,7 @@ pub fn apply_events(
     let on_discovery = gate.clone();
     let discovery_feed = feed.clone();
     let discovery = discovery.map(move |message| {
+        let taken = std::time::Instant::now();
         let trace = ctxsync_runtime::trace::TraceContext::from_nats(message.headers.as_ref());
         let _span = continue_trace(tracing::info_span!("gate.discovery"), trace.as_ref()).entered();
         match DiscoveryChanged::decode(message.payload) {
@@ -86,6 +87,10 @@ pub fn apply_events(
                 let update = EventUpdate::new(event.revision, event.state, committed_at);
                 feed_page(&discovery_feed, &event.agent_id, &update);
                 let woken = on_discovery.apply_event(&event.agent_id, update);
+                if woken > 0 {
+                    metrics::histogram!("ctxsync_gate_event_work_seconds")
+                        .record(taken.elapsed().as_secs_f64());
+                }
                 woken_by(&event.agent_id, trace.as_ref(), woken);
             }
             Err(error) => {
