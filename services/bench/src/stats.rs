@@ -25,9 +25,7 @@ fn counted(text: &str, name: &str) -> Option<(f64, f64)> {
                 }
                 line.rsplit(' ').next()?.parse::<f64>().ok()
             })
-            .fold(None, |sum: Option<f64>, value| {
-                Some(sum.unwrap_or(0.0) + value)
-            })
+            .reduce(|sum, value| sum + value)
     };
     Some((
         total(format!("{name}_sum"))?,
